@@ -1,0 +1,751 @@
+//! Edge configuration (`configs/edge.yaml`): listen addresses, client auth, limits, the
+//! `nodes[]` the edge accepts (id, token, providers) and the `model_groups[]` it serves.
+//!
+//! Parsing rejects unknown fields; [`EdgeConfig::validate`] checks what serde cannot
+//! (references, uniqueness, per-kind requirements). Every error names the YAML path of
+//! the offending field, e.g. `nodes[0].providers[1].base_url`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+pub const DEFAULT_NODE_LISTEN: &str = "127.0.0.1:7700";
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+pub const DEFAULT_QUEUE_MAX_WAITING: usize = 64;
+pub const DEFAULT_QUEUE_TIMEOUT_SEC: u64 = 30;
+
+/// An error in the edge config, naming the file and the YAML path it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: {path}: {message}")]
+    Parse {
+        file: String,
+        path: String,
+        message: String,
+    },
+    #[error("{file}: {path}: {message}")]
+    Invalid {
+        file: String,
+        path: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeConfig {
+    #[serde(default)]
+    pub listen: ListenConfig,
+    /// Largest Edge–Node frame accepted or sent.
+    #[serde(default = "default_max_frame_bytes")]
+    pub max_frame_bytes: usize,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default)]
+    pub nodes: Vec<NodeConfig>,
+    #[serde(default)]
+    pub model_groups: Vec<ModelGroupConfig>,
+}
+
+fn default_max_frame_bytes() -> usize {
+    iop_proto::DEFAULT_MAX_FRAME_BYTES
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenConfig {
+    /// Where nodes connect (TCP, length-prefixed protobuf).
+    #[serde(default = "default_node_listen")]
+    pub nodes: SocketAddr,
+    /// Where clients connect (OpenAI-compatible API, runs API, admin).
+    #[serde(default = "default_http_listen")]
+    pub http: SocketAddr,
+}
+
+fn default_node_listen() -> SocketAddr {
+    DEFAULT_NODE_LISTEN.parse().expect("valid default")
+}
+
+fn default_http_listen() -> SocketAddr {
+    DEFAULT_HTTP_LISTEN.parse().expect("valid default")
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        Self {
+            nodes: default_node_listen(),
+            http: default_http_listen(),
+        }
+    }
+}
+
+/// Client API keys. With none configured, the HTTP API is open (fine on loopback).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+    /// Name of an environment variable holding comma-separated API keys.
+    #[serde(default)]
+    pub api_keys_env: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest HTTP request body accepted; larger ones get 413.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+}
+
+fn default_max_body_bytes() -> usize {
+    DEFAULT_MAX_BODY_BYTES
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub id: String,
+    /// The node's token inline (development only).
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Name of an environment variable of the edge that holds the node's token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// Hex SHA-256 of the node's token (`printf %s TOKEN | sha256sum`).
+    #[serde(default)]
+    pub token_sha256: Option<String>,
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    Mock,
+    OpenaiCompat,
+    Vllm,
+    Ollama,
+    Cli,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Mock => "mock",
+            ProviderKind::OpenaiCompat => "openai_compat",
+            ProviderKind::Vllm => "vllm",
+            ProviderKind::Ollama => "ollama",
+            ProviderKind::Cli => "cli",
+        }
+    }
+
+    /// OpenAI-compatible providers are served through the raw tunnel; the others through
+    /// normalized runs rendered by the edge.
+    pub fn is_tunnel(self) -> bool {
+        matches!(self, ProviderKind::OpenaiCompat | ProviderKind::Vllm)
+    }
+
+    fn needs_base_url(self) -> bool {
+        matches!(
+            self,
+            ProviderKind::OpenaiCompat | ProviderKind::Vllm | ProviderKind::Ollama
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityConfig {
+    #[serde(default = "default_normal_capacity")]
+    pub normal: u32,
+    #[serde(default)]
+    pub long: u32,
+}
+
+fn default_normal_capacity() -> u32 {
+    4
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        Self {
+            normal: default_normal_capacity(),
+            long: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub id: String,
+    pub kind: ProviderKind,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default)]
+    pub capacity: CapacityConfig,
+    /// Node-local limit shared by runs and tunnels; defaults to normal + long capacity.
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// Environment variable *on the node* that holds the provider's API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The provider's API key inline (development only; it travels to the node).
+    #[serde(default)]
+    pub api_key: Option<String>,
+    #[serde(default)]
+    pub request_timeout_sec: Option<u32>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cli: Option<CliConfig>,
+    #[serde(default)]
+    pub mock: Option<MockConfig>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl ProviderConfig {
+    pub fn max_concurrency(&self) -> u32 {
+        self.max_concurrency
+            .unwrap_or(self.capacity.normal + self.capacity.long)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CliConfig {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    /// Line that ends each input and each answer of a session process.
+    #[serde(default)]
+    pub end_marker: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MockConfig {
+    #[serde(default)]
+    pub tokens: Option<u32>,
+    #[serde(default)]
+    pub token_delay_ms: Option<u32>,
+    #[serde(default)]
+    pub reasoning: bool,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelGroupConfig {
+    /// The public model name clients send.
+    pub name: String,
+    pub members: Vec<MemberConfig>,
+    /// Requests whose estimated context reaches this many tokens need a long slot.
+    #[serde(default)]
+    pub long_context_tokens: Option<u64>,
+    #[serde(default)]
+    pub queue: QueueConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    pub node: String,
+    pub provider: String,
+    /// The upstream model name sent to the provider; defaults to the group's name.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueConfig {
+    #[serde(default = "default_max_waiting")]
+    pub max_waiting: usize,
+    #[serde(default = "default_queue_timeout")]
+    pub timeout_sec: u64,
+}
+
+fn default_max_waiting() -> usize {
+    DEFAULT_QUEUE_MAX_WAITING
+}
+
+fn default_queue_timeout() -> u64 {
+    DEFAULT_QUEUE_TIMEOUT_SEC
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            max_waiting: DEFAULT_QUEUE_MAX_WAITING,
+            timeout_sec: DEFAULT_QUEUE_TIMEOUT_SEC,
+        }
+    }
+}
+
+/// SHA-256 of a node token, the only form in which the edge keeps tokens.
+pub type TokenHash = [u8; 32];
+
+pub fn hash_token(token: &str) -> TokenHash {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl EdgeConfig {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            file: file.clone(),
+            source,
+        })?;
+        Self::from_yaml(&text, &file)
+    }
+
+    /// Parses and validates YAML text; `file` names it in errors.
+    pub fn from_yaml(text: &str, file: &str) -> Result<Self, ConfigError> {
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        let config: EdgeConfig =
+            serde_path_to_error::deserialize(de).map_err(|err| ConfigError::Parse {
+                file: file.to_string(),
+                path: yaml_path(err.path()),
+                message: err.into_inner().to_string(),
+            })?;
+        config
+            .validate()
+            .map_err(|(path, message)| ConfigError::Invalid {
+                file: file.to_string(),
+                path,
+                message,
+            })?;
+        Ok(config)
+    }
+
+    /// Checks references and per-kind requirements; the error is `(yaml path, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let invalid = |path: String, message: &str| Err((path, message.to_string()));
+        if self.max_frame_bytes < 1024 {
+            return invalid("max_frame_bytes".into(), "must be at least 1024");
+        }
+        if self.limits.max_body_bytes == 0 {
+            return invalid("limits.max_body_bytes".into(), "must be positive");
+        }
+        if let Some(var) = &self.auth.api_keys_env
+            && std::env::var(var).is_err()
+        {
+            return Err((
+                "auth.api_keys_env".into(),
+                format!("environment variable {var} is not set"),
+            ));
+        }
+        let mut node_ids = HashSet::new();
+        for (n, node) in self.nodes.iter().enumerate() {
+            let at = format!("nodes[{n}]");
+            if node.id.trim().is_empty() {
+                return invalid(format!("{at}.id"), "must not be empty");
+            }
+            if !node_ids.insert(node.id.as_str()) {
+                return invalid(
+                    format!("{at}.id"),
+                    &format!("duplicate node id {:?}", node.id),
+                );
+            }
+            node.token_hash()
+                .map_err(|(field, msg)| (format!("{at}.{field}"), msg))?;
+            let mut provider_ids = HashSet::new();
+            for (p, provider) in node.providers.iter().enumerate() {
+                let at = format!("{at}.providers[{p}]");
+                if provider.id.trim().is_empty() {
+                    return invalid(format!("{at}.id"), "must not be empty");
+                }
+                if !provider_ids.insert(provider.id.as_str()) {
+                    return invalid(
+                        format!("{at}.id"),
+                        &format!("duplicate provider id {:?} on this node", provider.id),
+                    );
+                }
+                validate_provider(provider)
+                    .map_err(|(field, msg)| (format!("{at}.{field}"), msg))?;
+            }
+        }
+        let mut group_names = HashSet::new();
+        for (g, group) in self.model_groups.iter().enumerate() {
+            let at = format!("model_groups[{g}]");
+            if group.name.trim().is_empty() {
+                return invalid(format!("{at}.name"), "must not be empty");
+            }
+            if !group_names.insert(group.name.as_str()) {
+                return invalid(
+                    format!("{at}.name"),
+                    &format!("duplicate model group {:?}", group.name),
+                );
+            }
+            if group.members.is_empty() {
+                return invalid(format!("{at}.members"), "needs at least one member");
+            }
+            if group.long_context_tokens == Some(0) {
+                return invalid(format!("{at}.long_context_tokens"), "must be positive");
+            }
+            if group.queue.timeout_sec == 0 {
+                return invalid(format!("{at}.queue.timeout_sec"), "must be positive");
+            }
+            for (m, member) in group.members.iter().enumerate() {
+                let at = format!("{at}.members[{m}]");
+                let Some(node) = self.nodes.iter().find(|n| n.id == member.node) else {
+                    return invalid(
+                        format!("{at}.node"),
+                        &format!("no node with id {:?} in nodes[]", member.node),
+                    );
+                };
+                if !node.providers.iter().any(|p| p.id == member.provider) {
+                    return invalid(
+                        format!("{at}.provider"),
+                        &format!(
+                            "node {:?} has no provider with id {:?}",
+                            member.node, member.provider
+                        ),
+                    );
+                }
+                if member.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+                    return invalid(format!("{at}.model"), "must not be empty when given");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// API keys clients may present, from the config and the environment.
+    pub fn api_keys(&self) -> Vec<String> {
+        let mut keys = self.auth.api_keys.clone();
+        if let Some(var) = &self.auth.api_keys_env
+            && let Ok(value) = std::env::var(var)
+        {
+            keys.extend(
+                value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|k| !k.is_empty())
+                    .map(String::from),
+            );
+        }
+        keys
+    }
+}
+
+impl NodeConfig {
+    /// The SHA-256 of this node's token from whichever source is configured; the error
+    /// is `(field, message)`.
+    pub fn token_hash(&self) -> Result<TokenHash, (String, String)> {
+        let sources = [
+            self.token.is_some(),
+            self.token_env.is_some(),
+            self.token_sha256.is_some(),
+        ];
+        match sources.iter().filter(|s| **s).count() {
+            0 => {
+                return Err((
+                    "token".into(),
+                    "one of token, token_env or token_sha256 is required".into(),
+                ));
+            }
+            1 => {}
+            _ => {
+                return Err((
+                    "token".into(),
+                    "give only one of token, token_env or token_sha256".into(),
+                ));
+            }
+        }
+        if let Some(token) = &self.token {
+            if token.is_empty() {
+                return Err(("token".into(), "must not be empty".into()));
+            }
+            return Ok(hash_token(token));
+        }
+        if let Some(var) = &self.token_env {
+            return match std::env::var(var) {
+                Ok(token) if !token.is_empty() => Ok(hash_token(&token)),
+                _ => Err((
+                    "token_env".into(),
+                    format!("environment variable {var} is not set or empty"),
+                )),
+            };
+        }
+        let hex_hash = self.token_sha256.as_deref().unwrap_or_default();
+        let mut hash = [0u8; 32];
+        hex::decode_to_slice(hex_hash.trim(), &mut hash).map_err(|_| {
+            (
+                "token_sha256".to_string(),
+                "must be 64 hexadecimal characters (a SHA-256 digest)".to_string(),
+            )
+        })?;
+        Ok(hash)
+    }
+}
+
+fn validate_provider(p: &ProviderConfig) -> Result<(), (String, String)> {
+    let err = |field: &str, message: String| Err((field.to_string(), message));
+    if p.capacity.normal == 0 && p.capacity.long == 0 {
+        return err(
+            "capacity",
+            "normal and long capacity cannot both be 0".into(),
+        );
+    }
+    if p.max_concurrency == Some(0) {
+        return err("max_concurrency", "must be positive".into());
+    }
+    if p.kind.needs_base_url() {
+        match p.base_url.as_deref() {
+            None => return err("base_url", format!("required for kind {}", p.kind.as_str())),
+            Some(url) => {
+                let uri: http::Uri = url
+                    .parse()
+                    .map_err(|e| ("base_url".to_string(), format!("not a URL: {e}")))?;
+                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                    return err(
+                        "base_url",
+                        format!("{url:?} must be an http:// or https:// URL"),
+                    );
+                }
+            }
+        }
+    }
+    if p.kind == ProviderKind::Cli {
+        match &p.cli {
+            None => return err("cli", "required for kind cli (cli.argv)".into()),
+            Some(cli) if cli.argv.is_empty() || cli.argv[0].is_empty() => {
+                return err("cli.argv", "needs at least the program to run".into());
+            }
+            Some(_) => {}
+        }
+    } else if p.cli.is_some() {
+        return err("cli", format!("only for kind cli, not {}", p.kind.as_str()));
+    }
+    if p.mock.is_some() && p.kind != ProviderKind::Mock {
+        return err(
+            "mock",
+            format!("only for kind mock, not {}", p.kind.as_str()),
+        );
+    }
+    Ok(())
+}
+
+/// Renders a serde path as `a.b[2].c`.
+fn yaml_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Segment::Unknown => out.push_str(".?"),
+        }
+    }
+    if out.is_empty() {
+        "(top level)".into()
+    } else {
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> Result<EdgeConfig, ConfigError> {
+        EdgeConfig::from_yaml(yaml, "edge.yaml")
+    }
+
+    fn err_text(yaml: &str) -> String {
+        parse(yaml).unwrap_err().to_string()
+    }
+
+    const GOOD: &str = r#"
+nodes:
+  - id: gpu
+    token: secret
+    providers:
+      - id: vllm
+        kind: vllm
+        base_url: http://127.0.0.1:8000/v1
+        capacity: {normal: 2, long: 1}
+      - id: echo
+        kind: cli
+        cli: {argv: ["cat"]}
+model_groups:
+  - name: llama
+    members: [{node: gpu, provider: vllm, model: meta/llama}]
+"#;
+
+    #[test]
+    fn a_good_config_parses_with_defaults() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.listen.nodes.to_string(), DEFAULT_NODE_LISTEN);
+        assert_eq!(c.listen.http.to_string(), DEFAULT_HTTP_LISTEN);
+        assert_eq!(c.max_frame_bytes, 16 * 1024 * 1024);
+        assert_eq!(c.nodes[0].providers[0].max_concurrency(), 3);
+        assert_eq!(c.nodes[0].providers[1].capacity, CapacityConfig::default());
+        assert_eq!(
+            c.model_groups[0].queue.max_waiting,
+            DEFAULT_QUEUE_MAX_WAITING
+        );
+        assert_eq!(c.nodes[0].token_hash().unwrap(), hash_token("secret"));
+    }
+
+    #[test]
+    fn unknown_field_is_named_with_its_path() {
+        let text = err_text(&GOOD.replace("capacity: {normal: 2", "capacity: {nromal: 2"));
+        assert!(text.contains("nodes[0].providers[0].capacity"), "{text}");
+        assert!(text.contains("nromal"), "{text}");
+    }
+
+    #[test]
+    fn wrong_type_is_named_with_its_path() {
+        let text = err_text(&GOOD.replace("long: 1", "long: many"));
+        assert!(
+            text.contains("nodes[0].providers[0].capacity.long"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn unknown_kind_is_named() {
+        let text = err_text(&GOOD.replace("kind: vllm", "kind: tgi"));
+        assert!(text.contains("nodes[0].providers[0].kind"), "{text}");
+    }
+
+    #[test]
+    fn missing_base_url_is_named() {
+        let text = err_text(&GOOD.replace("base_url: http://127.0.0.1:8000/v1", ""));
+        assert!(
+            text.contains("nodes[0].providers[0].base_url: required for kind vllm"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn bad_base_url_is_named() {
+        let text = err_text(&GOOD.replace("http://127.0.0.1:8000/v1", "ftp://x"));
+        assert!(text.contains("nodes[0].providers[0].base_url"), "{text}");
+    }
+
+    #[test]
+    fn missing_token_is_named() {
+        let text = err_text(&GOOD.replace("token: secret", ""));
+        assert!(text.contains("nodes[0].token: one of token"), "{text}");
+    }
+
+    #[test]
+    fn two_token_sources_are_refused() {
+        let text = err_text(&GOOD.replace("token: secret", "token: a\n    token_env: B"));
+        assert!(text.contains("nodes[0].token: give only one"), "{text}");
+    }
+
+    #[test]
+    fn unset_token_env_is_named() {
+        let text = err_text(&GOOD.replace("token: secret", "token_env: IOP_TEST_SURELY_UNSET_VAR"));
+        assert!(text.contains("nodes[0].token_env"), "{text}");
+        assert!(text.contains("IOP_TEST_SURELY_UNSET_VAR"), "{text}");
+    }
+
+    #[test]
+    fn token_sha256_is_accepted_and_checked() {
+        let hex_hash = hex::encode(hash_token("secret"));
+        let c =
+            parse(&GOOD.replace("token: secret", &format!("token_sha256: {hex_hash}"))).unwrap();
+        assert_eq!(c.nodes[0].token_hash().unwrap(), hash_token("secret"));
+        let text = err_text(&GOOD.replace("token: secret", "token_sha256: abc"));
+        assert!(text.contains("nodes[0].token_sha256"), "{text}");
+    }
+
+    #[test]
+    fn duplicate_node_id_is_named() {
+        let dup = GOOD.replace(
+            "model_groups:",
+            "  - id: gpu\n    token: other\nmodel_groups:",
+        );
+        let text = err_text(&dup);
+        assert!(text.contains("nodes[1].id: duplicate node id"), "{text}");
+    }
+
+    #[test]
+    fn duplicate_provider_id_is_named() {
+        let text = err_text(&GOOD.replace("id: echo", "id: vllm"));
+        assert!(
+            text.contains("nodes[0].providers[1].id: duplicate provider id"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn member_referencing_unknown_provider_is_named() {
+        let text = err_text(&GOOD.replace("provider: vllm, model", "provider: nope, model"));
+        assert!(
+            text.contains("model_groups[0].members[0].provider"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn member_referencing_unknown_node_is_named() {
+        let text = err_text(&GOOD.replace("{node: gpu,", "{node: cpu,"));
+        assert!(text.contains("model_groups[0].members[0].node"), "{text}");
+    }
+
+    #[test]
+    fn cli_without_argv_is_named() {
+        let text = err_text(&GOOD.replace(r#"cli: {argv: ["cat"]}"#, "cli: {argv: []}"));
+        assert!(text.contains("nodes[0].providers[1].cli.argv"), "{text}");
+    }
+
+    #[test]
+    fn zero_capacity_is_refused() {
+        let text = err_text(&GOOD.replace("{normal: 2, long: 1}", "{normal: 0, long: 0}"));
+        assert!(text.contains("nodes[0].providers[0].capacity"), "{text}");
+    }
+
+    #[test]
+    fn bad_listen_address_is_named() {
+        let text = err_text(&format!("listen: {{http: 'not an address'}}\n{GOOD}"));
+        assert!(text.contains("listen.http"), "{text}");
+    }
+
+    #[test]
+    fn zero_queue_timeout_is_named() {
+        let text = err_text(&format!("{GOOD}    queue: {{timeout_sec: 0}}\n"));
+        assert!(text.contains("model_groups[0].queue.timeout_sec"), "{text}");
+    }
+}

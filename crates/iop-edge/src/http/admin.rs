@@ -1,0 +1,95 @@
+//! Admin endpoints: `/admin/status` (the snapshot), `/admin/events` (the event bus as SSE),
+//! `/metrics` (Prometheus text), `/healthz` and `/readyz`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::stream;
+use serde_json::json;
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::events::EdgeEvent;
+use crate::service::Edge;
+
+/// Routes that sit behind client auth when API keys are configured.
+pub fn protected_routes() -> Router<Arc<Edge>> {
+    Router::new()
+        .route("/admin/status", get(status))
+        .route("/admin/events", get(events))
+}
+
+/// Routes that are always open (probes and scraping).
+pub fn open_routes() -> Router<Arc<Edge>> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+}
+
+async fn status(State(edge): State<Arc<Edge>>) -> Response {
+    axum::Json(edge.snapshot()).into_response()
+}
+
+async fn healthz() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+/// Ready when at least one node is dispatch-ready.
+async fn readyz(State(edge): State<Arc<Edge>>) -> Response {
+    let ready = edge.ready_sessions().len();
+    let status = if ready > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"ready": ready > 0, "nodes_ready": ready})),
+    )
+        .into_response()
+}
+
+async fn metrics(State(edge): State<Arc<Edge>>) -> Response {
+    let text = edge.metrics.render(&edge.snapshot());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn events(State(edge): State<Arc<Edge>>) -> Response {
+    let rx = edge.events.subscribe();
+    let body = stream::unfold(rx, |mut rx| async move {
+        let bytes = match rx.recv().await {
+            Ok(event) => {
+                let name = match &*event {
+                    EdgeEvent::Node(_) => "node",
+                    EdgeEvent::Run(_) => "run",
+                    EdgeEvent::Usage(_) => "usage",
+                };
+                let data = serde_json::to_string(&*event).unwrap_or_default();
+                format!("event: {name}\ndata: {data}\n\n")
+            }
+            Err(RecvError::Lagged(n)) => format!("event: lagged\ndata: {{\"missed\":{n}}}\n\n"),
+            Err(RecvError::Closed) => return None,
+        };
+        Some((Ok::<_, std::io::Error>(Bytes::from(bytes)), rx))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}

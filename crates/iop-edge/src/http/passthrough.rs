@@ -1,0 +1,91 @@
+//! Writes a provider tunnel's frames to the client: the provider's status, its end-to-end
+//! headers, and its body bytes untouched, chunk by chunk as they arrive (SSE included).
+//!
+//! An error before the response head becomes an OpenAI error with a status saying where
+//! it failed; an error after the body began ends an SSE stream with an error event, and
+//! aborts any other body (the client sees a truncated response, never a wrong one).
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use futures::stream;
+use iop_proto::pb;
+
+use super::error::ApiError;
+use crate::service::{TunnelItem, TunnelStream};
+
+/// Connection-level headers that describe one hop, never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Waits for the response head, then streams the body.
+pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
+    let mut status = None;
+    let headers = loop {
+        match tunnel.next().await {
+            Some(TunnelItem::Status(s)) => status = Some(s),
+            Some(TunnelItem::Headers(h)) => break h,
+            Some(TunnelItem::Error(e)) => return Err(ApiError::upstream(&e.code, &e.message)),
+            Some(TunnelItem::Body(_)) | Some(TunnelItem::End) | None => {
+                return Err(ApiError::upstream(
+                    "upstream_error",
+                    "the provider response ended before its headers",
+                ));
+            }
+        }
+    };
+    let status = status
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut builder = Response::builder().status(status);
+    let mut is_sse = false;
+    for h in &headers {
+        let name = h.name.to_ascii_lowercase();
+        if HOP_BY_HOP.contains(&name.as_str()) {
+            continue;
+        }
+        if name == "content-type" && h.value.starts_with(b"text/event-stream") {
+            is_sse = true;
+        }
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(&h.value),
+        ) {
+            builder = builder.header(name, value);
+        }
+    }
+    let body = stream::unfold(Some((tunnel, is_sse)), |state| async move {
+        let (mut tunnel, is_sse) = state?;
+        match tunnel.next().await {
+            Some(TunnelItem::Body(bytes)) => Some((Ok(bytes), Some((tunnel, is_sse)))),
+            Some(TunnelItem::Error(e)) => {
+                tracing::warn!(request_id = tunnel.request_id(), code = %e.code, message = %e.message, "tunnel failed mid-body");
+                if is_sse {
+                    Some((Ok(sse_error(&e)), None))
+                } else {
+                    Some((Err(std::io::Error::other(e.message)), None))
+                }
+            }
+            Some(TunnelItem::End) | None => None,
+            // Status and headers come once, before the body.
+            Some(_) => Some((Ok(Bytes::new()), Some((tunnel, is_sse)))),
+        }
+    });
+    Ok(builder
+        .body(Body::from_stream(body))
+        .expect("status and validated headers build a response"))
+}
+
+fn sse_error(e: &pb::TunnelError) -> Bytes {
+    let body = ApiError::upstream(&e.code, &e.message).body();
+    Bytes::from(format!("data: {body}\n\n"))
+}

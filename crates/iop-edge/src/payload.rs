@@ -1,0 +1,128 @@
+//! Builds the `NodeConfigPayload` a node receives in its `RegisterResponse` from the node's
+//! record in the edge config.
+
+use iop_proto::pb;
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use crate::config::{NodeConfig, ProviderConfig, ProviderKind};
+
+/// Bytes kept free in a frame around the payload (the rest of the `RegisterResponse`).
+const FRAME_MARGIN: usize = 256;
+
+pub fn provider_kind(kind: ProviderKind) -> pb::ProviderKind {
+    match kind {
+        ProviderKind::Mock => pb::ProviderKind::Mock,
+        ProviderKind::OpenaiCompat => pb::ProviderKind::OpenaiCompat,
+        ProviderKind::Vllm => pb::ProviderKind::Vllm,
+        ProviderKind::Ollama => pb::ProviderKind::Ollama,
+        ProviderKind::Cli => pb::ProviderKind::Cli,
+    }
+}
+
+fn provider_spec(p: &ProviderConfig) -> pb::ProviderSpec {
+    pb::ProviderSpec {
+        id: p.id.clone(),
+        kind: provider_kind(p.kind) as i32,
+        capacity: Some(pb::Capacity {
+            normal: p.capacity.normal,
+            long: p.capacity.long,
+        }),
+        max_concurrency: p.max_concurrency(),
+        base_url: p.base_url.clone().unwrap_or_default(),
+        api_key_env: p.api_key_env.clone().unwrap_or_default(),
+        api_key: p.api_key.clone().unwrap_or_default(),
+        request_timeout_sec: p.request_timeout_sec.unwrap_or(0),
+        headers: p.headers.clone().into_iter().collect(),
+        cli: p.cli.as_ref().map(|c| pb::CliSpec {
+            argv: c.argv.clone(),
+            env: c.env.clone().into_iter().collect(),
+            working_dir: c.working_dir.clone().unwrap_or_default(),
+            end_marker: c.end_marker.clone().unwrap_or_default(),
+        }),
+        mock: p.mock.as_ref().map(|m| pb::MockSpec {
+            tokens: m.tokens.unwrap_or(0),
+            token_delay_ms: m.token_delay_ms.unwrap_or(0),
+            reasoning: m.reasoning,
+            text: m.text.clone().unwrap_or_default(),
+        }),
+    }
+}
+
+/// The payload for `node`, or why it cannot be sent (it would not fit in one frame).
+pub fn build_payload(
+    node: &NodeConfig,
+    max_frame_bytes: usize,
+) -> Result<pb::NodeConfigPayload, String> {
+    let providers: Vec<pb::ProviderSpec> = node
+        .providers
+        .iter()
+        .filter(|p| p.enabled)
+        .map(provider_spec)
+        .collect();
+    let mut payload = pb::NodeConfigPayload {
+        node_id: node.id.clone(),
+        providers,
+        config_version: 0,
+    };
+    let digest = Sha256::digest(payload.encode_to_vec());
+    payload.config_version = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
+    let len = payload.encoded_len();
+    if len + FRAME_MARGIN > max_frame_bytes {
+        return Err(format!(
+            "config payload for node {:?} is {len} bytes, over the {max_frame_bytes}-byte frame limit (max_frame_bytes)",
+            node.id
+        ));
+    }
+    Ok(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EdgeConfig;
+
+    fn config() -> EdgeConfig {
+        EdgeConfig::from_yaml(
+            r#"
+nodes:
+  - id: n
+    token: t
+    providers:
+      - {id: m, kind: mock, mock: {tokens: 3}}
+      - {id: off, kind: mock, enabled: false}
+      - {id: o, kind: ollama, base_url: "http://127.0.0.1:11434", capacity: {normal: 2, long: 1}}
+"#,
+            "edge.yaml",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn payload_carries_enabled_providers() {
+        let c = config();
+        let p = build_payload(&c.nodes[0], 1 << 20).unwrap();
+        assert_eq!(p.node_id, "n");
+        let ids: Vec<_> = p.providers.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["m", "o"]);
+        assert_eq!(p.providers[0].mock.as_ref().unwrap().tokens, 3);
+        assert_eq!(p.providers[1].max_concurrency, 3);
+        assert_ne!(p.config_version, 0);
+    }
+
+    #[test]
+    fn version_changes_with_content() {
+        let mut c = config();
+        let a = build_payload(&c.nodes[0], 1 << 20).unwrap().config_version;
+        c.nodes[0].providers[0].capacity.normal = 9;
+        let b = build_payload(&c.nodes[0], 1 << 20).unwrap().config_version;
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn an_oversized_payload_fails_to_build() {
+        let c = config();
+        let err = build_payload(&c.nodes[0], 300).unwrap_err();
+        assert!(err.contains("frame limit"), "{err}");
+    }
+}

@@ -1,0 +1,445 @@
+//! Unit and property tests of admission, leases and waiters together.
+
+use std::collections::{HashMap, HashSet};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn key(node: &str, provider: &str) -> ProviderKey {
+    ProviderKey::new(node, provider)
+}
+
+fn member(node: &str, provider: &str, normal: u32, long: u32) -> MemberSpec {
+    MemberSpec {
+        key: key(node, provider),
+        upstream_model: format!("{provider}-model"),
+        capacity: LaneCounts { normal, long },
+        enabled: true,
+    }
+}
+
+fn group(name: &str, members: Vec<MemberSpec>) -> GroupSpec {
+    GroupSpec {
+        name: name.into(),
+        members,
+        max_waiting: 8,
+    }
+}
+
+fn granted(a: Admission) -> Grant {
+    match a {
+        Admission::Granted(g) => g,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn queued(a: Admission) -> WaiterId {
+    match a {
+        Admission::Queued(id) => id,
+        other => panic!("expected to queue, got {other:?}"),
+    }
+}
+
+/// Two aliases share one provider of capacity 1 (the reference's capacity smoke).
+#[test]
+fn aliases_share_one_lease_account_in_fifo_order() {
+    let mut s: Scheduler<&str> = Scheduler::new(
+        [],
+        [
+            group("alias-a", vec![member("n", "p", 1, 0)]),
+            group("alias-b", vec![member("n", "p", 1, 0)]),
+        ],
+    );
+    s.node_ready("n", Generation(1));
+    let first = granted(s.admit("alias-a", Lane::Normal, "first"));
+    queued(s.admit("alias-b", Lane::Normal, "second"));
+    queued(s.admit("alias-a", Lane::Normal, "third"));
+
+    let mut woken = Vec::new();
+    assert!(s.release(first.lease, &mut woken));
+    assert_eq!(woken.len(), 1);
+    assert_eq!(woken[0].waiter, "second");
+    let second = woken.pop().unwrap().grant;
+    assert!(s.release(second.lease, &mut woken));
+    assert_eq!(woken[0].waiter, "third");
+    let third = woken.pop().unwrap().grant;
+    assert!(s.release(third.lease, &mut woken));
+    assert!(woken.is_empty());
+    let account = s.leases().account(&key("n", "p")).unwrap();
+    assert_eq!(s.leases().view(account).in_flight, LaneCounts::default());
+}
+
+#[test]
+fn long_requests_wait_for_the_long_slot_while_normal_ones_flow() {
+    let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 2, 1)])]);
+    s.node_ready("n", Generation(1));
+    let long1 = granted(s.admit("g", Lane::Long, "long-1"));
+    queued(s.admit("g", Lane::Long, "long-2"));
+    // Normal requests are not held up by the long waiter ahead of them.
+    let n1 = granted(s.admit("g", Lane::Normal, "n1"));
+    let n2 = granted(s.admit("g", Lane::Normal, "n2"));
+    queued(s.admit("g", Lane::Normal, "n3"));
+    let mut woken = Vec::new();
+    s.release(n1.lease, &mut woken);
+    assert_eq!(woken.iter().map(|d| d.waiter).collect::<Vec<_>>(), ["n3"]);
+    woken.clear();
+    s.release(long1.lease, &mut woken);
+    assert_eq!(
+        woken.iter().map(|d| d.waiter).collect::<Vec<_>>(),
+        ["long-2"]
+    );
+    assert_eq!(woken[0].grant.lane, Lane::Long);
+    let _ = n2;
+}
+
+#[test]
+fn a_lane_no_member_has_is_refused_at_once() {
+    let mut s: Scheduler<()> = Scheduler::new([], [group("g", vec![member("n", "p", 2, 0)])]);
+    s.node_ready("n", Generation(1));
+    assert!(matches!(
+        s.admit("g", Lane::Long, ()),
+        Admission::NoCapacityInLane
+    ));
+    assert!(matches!(
+        s.admit("nope", Lane::Normal, ()),
+        Admission::UnknownGroup
+    ));
+}
+
+#[test]
+fn the_queue_is_bounded() {
+    let mut s: Scheduler<u32> = Scheduler::new(
+        [],
+        [GroupSpec {
+            max_waiting: 2,
+            ..group("g", vec![member("n", "p", 1, 0)])
+        }],
+    );
+    s.node_ready("n", Generation(1));
+    granted(s.admit("g", Lane::Normal, 0));
+    queued(s.admit("g", Lane::Normal, 1));
+    queued(s.admit("g", Lane::Normal, 2));
+    assert!(matches!(
+        s.admit("g", Lane::Normal, 3),
+        Admission::QueueFull { max_waiting: 2 }
+    ));
+}
+
+#[test]
+fn losing_the_only_node_ends_its_waiters_unavailable_and_returns_leases() {
+    let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
+    s.node_ready("n", Generation(1));
+    let running = granted(s.admit("g", Lane::Normal, "running"));
+    queued(s.admit("g", Lane::Normal, "w1"));
+    queued(s.admit("g", Lane::Normal, "w2"));
+    let lost = s.node_lost("n", Generation(1));
+    assert_eq!(lost.released, vec![running.lease]);
+    assert_eq!(lost.unavailable, vec!["w1", "w2"]);
+    assert_eq!(s.waiting(0), LaneCounts::default());
+    // The running request's guard releases later: a no-op.
+    let mut woken = Vec::new();
+    assert!(!s.release(running.lease, &mut woken));
+}
+
+#[test]
+fn waiters_keep_waiting_while_another_member_is_live() {
+    let mut s: Scheduler<&str> = Scheduler::new(
+        [],
+        [group(
+            "g",
+            vec![member("a", "p", 1, 0), member("b", "p", 1, 0)],
+        )],
+    );
+    s.node_ready("a", Generation(1));
+    s.node_ready("b", Generation(2));
+    let on_a = granted(s.admit("g", Lane::Normal, "x"));
+    let on_b = granted(s.admit("g", Lane::Normal, "y"));
+    assert_ne!(on_a.node, on_b.node);
+    queued(s.admit("g", Lane::Normal, "w"));
+    let lost = s.node_lost(&on_a.node.clone(), on_a.generation);
+    assert!(lost.unavailable.is_empty());
+    let mut woken = Vec::new();
+    s.release(on_b.lease, &mut woken);
+    assert_eq!(woken[0].waiter, "w");
+    assert_eq!(woken[0].grant.node, on_b.node);
+}
+
+#[test]
+fn stale_loss_changes_nothing() {
+    let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
+    s.node_ready("n", Generation(2));
+    let g = granted(s.admit("g", Lane::Normal, "x"));
+    queued(s.admit("g", Lane::Normal, "w"));
+    let lost = s.node_lost("n", Generation(1));
+    assert!(lost.released.is_empty());
+    assert!(lost.unavailable.is_empty());
+    assert!(s.leases().is_live(g.lease));
+}
+
+#[test]
+fn a_waiter_queued_while_offline_is_dispatched_once_on_ready() {
+    let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
+    let id = queued(s.admit("g", Lane::Normal, "early"));
+    let woken = s.node_ready("n", Generation(7));
+    assert_eq!(woken.len(), 1);
+    assert_eq!(woken[0].waiter, "early");
+    assert_eq!(woken[0].grant.generation, Generation(7));
+    assert!(s.cancel_waiter(id).is_none());
+    // A duplicate activation dispatches nothing more.
+    assert!(s.node_ready("n", Generation(7)).is_empty());
+}
+
+#[test]
+fn least_loaded_member_first_and_ties_round_robin() {
+    let mut s: Scheduler<()> = Scheduler::new(
+        [],
+        [group(
+            "g",
+            vec![member("a", "p", 4, 0), member("b", "p", 4, 0)],
+        )],
+    );
+    s.node_ready("a", Generation(1));
+    s.node_ready("b", Generation(2));
+    let nodes: Vec<Arc<str>> = (0..4)
+        .map(|_| granted(s.admit("g", Lane::Normal, ())).node)
+        .collect();
+    assert_eq!(nodes.iter().filter(|n| &***n == "a").count(), 2);
+    assert_ne!(nodes[0], nodes[1]);
+}
+
+#[test]
+fn cancelled_waiter_is_gone() {
+    let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
+    s.node_ready("n", Generation(1));
+    let g = granted(s.admit("g", Lane::Normal, "x"));
+    let w = queued(s.admit("g", Lane::Normal, "w"));
+    assert_eq!(s.cancel_waiter(w), Some("w"));
+    let mut woken = Vec::new();
+    s.release(g.lease, &mut woken);
+    assert!(woken.is_empty());
+}
+
+// ------------------------------------------------------------------ property test
+
+#[derive(Debug, Clone)]
+enum Op {
+    Admit {
+        group: usize,
+        long: bool,
+    },
+    /// Terminal, send failure or client abort: all of them release the lease.
+    Release {
+        pick: usize,
+    },
+    /// A second release of an already released lease.
+    ReleaseAgain {
+        pick: usize,
+    },
+    Disconnect {
+        node: usize,
+    },
+    StaleDisconnect {
+        node: usize,
+    },
+    Ready {
+        node: usize,
+    },
+    Timeout {
+        pick: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..3usize, any::<bool>()).prop_map(|(group, long)| Op::Admit { group, long }),
+        4 => any::<usize>().prop_map(|pick| Op::Release { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::ReleaseAgain { pick }),
+        1 => (0..2usize).prop_map(|node| Op::Disconnect { node }),
+        1 => (0..2usize).prop_map(|node| Op::StaleDisconnect { node }),
+        2 => (0..2usize).prop_map(|node| Op::Ready { node }),
+        1 => any::<usize>().prop_map(|pick| Op::Timeout { pick }),
+    ]
+}
+
+const NODES: [&str; 2] = ["n0", "n1"];
+
+fn fixture() -> Scheduler<u64> {
+    Scheduler::new(
+        [],
+        [
+            group("g0", vec![member("n0", "p", 1, 1), member("n1", "r", 1, 1)]),
+            // An alias of n0/p: shares its account.
+            group("g1", vec![member("n0", "p", 1, 1)]),
+            group("g2", vec![member("n0", "q", 2, 0), member("n1", "r", 1, 1)]),
+        ],
+    )
+}
+
+struct Model {
+    live: HashMap<LeaseId, (ProviderKey, Lane)>,
+    released: HashSet<LeaseId>,
+    waiting: HashMap<u64, WaiterId>,
+    generation: [Option<Generation>; 2],
+    last_gen: u64,
+    next_request: u64,
+}
+
+impl Model {
+    fn take(&mut self, grant: &Grant) {
+        let fresh = self.live.insert(
+            grant.lease,
+            (ProviderKey::new(&grant.node, &grant.provider), grant.lane),
+        );
+        assert!(fresh.is_none(), "lease granted twice");
+    }
+
+    fn wake(&mut self, woken: Vec<Dispatch<u64>>) {
+        for d in woken {
+            assert!(
+                self.waiting.remove(&d.waiter).is_some(),
+                "woke a waiter twice"
+            );
+            self.take(&d.grant);
+        }
+    }
+
+    fn release(&mut self, s: &mut Scheduler<u64>, lease: LeaseId) {
+        let mut woken = Vec::new();
+        let was_live = self.live.remove(&lease).is_some();
+        let did = s.release(lease, &mut woken);
+        assert_eq!(did, was_live, "release of {lease:?}");
+        if did {
+            assert!(self.released.insert(lease), "released twice");
+        }
+        self.wake(woken);
+    }
+}
+
+fn check(s: &Scheduler<u64>, m: &Model) {
+    let capacities: HashMap<ProviderKey, LaneCounts> = [
+        (key("n0", "p"), LaneCounts { normal: 1, long: 1 }),
+        (key("n0", "q"), LaneCounts { normal: 2, long: 0 }),
+        (key("n1", "r"), LaneCounts { normal: 1, long: 1 }),
+    ]
+    .into();
+    for (k, cap) in &capacities {
+        let id = s.leases().account(k).unwrap();
+        let view = s.leases().view(id);
+        let mut want = LaneCounts::default();
+        for (key, lane) in m.live.values() {
+            if key == k {
+                match lane {
+                    Lane::Normal => want.normal += 1,
+                    Lane::Long => want.long += 1,
+                }
+            }
+        }
+        assert_eq!(view.in_flight, want, "in-flight of {k:?}");
+        assert!(view.in_flight.normal <= cap.normal && view.in_flight.long <= cap.long);
+    }
+    assert_eq!(s.leases().live_count(), m.live.len());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    #[test]
+    fn leases_and_waiters_stay_consistent(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut s = fixture();
+        let mut m = Model {
+            live: HashMap::new(),
+            released: HashSet::new(),
+            waiting: HashMap::new(),
+            generation: [None, None],
+            last_gen: 0,
+            next_request: 0,
+        };
+        for op in ops {
+            match op {
+                Op::Admit { group, long } => {
+                    let lane = if long { Lane::Long } else { Lane::Normal };
+                    m.next_request += 1;
+                    let name = ["g0", "g1", "g2"][group];
+                    match s.admit(name, lane, m.next_request) {
+                        Admission::Granted(g) => m.take(&g),
+                        Admission::Queued(id) => { m.waiting.insert(m.next_request, id); }
+                        Admission::QueueFull { .. } => assert!(m.waiting.len() >= 8),
+                        Admission::NoCapacityInLane | Admission::UnknownGroup => {
+                            unreachable!("every fixture group has both lanes")
+                        }
+                    }
+                }
+                Op::Release { pick } => {
+                    let mut live: Vec<_> = m.live.keys().copied().collect();
+                    live.sort();
+                    if !live.is_empty() {
+                        let lease = live[pick % live.len()];
+                        m.release(&mut s, lease);
+                    }
+                }
+                Op::ReleaseAgain { pick } => {
+                    let mut done: Vec<_> = m.released.iter().copied().collect();
+                    done.sort();
+                    if !done.is_empty() {
+                        let mut woken = Vec::new();
+                        assert!(!s.release(done[pick % done.len()], &mut woken));
+                        assert!(woken.is_empty());
+                    }
+                }
+                Op::Disconnect { node } => {
+                    if let Some(generation) = m.generation[node].take() {
+                        let lost = s.node_lost(NODES[node], generation);
+                        for lease in lost.released {
+                            assert!(m.live.remove(&lease).is_some(), "fence returned a dead lease");
+                            assert!(m.released.insert(lease));
+                        }
+                        for waiter in lost.unavailable {
+                            assert!(m.waiting.remove(&waiter).is_some());
+                        }
+                        // Nothing left on that node.
+                        assert!(m.live.values().all(|(k, _)| &*k.node != NODES[node]));
+                    }
+                }
+                Op::StaleDisconnect { node } => {
+                    let before = m.live.len();
+                    let lost = s.node_lost(NODES[node], Generation(0));
+                    assert!(lost.released.is_empty() && lost.unavailable.is_empty());
+                    assert_eq!(m.live.len(), before);
+                }
+                Op::Ready { node } => {
+                    if m.generation[node].is_none() {
+                        m.last_gen += 1;
+                        let generation = Generation(m.last_gen);
+                        m.generation[node] = Some(generation);
+                        let woken = s.node_ready(NODES[node], generation);
+                        m.wake(woken);
+                    }
+                }
+                Op::Timeout { pick } => {
+                    let mut waiting: Vec<_> = m.waiting.keys().copied().collect();
+                    waiting.sort();
+                    if !waiting.is_empty() {
+                        let request = waiting[pick % waiting.len()];
+                        let id = m.waiting[&request];
+                        assert_eq!(s.cancel_waiter(id), Some(request));
+                        m.waiting.remove(&request);
+                    }
+                }
+            }
+            check(&s, &m);
+        }
+        // Every request finishes: in-flight ones release, waiters run or time out.
+        for _ in 0..1000 {
+            let Some(&lease) = m.live.keys().next() else { break };
+            m.release(&mut s, lease);
+            check(&s, &m);
+        }
+        for (_, id) in m.waiting.drain() {
+            s.cancel_waiter(id);
+        }
+        prop_assert!(m.live.is_empty());
+        for id in s.leases().accounts() {
+            prop_assert_eq!(s.leases().view(id).in_flight, LaneCounts::default());
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Node commands (capabilities, transport, usage, sessions, the Ollama family), run cancel
+//! and session termination: request/response exchanges correlated by `command_id`.
+
+use std::time::Duration;
+
+use iop_proto::pb;
+
+use super::Edge;
+use super::run::SubmitError;
+use crate::session::CommandReply;
+
+/// How long the edge waits for a node's answer to a command.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+    #[error("no active run `{0}`")]
+    UnknownRun(String),
+    #[error("node did not answer within {}s", COMMAND_TIMEOUT.as_secs())]
+    Timeout,
+    /// The node answered with an error.
+    #[error("{message}")]
+    Failed { code: String, message: String },
+}
+
+impl Edge {
+    /// Runs a node command and returns its JSON result.
+    pub async fn node_command(
+        &self,
+        node_id: &str,
+        name: &str,
+        adapter: &str,
+        args: std::collections::HashMap<String, String>,
+    ) -> Result<serde_json::Value, CommandError> {
+        let session = self.pick_node(Some(node_id))?;
+        let command_id = uuid::Uuid::new_v4().to_string();
+        let request = pb::NodeCommandRequest {
+            command_id: command_id.clone(),
+            name: name.to_string(),
+            adapter: adapter.to_string(),
+            args,
+        };
+        match self.exchange(&session, &command_id, request.into()).await? {
+            CommandReply::Command(resp) if resp.ok => Ok(serde_json::from_str(&resp.result_json)
+                .unwrap_or(serde_json::Value::String(resp.result_json))),
+            CommandReply::Command(resp) => Err(failed(resp.error)),
+            CommandReply::Cancel(_) => Err(CommandError::Failed {
+                code: "protocol".into(),
+                message: "node answered a command with a cancel response".into(),
+            }),
+        }
+    }
+
+    /// Cancels an active run wherever it runs.
+    pub async fn cancel_run(&self, run_id: &str) -> Result<(), CommandError> {
+        let session = self
+            .ready_sessions()
+            .into_iter()
+            .find(|s| s.has_stream(run_id))
+            .ok_or_else(|| CommandError::UnknownRun(run_id.to_string()))?;
+        self.cancel(
+            &session,
+            pb::CancelRequest {
+                kind: pb::CancelKind::CancelRun as i32,
+                run_id: run_id.to_string(),
+                reason: "cancelled by request".into(),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    /// Ends a logical session on an adapter that supports it.
+    pub async fn terminate_session(
+        &self,
+        node_id: &str,
+        adapter: &str,
+        target: &str,
+        session_id: &str,
+    ) -> Result<(), CommandError> {
+        let session = self.pick_node(Some(node_id))?;
+        self.cancel(
+            &session,
+            pb::CancelRequest {
+                kind: pb::CancelKind::TerminateSession as i32,
+                adapter: adapter.to_string(),
+                target: target.to_string(),
+                session_id: session_id.to_string(),
+                reason: "terminated by request".into(),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    async fn cancel(
+        &self,
+        session: &crate::session::NodeSession,
+        mut request: pb::CancelRequest,
+    ) -> Result<(), CommandError> {
+        let command_id = uuid::Uuid::new_v4().to_string();
+        request.command_id = command_id.clone();
+        match self.exchange(session, &command_id, request.into()).await? {
+            CommandReply::Cancel(resp) if resp.ok => Ok(()),
+            CommandReply::Cancel(resp) => Err(failed(resp.error)),
+            CommandReply::Command(_) => Err(CommandError::Failed {
+                code: "protocol".into(),
+                message: "node answered a cancel with a command response".into(),
+            }),
+        }
+    }
+
+    async fn exchange(
+        &self,
+        session: &crate::session::NodeSession,
+        command_id: &str,
+        envelope: pb::Envelope,
+    ) -> Result<CommandReply, CommandError> {
+        let send_failed = |reason: String| {
+            CommandError::Submit(SubmitError::SendFailed {
+                node: session.node_id.clone(),
+                reason,
+            })
+        };
+        let rx = session
+            .open_command(command_id)
+            .map_err(|e| send_failed(e.to_string()))?;
+        if session.outbound.send(envelope).await.is_err() {
+            session.forget_command(command_id);
+            return Err(send_failed("the connection closed".into()));
+        }
+        match tokio::time::timeout(COMMAND_TIMEOUT, rx).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(_)) => Err(send_failed(
+                session
+                    .close_reason()
+                    .unwrap_or_else(|| "the connection closed".into()),
+            )),
+            Err(_) => {
+                session.forget_command(command_id);
+                Err(CommandError::Timeout)
+            }
+        }
+    }
+}
+
+fn failed(error: Option<pb::RunError>) -> CommandError {
+    let error = error.unwrap_or_default();
+    CommandError::Failed {
+        code: error.code,
+        message: error.message,
+    }
+}

@@ -1,0 +1,412 @@
+//! The edge service: the authoritative owner of node lifecycle (register → ready → lost),
+//! the dispatch-ready sessions, admission, and the event bus. The transport feeds it
+//! connection events; the HTTP surfaces call it to run, tunnel and command.
+//!
+//! Node loss is handled here, on one path, not through the event bus: the registry fences
+//! the generation, the session's streams end with an error, the generation's leases are
+//! returned once and the waiters it leaves without a candidate end unavailable.
+
+pub mod admission;
+pub mod command;
+pub mod group;
+pub mod run;
+pub mod tunnel;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iop_proto::Outbound;
+use iop_proto::pb;
+use parking_lot::{Mutex, RwLock};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{EdgeConfig, ProviderConfig, hash_token};
+use crate::events::{EdgeEvent, EventBus, NodeEventKind, UsageEvent};
+use crate::lease::{LaneCounts, ProviderKey};
+use crate::metrics::Metrics;
+use crate::payload::build_payload;
+use crate::queue::{GroupSpec, MemberSpec, Scheduler};
+use crate::registry::{
+    ClaimError, DisconnectOutcome, Generation, OwnerState, ReadyOutcome, Registry,
+};
+use crate::session::{NodeSession, STREAM_WINDOW};
+use admission::{AdmissionControl, GroupPolicy};
+
+pub use run::{RunSpec, RunStream};
+pub use tunnel::{TunnelItem, TunnelSpec, TunnelStream};
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    UnknownToken,
+    Duplicate { node_id: String },
+    ConfigBuild { node_id: String, message: String },
+    Protocol(String),
+}
+
+impl Rejection {
+    pub fn wire_reason(&self) -> pb::RegisterRejectReason {
+        match self {
+            Rejection::UnknownToken => pb::RegisterRejectReason::UnknownToken,
+            Rejection::Duplicate { .. } => pb::RegisterRejectReason::DuplicateConnection,
+            Rejection::ConfigBuild { .. } => pb::RegisterRejectReason::ConfigBuildFailed,
+            Rejection::Protocol(_) => pb::RegisterRejectReason::Protocol,
+        }
+    }
+
+    pub fn node_id(&self) -> &str {
+        match self {
+            Rejection::Duplicate { node_id } | Rejection::ConfigBuild { node_id, .. } => node_id,
+            _ => "",
+        }
+    }
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejection::UnknownToken => write!(f, "unknown node token"),
+            Rejection::Duplicate { node_id } => write!(
+                f,
+                "duplicate connection: node {node_id} already has a live connection"
+            ),
+            Rejection::ConfigBuild { message, .. } => {
+                write!(f, "config payload build failed: {message}")
+            }
+            Rejection::Protocol(message) => write!(f, "protocol error: {message}"),
+        }
+    }
+}
+
+/// An accepted registration.
+#[derive(Debug)]
+pub struct Registered {
+    pub node_id: String,
+    pub payload: pb::NodeConfigPayload,
+}
+
+/// Where a model-group request's usage is attributed.
+#[derive(Debug, Clone)]
+pub struct Observe {
+    pub model_group: String,
+    pub node_id: String,
+    pub provider_id: String,
+}
+
+pub struct Edge {
+    config: Arc<EdgeConfig>,
+    registry: Mutex<Registry>,
+    /// Dispatch-ready sessions by node id (current generation only).
+    sessions: RwLock<HashMap<String, Arc<NodeSession>>>,
+    pub admission: Arc<AdmissionControl>,
+    pub events: EventBus,
+    pub metrics: Metrics,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Edge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Edge").finish_non_exhaustive()
+    }
+}
+
+impl Edge {
+    pub fn new(config: EdgeConfig) -> Arc<Self> {
+        let registry = Registry::new(config.nodes.iter().map(|n| {
+            let hash = n
+                .token_hash()
+                .unwrap_or_else(|_| hash_token(&uuid::Uuid::new_v4().to_string()));
+            (n.id.clone(), hash)
+        }));
+        let providers = config.nodes.iter().flat_map(|n| {
+            n.providers.iter().map(move |p| {
+                (
+                    ProviderKey::new(&n.id, &p.id),
+                    LaneCounts {
+                        normal: p.capacity.normal,
+                        long: p.capacity.long,
+                    },
+                    p.enabled,
+                )
+            })
+        });
+        let groups: Vec<GroupSpec> = config
+            .model_groups
+            .iter()
+            .map(|g| GroupSpec {
+                name: g.name.clone(),
+                max_waiting: g.queue.max_waiting,
+                members: g
+                    .members
+                    .iter()
+                    .map(|m| {
+                        let p =
+                            provider_of(&config, &m.node, &m.provider).expect("validated config");
+                        MemberSpec {
+                            key: ProviderKey::new(&m.node, &m.provider),
+                            upstream_model: m.model.clone().unwrap_or_else(|| g.name.clone()),
+                            capacity: LaneCounts {
+                                normal: p.capacity.normal,
+                                long: p.capacity.long,
+                            },
+                            enabled: p.enabled,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        let policies = config
+            .model_groups
+            .iter()
+            .map(|g| GroupPolicy {
+                name: g.name.clone(),
+                timeout: Duration::from_secs(g.queue.timeout_sec),
+                long_context_tokens: g.long_context_tokens,
+            })
+            .collect();
+        let scheduler = Scheduler::new(providers.collect::<Vec<_>>(), groups);
+        Arc::new(Edge {
+            metrics: Metrics::new(),
+            config: Arc::new(config),
+            registry: Mutex::new(registry),
+            sessions: RwLock::new(HashMap::new()),
+            admission: AdmissionControl::new(scheduler, policies),
+            events: EventBus::default(),
+            tasks: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    pub fn config(&self) -> &EdgeConfig {
+        &self.config
+    }
+
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    pub fn provider(&self, node: &str, provider: &str) -> Option<&ProviderConfig> {
+        provider_of(&self.config, node, provider)
+    }
+
+    /// A fresh generation for an accepted connection.
+    pub fn next_generation(&self) -> Generation {
+        self.registry.lock().next_generation()
+    }
+
+    /// Handles a `RegisterRequest`: authenticates the token, claims pending ownership and
+    /// builds the node's config payload. Publishes registered / rejected.
+    pub fn register(
+        &self,
+        token: &str,
+        generation: Generation,
+        peer: &str,
+    ) -> Result<Registered, Rejection> {
+        let result = self.claim(token, generation);
+        match &result {
+            Ok(r) => {
+                tracing::info!(node_id = %r.node_id, %generation, peer, "node registered (pending ready)");
+                self.events
+                    .node_event(&r.node_id, NodeEventKind::Registered, "", peer);
+            }
+            Err(rejection) => self.rejected(rejection, peer),
+        }
+        result
+    }
+
+    fn claim(&self, token: &str, generation: Generation) -> Result<Registered, Rejection> {
+        let mut registry = self.registry.lock();
+        let node_id = registry.claim(token, generation).map_err(|e| match e {
+            ClaimError::UnknownToken => Rejection::UnknownToken,
+            ClaimError::Duplicate { node_id } => Rejection::Duplicate { node_id },
+        })?;
+        let node = self
+            .config
+            .nodes
+            .iter()
+            .find(|n| n.id == node_id)
+            .expect("registry built from config");
+        match build_payload(node, self.config.max_frame_bytes) {
+            Ok(payload) => Ok(Registered { node_id, payload }),
+            Err(message) => {
+                registry.disconnect(&node_id, generation);
+                Err(Rejection::ConfigBuild { node_id, message })
+            }
+        }
+    }
+
+    /// Logs and publishes a refused registration.
+    pub fn rejected(&self, rejection: &Rejection, peer: &str) {
+        tracing::warn!(node_id = rejection.node_id(), peer, reason = %rejection, "node registration rejected");
+        self.events.node_event(
+            rejection.node_id(),
+            NodeEventKind::Rejected,
+            &rejection.to_string(),
+            peer,
+        );
+    }
+
+    /// Handles a `NodeReadyRequest`. The first ready of the current generation makes the
+    /// node dispatch-ready, brings its providers online and serves queued waiters.
+    pub fn ready(
+        &self,
+        node_id: &str,
+        generation: Generation,
+        outbound: &Outbound,
+        peer: &str,
+    ) -> ReadyOutcome {
+        let outcome = {
+            let mut registry = self.registry.lock();
+            let outcome = registry.ready(node_id, generation);
+            if outcome == ReadyOutcome::Activated {
+                let session = Arc::new(NodeSession::new(
+                    node_id.to_string(),
+                    generation,
+                    peer.to_string(),
+                    outbound.clone(),
+                ));
+                self.sessions.write().insert(node_id.to_string(), session);
+            }
+            outcome
+        };
+        match outcome {
+            ReadyOutcome::Activated => {
+                self.admission.node_ready(node_id, generation);
+                tracing::info!(node_id, %generation, peer, "node ready");
+                self.events
+                    .node_event(node_id, NodeEventKind::Ready, "", peer);
+            }
+            ReadyOutcome::AlreadyReady => {
+                tracing::debug!(node_id, %generation, "duplicate ready acknowledged");
+            }
+            ReadyOutcome::Refused => {
+                tracing::warn!(node_id, %generation, "stale ready refused");
+            }
+        }
+        outcome
+    }
+
+    /// A connection ended. For the node's current generation: fence it, end its streams,
+    /// return its leases and end waiters it leaves without a candidate. Stale: nothing.
+    pub fn connection_lost(&self, node_id: &str, generation: Generation, reason: &str) {
+        let outcome = self.registry.lock().disconnect(node_id, generation);
+        let DisconnectOutcome::Current { was_ready } = outcome else {
+            tracing::debug!(node_id, %generation, reason, "stale disconnect ignored");
+            return;
+        };
+        let mut returned = 0;
+        if was_ready {
+            let session = {
+                let mut sessions = self.sessions.write();
+                match sessions.get(node_id) {
+                    Some(s) if s.generation == generation => sessions.remove(node_id),
+                    _ => None,
+                }
+            };
+            if let Some(session) = session {
+                session.close(reason);
+            }
+            returned = self.admission.node_lost(node_id, generation, reason);
+        }
+        tracing::warn!(node_id, %generation, reason, leases_returned = returned, "node disconnected");
+        self.events
+            .node_event(node_id, NodeEventKind::Disconnected, reason, "");
+    }
+
+    /// The node's dispatch-ready session, if it has one.
+    pub fn session(&self, node_id: &str) -> Option<Arc<NodeSession>> {
+        self.sessions.read().get(node_id).cloned()
+    }
+
+    pub fn ready_sessions(&self) -> Vec<Arc<NodeSession>> {
+        let mut sessions: Vec<_> = self.sessions.read().values().cloned().collect();
+        sessions.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        sessions
+    }
+
+    pub fn owner_state(&self, node_id: &str) -> OwnerState {
+        self.registry.lock().state(node_id)
+    }
+
+    /// Queues a control frame (cancel, credit) without waiting; if the queue is full it is
+    /// sent from a tracked task.
+    pub fn send_control(&self, outbound: &Outbound, envelope: pb::Envelope) {
+        if outbound.is_closed() {
+            return;
+        }
+        if !outbound.try_send(envelope.clone()) {
+            let outbound = outbound.clone();
+            self.tasks.spawn(async move {
+                let _ = outbound.send(envelope).await;
+            });
+        }
+    }
+
+    /// Publishes one request's provider-reported usage and counts it.
+    pub fn observe_usage(&self, observe: &Observe, path: &'static str, usage: &pb::Usage) {
+        let event = UsageEvent {
+            model_group: observe.model_group.clone(),
+            node_id: observe.node_id.clone(),
+            provider_id: observe.provider_id.clone(),
+            path,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            reasoning_tokens: usage.reasoning_tokens,
+            cached_input_tokens: usage.cached_input_tokens,
+        };
+        self.metrics.record_usage(&event);
+        self.events.publish(EdgeEvent::Usage(event));
+    }
+}
+
+fn provider_of<'a>(
+    config: &'a EdgeConfig,
+    node: &str,
+    provider: &str,
+) -> Option<&'a ProviderConfig> {
+    config
+        .nodes
+        .iter()
+        .find(|n| n.id == node)?
+        .providers
+        .iter()
+        .find(|p| p.id == provider)
+}
+
+/// Counts consumed data frames of one stream and returns credit to the node in batches.
+#[derive(Debug)]
+pub(crate) struct CreditReturn {
+    stream_id: String,
+    consumed: u32,
+}
+
+impl CreditReturn {
+    pub(crate) fn new(stream_id: &str) -> Self {
+        Self {
+            stream_id: stream_id.to_string(),
+            consumed: 0,
+        }
+    }
+
+    pub(crate) fn consumed_one(&mut self, edge: &Edge, session: &NodeSession) {
+        self.consumed += 1;
+        if self.consumed >= STREAM_WINDOW / 2 {
+            edge.send_control(
+                &session.outbound,
+                pb::StreamCredit {
+                    stream_id: self.stream_id.clone(),
+                    frames: self.consumed,
+                }
+                .into(),
+            );
+            self.consumed = 0;
+        }
+    }
+}

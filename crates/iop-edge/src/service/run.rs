@@ -1,0 +1,248 @@
+//! SubmitRun: sends a `RunRequest` to a node and streams its `RunEvent`s back.
+//!
+//! A [`RunStream`] yields the run's events and ends with exactly one terminal: the node's,
+//! or an error synthesized here when the node's connection is lost first. Dropping the
+//! stream before its terminal cancels the run on the node, unless the run is background,
+//! in which case it is drained to the event bus until it ends.
+
+use std::sync::Arc;
+
+use iop_proto::pb;
+use tokio::sync::mpsc;
+
+use super::admission::{AdmitError, LeaseGuard};
+use super::{CreditReturn, Edge, Observe};
+use crate::events::{EdgeEvent, RunEventNotice};
+use crate::session::{NodeSession, STREAM_WINDOW};
+
+/// A surface-neutral run submission.
+#[derive(Debug, Clone, Default)]
+pub struct RunSpec {
+    pub adapter: String,
+    pub target: String,
+    pub input: String,
+    pub messages: Vec<pb::ChatMessage>,
+    pub options: Option<pb::GenerationOptions>,
+    pub session_id: String,
+    pub background: bool,
+}
+
+/// Why a run, tunnel or command could not be started.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SubmitError {
+    #[error("no node is connected and ready")]
+    NoReadyNode,
+    #[error("several nodes are ready ({}); say which one with `node`", .0.join(", "))]
+    AmbiguousNode(Vec<String>),
+    #[error("node `{0}` is not configured")]
+    UnknownNode(String),
+    #[error("node `{0}` is not connected and ready")]
+    NodeNotReady(String),
+    #[error("could not send the request to node `{node}`: {reason}")]
+    SendFailed { node: String, reason: String },
+    #[error(transparent)]
+    Admission(#[from] AdmitError),
+}
+
+impl Edge {
+    /// Picks the node for a run: the one named, or the only ready node.
+    pub fn pick_node(&self, node: Option<&str>) -> Result<Arc<NodeSession>, SubmitError> {
+        match node {
+            Some(id) => self.session(id).ok_or_else(|| {
+                if self.config().nodes.iter().any(|n| n.id == id) {
+                    SubmitError::NodeNotReady(id.to_string())
+                } else {
+                    SubmitError::UnknownNode(id.to_string())
+                }
+            }),
+            None => {
+                let mut ready = self.ready_sessions();
+                match ready.len() {
+                    0 => Err(SubmitError::NoReadyNode),
+                    1 => Ok(ready.remove(0)),
+                    _ => Err(SubmitError::AmbiguousNode(
+                        ready.iter().map(|s| s.node_id.clone()).collect(),
+                    )),
+                }
+            }
+        }
+    }
+
+    /// `SubmitRun`: sends the run to the named node (or the only ready one).
+    pub async fn submit_run(
+        self: &Arc<Self>,
+        node: Option<&str>,
+        spec: RunSpec,
+    ) -> Result<RunStream, SubmitError> {
+        let session = self.pick_node(node)?;
+        self.start_run(session, spec, None, None).await
+    }
+
+    /// Sends a run on `session`. A `lease`, if given, is held until the run's terminal.
+    pub(crate) async fn start_run(
+        self: &Arc<Self>,
+        session: Arc<NodeSession>,
+        spec: RunSpec,
+        lease: Option<LeaseGuard>,
+        observe: Option<Observe>,
+    ) -> Result<RunStream, SubmitError> {
+        let run_id = uuid::Uuid::new_v4().to_string();
+        let send_failed = |reason: String| SubmitError::SendFailed {
+            node: session.node_id.clone(),
+            reason,
+        };
+        let rx = session
+            .open_run(&run_id)
+            .map_err(|e| send_failed(e.to_string()))?;
+        let request = pb::RunRequest {
+            run_id: run_id.clone(),
+            adapter: spec.adapter.clone(),
+            target: spec.target.clone(),
+            input: spec.input,
+            messages: spec.messages,
+            options: spec.options,
+            session_id: spec.session_id.clone(),
+            background: spec.background,
+            initial_credit: STREAM_WINDOW,
+        };
+        if session.outbound.send(request).await.is_err() {
+            session.close_stream(&run_id);
+            // `lease` drops here: a send failure returns the slot.
+            return Err(send_failed("the connection closed".into()));
+        }
+        tracing::debug!(node_id = %session.node_id, %run_id, adapter = %spec.adapter, "run sent");
+        Ok(RunStream {
+            inner: Some(RunInner {
+                edge: self.clone(),
+                credit: CreditReturn::new(&run_id),
+                run_id,
+                session,
+                rx,
+                finished: false,
+                background: spec.background,
+                lease,
+                observe,
+            }),
+        })
+    }
+}
+
+/// The event stream of one run.
+#[derive(Debug)]
+pub struct RunStream {
+    inner: Option<RunInner>,
+}
+
+#[derive(Debug)]
+struct RunInner {
+    edge: Arc<Edge>,
+    session: Arc<NodeSession>,
+    run_id: String,
+    rx: mpsc::Receiver<pb::RunEvent>,
+    credit: CreditReturn,
+    finished: bool,
+    background: bool,
+    lease: Option<LeaseGuard>,
+    observe: Option<Observe>,
+}
+
+impl RunStream {
+    pub fn run_id(&self) -> &str {
+        &self.inner.as_ref().expect("live stream").run_id
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.inner.as_ref().expect("live stream").session.node_id
+    }
+
+    /// The next event; `None` after the terminal.
+    pub async fn next(&mut self) -> Option<pb::RunEvent> {
+        self.inner.as_mut()?.next().await
+    }
+}
+
+impl RunInner {
+    async fn next(&mut self) -> Option<pb::RunEvent> {
+        if self.finished {
+            return None;
+        }
+        let event = match self.rx.recv().await {
+            Some(event) => event,
+            None => {
+                let reason = self
+                    .session
+                    .close_reason()
+                    .unwrap_or_else(|| "the node stopped the stream".into());
+                pb::RunEvent {
+                    run_id: self.run_id.clone(),
+                    kind: pb::RunEventKind::Error as i32,
+                    error: Some(pb::RunError {
+                        code: "node_disconnected".into(),
+                        message: format!("node {} connection lost: {reason}", self.session.node_id),
+                    }),
+                    ..Default::default()
+                }
+            }
+        };
+        match event.kind() {
+            pb::RunEventKind::Delta | pb::RunEventKind::ReasoningDelta => {
+                self.credit.consumed_one(&self.edge, &self.session);
+            }
+            _ if event.is_terminal() => {
+                self.finished = true;
+                self.lease = None;
+                if let (Some(observe), Some(usage)) = (&self.observe, &event.usage) {
+                    self.edge.observe_usage(observe, "run", usage);
+                }
+            }
+            _ => {}
+        }
+        self.edge.events.publish(EdgeEvent::Run(RunEventNotice {
+            node_id: self.session.node_id.clone(),
+            run_id: self.run_id.clone(),
+            kind: kind_name(event.kind()),
+            text: event.text.clone(),
+        }));
+        Some(event)
+    }
+}
+
+impl Drop for RunStream {
+    fn drop(&mut self) {
+        let Some(mut inner) = self.inner.take() else {
+            return;
+        };
+        if inner.finished {
+            return;
+        }
+        if inner.background {
+            let tasks = inner.edge.tasks().clone();
+            tasks.spawn(async move { while inner.next().await.is_some() {} });
+            return;
+        }
+        tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, "client went away: cancelling run");
+        inner.session.close_stream(&inner.run_id);
+        inner.edge.send_control(
+            &inner.session.outbound,
+            pb::CancelRequest {
+                kind: pb::CancelKind::CancelRun as i32,
+                run_id: inner.run_id.clone(),
+                reason: "client disconnected".into(),
+                ..Default::default()
+            }
+            .into(),
+        );
+    }
+}
+
+pub fn kind_name(kind: pb::RunEventKind) -> &'static str {
+    match kind {
+        pb::RunEventKind::Unspecified => "unspecified",
+        pb::RunEventKind::Start => "start",
+        pb::RunEventKind::Delta => "delta",
+        pb::RunEventKind::ReasoningDelta => "reasoning_delta",
+        pb::RunEventKind::Complete => "complete",
+        pb::RunEventKind::Error => "error",
+        pb::RunEventKind::Cancelled => "cancelled",
+    }
+}

@@ -1,0 +1,275 @@
+//! A dispatch-ready node connection as the service sees it: the queue towards the node and
+//! the routes of everything in flight on the connection (run streams, tunnel streams,
+//! command replies), correlated by id.
+//!
+//! The transport's reader delivers frames here without ever waiting: each stream's channel
+//! holds at most the credit window the edge granted plus a few control frames, so a full
+//! channel means the node broke flow control and only that stream is cut. Closing the
+//! session drops every route; consumers see their channel end and report the loss.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use iop_proto::Outbound;
+use iop_proto::pb::{self, provider_tunnel_frame::Frame};
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::registry::Generation;
+
+/// Data frames (deltas, body chunks) a node may have in flight per stream before it waits
+/// for credit.
+pub const STREAM_WINDOW: u32 = 256;
+/// Room for the control frames of a stream (start, status, headers, usage, end ...).
+const CONTROL_SLACK: usize = 32;
+const STREAM_CHANNEL: usize = STREAM_WINDOW as usize + CONTROL_SLACK;
+
+/// A reply to a command sent with a `command_id`.
+#[derive(Debug)]
+pub enum CommandReply {
+    Command(pb::NodeCommandResponse),
+    Cancel(pb::CancelResponse),
+}
+
+#[derive(Debug)]
+enum Route {
+    Run(mpsc::Sender<pb::RunEvent>),
+    Tunnel(mpsc::Sender<Frame>),
+}
+
+#[derive(Debug, Default)]
+struct Routes {
+    /// Set once the connection is gone; no new routes open after that.
+    closed: Option<String>,
+    streams: HashMap<String, Route>,
+    commands: HashMap<String, oneshot::Sender<CommandReply>>,
+}
+
+/// The session closed: the node's connection is gone.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("node connection lost: {0}")]
+pub struct SessionClosed(pub String);
+
+/// What delivering a frame to its route did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Delivery {
+    Delivered,
+    /// No route (the client left, or the stream ended): drop the frame.
+    NoRoute,
+    /// The stream's channel was full: the node ignored flow control; the stream is cut.
+    Overflow,
+}
+
+#[derive(Debug)]
+pub struct NodeSession {
+    pub node_id: String,
+    pub generation: Generation,
+    pub peer: String,
+    pub connected_at: Instant,
+    pub outbound: Outbound,
+    routes: Mutex<Routes>,
+}
+
+impl NodeSession {
+    pub fn new(node_id: String, generation: Generation, peer: String, outbound: Outbound) -> Self {
+        Self {
+            node_id,
+            generation,
+            peer,
+            connected_at: Instant::now(),
+            outbound,
+            routes: Mutex::new(Routes::default()),
+        }
+    }
+
+    pub fn open_run(&self, run_id: &str) -> Result<mpsc::Receiver<pb::RunEvent>, SessionClosed> {
+        let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
+        self.open(run_id, Route::Run(tx))?;
+        Ok(rx)
+    }
+
+    pub fn open_tunnel(&self, request_id: &str) -> Result<mpsc::Receiver<Frame>, SessionClosed> {
+        let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
+        self.open(request_id, Route::Tunnel(tx))?;
+        Ok(rx)
+    }
+
+    fn open(&self, id: &str, route: Route) -> Result<(), SessionClosed> {
+        let mut routes = self.routes.lock();
+        if let Some(reason) = &routes.closed {
+            return Err(SessionClosed(reason.clone()));
+        }
+        routes.streams.insert(id.to_string(), route);
+        Ok(())
+    }
+
+    pub fn close_stream(&self, id: &str) {
+        self.routes.lock().streams.remove(id);
+    }
+
+    pub fn has_stream(&self, id: &str) -> bool {
+        self.routes.lock().streams.contains_key(id)
+    }
+
+    pub fn stream_count(&self) -> usize {
+        self.routes.lock().streams.len()
+    }
+
+    pub fn open_command(
+        &self,
+        command_id: &str,
+    ) -> Result<oneshot::Receiver<CommandReply>, SessionClosed> {
+        let (tx, rx) = oneshot::channel();
+        let mut routes = self.routes.lock();
+        if let Some(reason) = &routes.closed {
+            return Err(SessionClosed(reason.clone()));
+        }
+        routes.commands.insert(command_id.to_string(), tx);
+        Ok(rx)
+    }
+
+    pub fn forget_command(&self, command_id: &str) {
+        self.routes.lock().commands.remove(command_id);
+    }
+
+    pub fn deliver_run_event(&self, event: pb::RunEvent) -> Delivery {
+        let terminal = event.is_terminal();
+        let mut routes = self.routes.lock();
+        let Some(Route::Run(tx)) = routes.streams.get(&event.run_id) else {
+            return Delivery::NoRoute;
+        };
+        let run_id = event.run_id.clone();
+        let delivery = match tx.try_send(event) {
+            Ok(()) => Delivery::Delivered,
+            Err(mpsc::error::TrySendError::Closed(_)) => Delivery::NoRoute,
+            Err(mpsc::error::TrySendError::Full(_)) => Delivery::Overflow,
+        };
+        if terminal || delivery != Delivery::Delivered {
+            routes.streams.remove(&run_id);
+        }
+        delivery
+    }
+
+    pub fn deliver_tunnel_frame(&self, frame: pb::ProviderTunnelFrame) -> Delivery {
+        let Some(inner) = frame.frame else {
+            return Delivery::NoRoute;
+        };
+        let terminal = matches!(inner, Frame::End(_) | Frame::Error(_));
+        let mut routes = self.routes.lock();
+        let Some(Route::Tunnel(tx)) = routes.streams.get(&frame.request_id) else {
+            return Delivery::NoRoute;
+        };
+        let delivery = match tx.try_send(inner) {
+            Ok(()) => Delivery::Delivered,
+            Err(mpsc::error::TrySendError::Closed(_)) => Delivery::NoRoute,
+            Err(mpsc::error::TrySendError::Full(_)) => Delivery::Overflow,
+        };
+        if terminal || delivery != Delivery::Delivered {
+            routes.streams.remove(&frame.request_id);
+        }
+        delivery
+    }
+
+    pub fn deliver_reply(&self, command_id: &str, reply: CommandReply) -> Delivery {
+        match self.routes.lock().commands.remove(command_id) {
+            Some(tx) => {
+                let _ = tx.send(reply);
+                Delivery::Delivered
+            }
+            None => Delivery::NoRoute,
+        }
+    }
+
+    /// Ends the session: no new routes, and every open one is dropped so its consumer sees
+    /// the stream end without a terminal.
+    pub fn close(&self, reason: &str) {
+        let mut routes = self.routes.lock();
+        if routes.closed.is_none() {
+            routes.closed = Some(reason.to_string());
+        }
+        routes.streams.clear();
+        routes.commands.clear();
+    }
+
+    /// Why the session closed, if it did.
+    pub fn close_reason(&self) -> Option<String> {
+        self.routes.lock().closed.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> NodeSession {
+        let (outbound, _rx) = Outbound::channel(8);
+        NodeSession::new("n".into(), Generation(1), "peer".into(), outbound)
+    }
+
+    fn event(run_id: &str, kind: pb::RunEventKind) -> pb::RunEvent {
+        pb::RunEvent {
+            run_id: run_id.into(),
+            kind: kind as i32,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn events_reach_their_run_and_the_terminal_closes_the_route() {
+        let s = session();
+        let mut rx = s.open_run("r1").unwrap();
+        assert_eq!(
+            s.deliver_run_event(event("r1", pb::RunEventKind::Delta)),
+            Delivery::Delivered
+        );
+        assert_eq!(
+            s.deliver_run_event(event("r2", pb::RunEventKind::Delta)),
+            Delivery::NoRoute
+        );
+        assert_eq!(
+            s.deliver_run_event(event("r1", pb::RunEventKind::Complete)),
+            Delivery::Delivered
+        );
+        assert!(!s.has_stream("r1"));
+        // A late duplicate terminal goes nowhere.
+        assert_eq!(
+            s.deliver_run_event(event("r1", pb::RunEventKind::Complete)),
+            Delivery::NoRoute
+        );
+        assert_eq!(rx.recv().await.unwrap().kind(), pb::RunEventKind::Delta);
+        assert_eq!(rx.recv().await.unwrap().kind(), pb::RunEventKind::Complete);
+        assert!(rx.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stream_over_its_window_is_cut_alone() {
+        let s = session();
+        let _flooded = s.open_run("flood").unwrap();
+        let mut calm = s.open_run("calm").unwrap();
+        let mut last = Delivery::Delivered;
+        for _ in 0..STREAM_CHANNEL + 1 {
+            last = s.deliver_run_event(event("flood", pb::RunEventKind::Delta));
+        }
+        assert_eq!(last, Delivery::Overflow);
+        assert!(!s.has_stream("flood"));
+        assert_eq!(
+            s.deliver_run_event(event("calm", pb::RunEventKind::Delta)),
+            Delivery::Delivered
+        );
+        assert!(calm.recv().await.is_some());
+    }
+
+    #[tokio::test]
+    async fn close_ends_every_stream_and_refuses_new_ones() {
+        let s = session();
+        let mut run = s.open_run("r").unwrap();
+        let mut tunnel = s.open_tunnel("t").unwrap();
+        let command = s.open_command("c").unwrap();
+        s.close("heartbeat timeout");
+        assert!(run.recv().await.is_none());
+        assert!(tunnel.recv().await.is_none());
+        assert!(command.await.is_err());
+        assert_eq!(s.open_run("r2").unwrap_err().0, "heartbeat timeout");
+        assert_eq!(s.close_reason().as_deref(), Some("heartbeat timeout"));
+    }
+}

@@ -1,0 +1,68 @@
+//! Conveniences on the generated envelope: `From` for every message it can carry and a
+//! short name per message kind for logs.
+
+use crate::pb::{self, Envelope, envelope::Message};
+
+macro_rules! into_envelope {
+    ($($ty:ident => $variant:ident),* $(,)?) => {
+        $(impl From<pb::$ty> for Envelope {
+            fn from(m: pb::$ty) -> Self {
+                Envelope { message: Some(Message::$variant(m)) }
+            }
+        })*
+    };
+}
+
+into_envelope! {
+    RegisterRequest => RegisterRequest,
+    RegisterResponse => RegisterResponse,
+    NodeReadyRequest => NodeReadyRequest,
+    NodeReadyResponse => NodeReadyResponse,
+    RunRequest => RunRequest,
+    RunEvent => RunEvent,
+    CancelRequest => CancelRequest,
+    CancelResponse => CancelResponse,
+    NodeCommandRequest => NodeCommandRequest,
+    NodeCommandResponse => NodeCommandResponse,
+    ProviderTunnelRequest => ProviderTunnelRequest,
+    ProviderTunnelFrame => ProviderTunnelFrame,
+    ConfigRefresh => ConfigRefresh,
+    Ping => Ping,
+    Pong => Pong,
+    EdgeNodeEvent => EdgeNodeEvent,
+    StreamCredit => StreamCredit,
+}
+
+/// A short name of the envelope's message kind, for logs.
+pub fn kind(envelope: &Envelope) -> &'static str {
+    match &envelope.message {
+        None => "empty",
+        Some(Message::RegisterRequest(_)) => "register_request",
+        Some(Message::RegisterResponse(_)) => "register_response",
+        Some(Message::NodeReadyRequest(_)) => "node_ready_request",
+        Some(Message::NodeReadyResponse(_)) => "node_ready_response",
+        Some(Message::RunRequest(_)) => "run_request",
+        Some(Message::RunEvent(_)) => "run_event",
+        Some(Message::CancelRequest(_)) => "cancel_request",
+        Some(Message::CancelResponse(_)) => "cancel_response",
+        Some(Message::NodeCommandRequest(_)) => "node_command_request",
+        Some(Message::NodeCommandResponse(_)) => "node_command_response",
+        Some(Message::ProviderTunnelRequest(_)) => "provider_tunnel_request",
+        Some(Message::ProviderTunnelFrame(_)) => "provider_tunnel_frame",
+        Some(Message::ConfigRefresh(_)) => "config_refresh",
+        Some(Message::Ping(_)) => "ping",
+        Some(Message::Pong(_)) => "pong",
+        Some(Message::EdgeNodeEvent(_)) => "edge_node_event",
+        Some(Message::StreamCredit(_)) => "stream_credit",
+    }
+}
+
+impl pb::RunEvent {
+    /// Whether this event ends its run (complete, error or cancelled).
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self.kind(),
+            pb::RunEventKind::Complete | pb::RunEventKind::Error | pb::RunEventKind::Cancelled
+        )
+    }
+}

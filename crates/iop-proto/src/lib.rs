@@ -1,0 +1,26 @@
+//! The Edge–Node wire (`iop.edge-node-runtime-wire`): the protobuf types generated from
+//! `proto/iop/runtime.proto`, the length-prefixed frame codec, and the split connection
+//! (frame reader + batching frame writer) both daemons run over a TCP socket.
+//!
+//! Nothing above this crate sees bytes: the edge and the node exchange [`pb::Envelope`]s.
+
+pub mod codec;
+pub mod connection;
+pub mod envelope;
+
+/// Generated protobuf types of package `iop.runtime.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/iop.runtime.v1.rs"));
+}
+
+pub use codec::{DEFAULT_MAX_FRAME_BYTES, EnvelopeCodec, FrameError};
+pub use connection::{FrameReader, Outbound, split_stream};
+
+/// Both sides send a `Ping` this often.
+pub const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+/// A peer silent this long is gone (power loss, partition, a stopped process).
+pub const HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The wire contract id this crate implements.
+pub const WIRE_CONTRACT: &str = "iop.edge-node-runtime-wire";
