@@ -1,1 +1,25 @@
-//! placeholder
+//! iop Node: runs next to the backends. Dials the edge, registers, applies the config it
+//! is given, runs adapters (OpenAI-compatible, vLLM, Ollama, CLI, mock) and relays their
+//! events or raw HTTP/SSE bytes back, records its runs in SQLite, and reconnects by itself.
+//!
+//! `supervisor` owns the connection life; `session` is one connection; `runtime` is the
+//! state that outlives connections (adapters, active runs, store); `runs`, `tunnel` and
+//! `commands` handle the three kinds of work the edge sends.
+
+pub mod adapters;
+pub mod commands;
+pub mod config;
+pub mod runs;
+pub mod runtime;
+pub mod session;
+pub mod sink;
+pub mod store;
+pub mod stream;
+pub mod supervisor;
+pub mod tunnel;
+pub mod usage;
+
+pub use config::NodeConfig;
+pub use runtime::NodeRuntime;
+pub use session::EdgeTarget;
+pub use supervisor::{NodeExit, supervise};

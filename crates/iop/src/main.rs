@@ -1,1 +1,70 @@
-fn main() {}
+//! The `iop` binary: parses arguments and hands off to the edge, node and mock libraries.
+//! Each subcommand lives in `cmd/`.
+
+mod cmd;
+mod logging;
+mod signals;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// iop serves LLMs from machines you own — GPU boxes behind NAT, laptops running Ollama,
+/// CLI coding agents — through one OpenAI-compatible endpoint.
+///
+/// Run an edge where clients can reach it, and a node next to each backend; nodes dial
+/// out to the edge, so they may sit behind NAT. `iop demo` runs both in one process.
+#[derive(Debug, Parser)]
+#[command(name = "iop", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the edge: the public OpenAI-compatible endpoint that nodes connect to.
+    Edge(cmd::edge::Args),
+    /// Run a node: dials the edge and serves its configured backends.
+    Node(cmd::node::Args),
+    /// Run edge + node + a mock backend in one process on loopback, to try iop out.
+    Demo(cmd::demo::Args),
+    /// Run a deterministic OpenAI- and Ollama-compatible backend (for tests and benchmarks).
+    MockProvider(cmd::mock_provider::Args),
+    /// Show an edge's nodes, providers, capacity and queues.
+    Status(cmd::status::Args),
+    /// Load-test an OpenAI-compatible endpoint (or several, side by side).
+    Bench(cmd::bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("iop: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Edge(args) => cmd::edge::run(args).await,
+            Command::Node(args) => cmd::node::run(args).await,
+            Command::Demo(args) => cmd::demo::run(args).await,
+            Command::MockProvider(args) => cmd::mock_provider::run(args).await,
+            Command::Status(args) => cmd::status::run(args).await,
+            Command::Bench(args) => cmd::bench::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("iop: {}", err.message);
+            ExitCode::from(err.code)
+        }
+    }
+}

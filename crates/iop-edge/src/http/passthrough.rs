@@ -63,13 +63,33 @@ pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
             builder = builder.header(name, value);
         }
     }
-    let body = stream::unfold(Some((tunnel, is_sse)), |state| async move {
-        let (mut tunnel, is_sse) = state?;
-        match tunnel.next().await {
-            Some(TunnelItem::Body(bytes)) => Some((Ok(bytes), Some((tunnel, is_sse)))),
+    let state = BodyState {
+        tunnel,
+        is_sse,
+        remaining: content_length(&headers),
+    };
+    let body = stream::unfold(Some(state), |state| async move {
+        let mut state = state?;
+        match state.tunnel.next().await {
+            Some(TunnelItem::Body(bytes)) => {
+                if let Some(remaining) = state.remaining.as_mut() {
+                    *remaining = remaining.saturating_sub(bytes.len() as u64);
+                    if *remaining == 0 {
+                        // The client stops reading at Content-Length: take the rest of the
+                        // tunnel (usage, end) now so nothing after the body is lost.
+                        while let Some(item) = state.tunnel.next().await {
+                            if matches!(item, TunnelItem::End | TunnelItem::Error(_)) {
+                                break;
+                            }
+                        }
+                        return Some((Ok(bytes), None));
+                    }
+                }
+                Some((Ok(bytes), Some(state)))
+            }
             Some(TunnelItem::Error(e)) => {
-                tracing::warn!(request_id = tunnel.request_id(), code = %e.code, message = %e.message, "tunnel failed mid-body");
-                if is_sse {
+                tracing::warn!(request_id = state.tunnel.request_id(), code = %e.code, message = %e.message, "tunnel failed mid-body");
+                if state.is_sse {
                     Some((Ok(sse_error(&e)), None))
                 } else {
                     Some((Err(std::io::Error::other(e.message)), None))
@@ -77,12 +97,26 @@ pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
             }
             Some(TunnelItem::End) | None => None,
             // Status and headers come once, before the body.
-            Some(_) => Some((Ok(Bytes::new()), Some((tunnel, is_sse)))),
+            Some(_) => Some((Ok(Bytes::new()), Some(state))),
         }
     });
     Ok(builder
         .body(Body::from_stream(body))
         .expect("status and validated headers build a response"))
+}
+
+struct BodyState {
+    tunnel: TunnelStream,
+    is_sse: bool,
+    /// Body bytes still expected when the provider sent a Content-Length.
+    remaining: Option<u64>,
+}
+
+fn content_length(headers: &[pb::Header]) -> Option<u64> {
+    headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| std::str::from_utf8(&h.value).ok()?.trim().parse().ok())
 }
 
 fn sse_error(e: &pb::TunnelError) -> Bytes {

@@ -1,0 +1,170 @@
+//! Adapters: one per provider kind, each a real client of its backend's protocol. An
+//! adapter turns a run into events on a [`RunSink`]; OpenAI-compatible ones also expose
+//! their HTTP endpoint for the raw tunnel.
+//!
+//! Cancellation is by drop: the run manager drops `execute`'s future when the run is
+//! cancelled, which closes the provider connection (HTTP) or kills the process group
+//! (CLI).
+
+pub mod cli;
+pub mod http;
+pub mod mock;
+pub mod ollama;
+pub mod openai_compat;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use iop_proto::pb;
+use serde::Serialize;
+
+use crate::sink::RunSink;
+pub use http::HttpProvider;
+
+/// What an adapter runs.
+#[derive(Debug, Clone, Default)]
+pub struct RunInput {
+    pub run_id: String,
+    pub target: String,
+    pub input: String,
+    pub messages: Vec<pb::ChatMessage>,
+    pub options: pb::GenerationOptions,
+    pub session_id: String,
+}
+
+impl RunInput {
+    /// Chat messages; a plain input becomes one user message.
+    pub fn chat_messages(&self) -> Vec<pb::ChatMessage> {
+        if self.messages.is_empty() {
+            vec![pb::ChatMessage {
+                role: "user".into(),
+                content: self.input.clone(),
+            }]
+        } else {
+            self.messages.clone()
+        }
+    }
+
+    /// The text a program-style backend reads: the plain input, or the last user message.
+    pub fn prompt_text(&self) -> String {
+        if !self.input.is_empty() {
+            return self.input.clone();
+        }
+        self.messages
+            .iter()
+            .rev()
+            .find(|m| m.role == "user")
+            .or(self.messages.last())
+            .map(|m| m.content.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// A failed run, with a stable code the edge maps to an HTTP status.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct AdapterError {
+    pub code: String,
+    pub message: String,
+}
+
+impl AdapterError {
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        Self {
+            code: code.to_string(),
+            message: message.into(),
+        }
+    }
+
+    pub fn not_supported(what: &str) -> Self {
+        Self::new("not_supported", what)
+    }
+}
+
+/// A live logical session (CLI processes kept across runs).
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionInfo {
+    pub target: String,
+    pub session_id: String,
+    pub pid: Option<u32>,
+    pub age_sec: u64,
+}
+
+#[async_trait]
+pub trait Adapter: Send + Sync + std::fmt::Debug + 'static {
+    /// Runs to completion, writing events to `sink`. Returning without a terminal is
+    /// allowed: the run manager synthesizes one.
+    async fn execute(&self, input: RunInput, sink: &mut RunSink) -> Result<(), AdapterError>;
+
+    /// The HTTP endpoint behind this adapter, for the raw tunnel (OpenAI-compatible only).
+    fn tunnel(&self) -> Option<&openai_compat::OpenAiCompatAdapter> {
+        None
+    }
+
+    /// The Ollama client, for the `ollama.*` commands.
+    fn ollama(&self) -> Option<&ollama::OllamaAdapter> {
+        None
+    }
+
+    fn supports_sessions(&self) -> bool {
+        false
+    }
+
+    async fn terminate_session(
+        &self,
+        _target: &str,
+        _session_id: &str,
+    ) -> Result<(), AdapterError> {
+        Err(AdapterError::not_supported(
+            "this adapter has no logical sessions to terminate",
+        ))
+    }
+
+    fn sessions(&self) -> Vec<SessionInfo> {
+        Vec::new()
+    }
+}
+
+/// Builds the adapter for a provider spec; the error says which field is wrong.
+pub fn build(
+    spec: &pb::ProviderSpec,
+    client: &reqwest::Client,
+) -> Result<Arc<dyn Adapter>, String> {
+    let adapter: Arc<dyn Adapter> = match spec.kind() {
+        pb::ProviderKind::Mock => Arc::new(mock::MockAdapter::new(
+            spec.mock.clone().unwrap_or_default(),
+        )),
+        pb::ProviderKind::OpenaiCompat => Arc::new(openai_compat::OpenAiCompatAdapter::new(
+            HttpProvider::new(spec, client)?,
+            crate::usage::UsageDialect::OpenAi,
+        )),
+        pb::ProviderKind::Vllm => Arc::new(openai_compat::OpenAiCompatAdapter::new(
+            HttpProvider::new(spec, client)?,
+            crate::usage::UsageDialect::Vllm,
+        )),
+        pb::ProviderKind::Ollama => {
+            Arc::new(ollama::OllamaAdapter::new(HttpProvider::new(spec, client)?))
+        }
+        pb::ProviderKind::Cli => Arc::new(cli::CliAdapter::new(
+            spec.cli
+                .clone()
+                .ok_or_else(|| "kind cli needs cli.argv".to_string())?,
+        )?),
+        pb::ProviderKind::Unspecified => {
+            return Err("kind is missing or unknown to this node".into());
+        }
+    };
+    Ok(adapter)
+}
+
+/// A kind's name as configs spell it.
+pub fn kind_name(kind: pb::ProviderKind) -> &'static str {
+    match kind {
+        pb::ProviderKind::Mock => "mock",
+        pb::ProviderKind::OpenaiCompat => "openai_compat",
+        pb::ProviderKind::Vllm => "vllm",
+        pb::ProviderKind::Ollama => "ollama",
+        pb::ProviderKind::Cli => "cli",
+        pb::ProviderKind::Unspecified => "unspecified",
+    }
+}

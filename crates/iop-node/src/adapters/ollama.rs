@@ -1,0 +1,178 @@
+//! Ollama adapter: a run is a streaming `POST /api/chat` whose NDJSON lines become delta
+//! and reasoning-delta (`message.thinking`) events, ending with the final line's eval
+//! counts as usage. Also answers the `ollama.tags`, `ollama.ps` and `ollama.show` commands.
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use iop_proto::pb;
+use serde_json::{Value, json};
+
+use super::{Adapter, AdapterError, HttpProvider, RunInput};
+use crate::sink::RunSink;
+
+#[derive(Debug)]
+pub struct OllamaAdapter {
+    pub provider: HttpProvider,
+}
+
+impl OllamaAdapter {
+    pub fn new(provider: HttpProvider) -> Self {
+        Self { provider }
+    }
+
+    fn body(&self, input: &RunInput) -> Value {
+        let messages: Vec<Value> = input
+            .chat_messages()
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.content}))
+            .collect();
+        let mut options = serde_json::Map::new();
+        let o = &input.options;
+        if let Some(n) = o.max_tokens {
+            options.insert("num_predict".into(), json!(n));
+        }
+        if let Some(t) = o.temperature {
+            options.insert("temperature".into(), json!(t));
+        }
+        if let Some(p) = o.top_p {
+            options.insert("top_p".into(), json!(p));
+        }
+        if !o.stop.is_empty() {
+            options.insert("stop".into(), json!(o.stop));
+        }
+        if let Some(s) = o.seed {
+            options.insert("seed".into(), json!(s));
+        }
+        json!({"model": input.target, "messages": messages, "stream": true, "options": options})
+    }
+
+    /// `GET /api/tags`, `GET /api/ps`, or `POST /api/show {model}`, as JSON.
+    pub async fn query(&self, what: &str, model: Option<&str>) -> Result<Value, AdapterError> {
+        let request = match what {
+            "tags" => self.provider.request(reqwest::Method::GET, "/api/tags"),
+            "ps" => self.provider.request(reqwest::Method::GET, "/api/ps"),
+            "show" => {
+                let model = model.ok_or_else(|| {
+                    AdapterError::new("bad_request", "ollama.show needs a `model` argument")
+                })?;
+                self.provider
+                    .request(reqwest::Method::POST, "/api/show")
+                    .json(&json!({"model": model}))
+            }
+            other => {
+                return Err(AdapterError::not_supported(&format!(
+                    "unknown ollama command {other:?}"
+                )));
+            }
+        };
+        let response = self.provider.send(request).await?;
+        if !response.status().is_success() {
+            return Err(self.provider.status_error(response).await);
+        }
+        response
+            .json::<Value>()
+            .await
+            .map_err(|e| self.provider.transport_error(&e))
+    }
+}
+
+#[async_trait]
+impl Adapter for OllamaAdapter {
+    async fn execute(&self, input: RunInput, sink: &mut RunSink) -> Result<(), AdapterError> {
+        let request = self
+            .provider
+            .request(reqwest::Method::POST, "/api/chat")
+            .json(&self.body(&input));
+        let response = self.provider.send(request).await?;
+        if !response.status().is_success() {
+            return Err(self.provider.status_error(response).await);
+        }
+        let closed = |_| AdapterError::new("stream_closed", "the run's stream closed");
+        sink.start(&input.target).await.map_err(closed)?;
+        let mut body = response.bytes_stream();
+        let mut pending: Vec<u8> = Vec::new();
+        loop {
+            let chunk = match body.next().await {
+                Some(Ok(chunk)) => chunk,
+                Some(Err(e)) => return Err(self.provider.transport_error(&e)),
+                None => break,
+            };
+            pending.extend_from_slice(&chunk);
+            while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=pos).collect();
+                if let Some(done) = self.line(&line, sink).await? {
+                    sink.complete(Some(done.0), &done.1).await.map_err(closed)?;
+                    return Ok(());
+                }
+            }
+        }
+        if !pending.is_empty()
+            && let Some(done) = self.line(&pending, sink).await?
+        {
+            sink.complete(Some(done.0), &done.1).await.map_err(closed)?;
+            return Ok(());
+        }
+        Err(AdapterError::new(
+            "provider_stream_error",
+            format!(
+                "provider {} ended the stream without a final `done` line",
+                self.provider.id
+            ),
+        ))
+    }
+
+    fn ollama(&self) -> Option<&OllamaAdapter> {
+        Some(self)
+    }
+}
+
+impl OllamaAdapter {
+    /// Handles one NDJSON line; returns the usage and done reason on the final one.
+    async fn line(
+        &self,
+        line: &[u8],
+        sink: &mut RunSink,
+    ) -> Result<Option<(pb::Usage, String)>, AdapterError> {
+        let closed = |_| AdapterError::new("stream_closed", "the run's stream closed");
+        let line = line.trim_ascii();
+        if line.is_empty() {
+            return Ok(None);
+        }
+        let value: Value = serde_json::from_slice(line).map_err(|e| {
+            AdapterError::new(
+                "provider_stream_error",
+                format!("provider {} sent a bad line: {e}", self.provider.id),
+            )
+        })?;
+        if let Some(err) = value.get("error").and_then(Value::as_str) {
+            return Err(AdapterError::new(
+                "provider_error",
+                format!("provider {}: {err}", self.provider.id),
+            ));
+        }
+        if let Some(message) = value.get("message") {
+            if let Some(thinking) = message.get("thinking").and_then(Value::as_str) {
+                sink.reasoning(thinking).await.map_err(closed)?;
+            }
+            if let Some(content) = message.get("content").and_then(Value::as_str) {
+                sink.delta(content).await.map_err(closed)?;
+            }
+        }
+        if value.get("done").and_then(Value::as_bool) == Some(true) {
+            let count = |k: &str| value.get(k).and_then(Value::as_u64).unwrap_or(0);
+            let usage = pb::Usage {
+                input_tokens: count("prompt_eval_count"),
+                output_tokens: count("eval_count"),
+                reasoning_tokens: None,
+                cached_input_tokens: None,
+            };
+            let reason = value
+                .get("done_reason")
+                .and_then(Value::as_str)
+                .unwrap_or("stop")
+                .to_string();
+            return Ok(Some((usage, reason)));
+        }
+        Ok(None)
+    }
+}

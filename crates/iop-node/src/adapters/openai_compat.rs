@@ -1,0 +1,127 @@
+//! OpenAI-compatible adapter (`openai_compat`, and `vllm` with vLLM's usage conventions):
+//! a run is a streaming `POST /chat/completions` whose SSE chunks become delta,
+//! reasoning-delta (from `reasoning_content` / `reasoning`) and complete-with-usage events.
+//! The same endpoint serves the raw tunnel.
+
+use async_trait::async_trait;
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use super::{Adapter, AdapterError, HttpProvider, RunInput};
+use crate::sink::RunSink;
+use crate::usage::{UsageDialect, from_openai};
+
+#[derive(Debug)]
+pub struct OpenAiCompatAdapter {
+    pub provider: HttpProvider,
+    pub dialect: UsageDialect,
+}
+
+impl OpenAiCompatAdapter {
+    pub fn new(provider: HttpProvider, dialect: UsageDialect) -> Self {
+        Self { provider, dialect }
+    }
+
+    fn body(&self, input: &RunInput) -> Value {
+        let messages: Vec<Value> = input
+            .chat_messages()
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.content}))
+            .collect();
+        let mut body = json!({
+            "model": input.target,
+            "messages": messages,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        let o = &input.options;
+        if let Some(n) = o.max_tokens {
+            body["max_tokens"] = json!(n);
+        }
+        if let Some(t) = o.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(p) = o.top_p {
+            body["top_p"] = json!(p);
+        }
+        if !o.stop.is_empty() {
+            body["stop"] = json!(o.stop);
+        }
+        if let Some(s) = o.seed {
+            body["seed"] = json!(s);
+        }
+        body
+    }
+}
+
+#[async_trait]
+impl Adapter for OpenAiCompatAdapter {
+    async fn execute(&self, input: RunInput, sink: &mut RunSink) -> Result<(), AdapterError> {
+        let request = self
+            .provider
+            .request(reqwest::Method::POST, "/chat/completions")
+            .header("accept", "text/event-stream")
+            .json(&self.body(&input));
+        let response = self.provider.send(request).await?;
+        if !response.status().is_success() {
+            return Err(self.provider.status_error(response).await);
+        }
+        let closed = |_| AdapterError::new("stream_closed", "the run's stream closed");
+        sink.start(&input.target).await.map_err(closed)?;
+        let mut events = response.bytes_stream().eventsource();
+        let mut usage = None;
+        let mut finish = String::new();
+        while let Some(event) = events.next().await {
+            let event = event.map_err(|e| {
+                AdapterError::new(
+                    "provider_stream_error",
+                    format!("provider {} stream broke: {e}", self.provider.id),
+                )
+            })?;
+            if event.data.trim() == "[DONE]" {
+                break;
+            }
+            let Ok(chunk) = serde_json::from_str::<Value>(&event.data) else {
+                continue;
+            };
+            if let Some(err) = chunk.get("error") {
+                let message = err
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("provider reported an error mid-stream");
+                return Err(AdapterError::new("provider_error", message));
+            }
+            if let Some(u) = chunk
+                .get("usage")
+                .and_then(|u| from_openai(u, self.dialect))
+            {
+                usage = Some(u);
+            }
+            let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
+                continue;
+            };
+            if let Some(delta) = choice.get("delta") {
+                let reasoning = delta
+                    .get("reasoning_content")
+                    .or_else(|| delta.get("reasoning"))
+                    .and_then(Value::as_str);
+                if let Some(text) = reasoning {
+                    sink.reasoning(text).await.map_err(closed)?;
+                }
+                if let Some(text) = delta.get("content").and_then(Value::as_str) {
+                    sink.delta(text).await.map_err(closed)?;
+                }
+            }
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                finish = reason.to_string();
+            }
+        }
+        sink.complete(usage, &finish).await.map_err(closed)?;
+        Ok(())
+    }
+
+    fn tunnel(&self) -> Option<&OpenAiCompatAdapter> {
+        Some(self)
+    }
+}

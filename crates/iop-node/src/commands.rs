@@ -1,0 +1,144 @@
+//! Node commands, handled apart from runs: `capabilities`, `transport`, `usage`,
+//! `sessions`, `runs` (recent rows of the run store) and, for ollama adapters,
+//! `ollama.tags`, `ollama.ps` and `ollama.show` (arg `model`).
+
+use iop_proto::pb;
+use serde_json::{Value, json};
+
+use crate::adapters::AdapterError;
+use crate::runtime::NodeRuntime;
+
+impl NodeRuntime {
+    pub async fn command(&self, request: &pb::NodeCommandRequest) -> pb::NodeCommandResponse {
+        let result = self.run_command(request).await;
+        match result {
+            Ok(value) => pb::NodeCommandResponse {
+                command_id: request.command_id.clone(),
+                ok: true,
+                result_json: value.to_string(),
+                error: None,
+            },
+            Err(e) => pb::NodeCommandResponse {
+                command_id: request.command_id.clone(),
+                ok: false,
+                result_json: String::new(),
+                error: Some(pb::RunError {
+                    code: e.code,
+                    message: e.message,
+                }),
+            },
+        }
+    }
+
+    async fn run_command(&self, request: &pb::NodeCommandRequest) -> Result<Value, AdapterError> {
+        match request.name.as_str() {
+            "capabilities" => Ok(self.capabilities()),
+            "transport" => Ok(self.transport_status()),
+            "usage" => Ok(self.usage_status()),
+            "sessions" => Ok(self.session_list()),
+            "runs" => {
+                let limit = request
+                    .args
+                    .get("limit")
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or(50);
+                let rows = match &self.store {
+                    Some(store) => store.recent(limit).await,
+                    None => Vec::new(),
+                };
+                Ok(json!({"runs": rows}))
+            }
+            name if name.starts_with("ollama.") => {
+                let what = &name["ollama.".len()..];
+                let instance = self.adapter(&request.adapter).ok_or_else(|| {
+                    AdapterError::new(
+                        "unknown_adapter",
+                        format!(
+                            "{name} needs `adapter` naming an ollama adapter of node {} (it has: {})",
+                            self.node_id(),
+                            self.adapter_ids().join(", ")
+                        ),
+                    )
+                })?;
+                let ollama = instance.adapter.ollama().ok_or_else(|| {
+                    AdapterError::not_supported(&format!(
+                        "adapter {} is kind {}, not ollama",
+                        instance.spec.id,
+                        instance.kind()
+                    ))
+                })?;
+                ollama
+                    .query(what, request.args.get("model").map(String::as_str))
+                    .await
+            }
+            other => Err(AdapterError::new(
+                "unknown_command",
+                format!(
+                    "unknown command {other:?}; commands are capabilities, transport, usage, sessions, runs, ollama.tags, ollama.ps, ollama.show"
+                ),
+            )),
+        }
+    }
+
+    fn capabilities(&self) -> Value {
+        let adapters: Vec<Value> = self
+            .adapters()
+            .iter()
+            .map(|a| {
+                json!({
+                    "id": a.spec.id,
+                    "kind": a.kind(),
+                    "max_concurrency": a.max_concurrency(),
+                    "in_flight": a.in_flight(),
+                    "tunnel": a.adapter.tunnel().is_some(),
+                    "sessions": a.adapter.supports_sessions(),
+                })
+            })
+            .collect();
+        json!({
+            "node_id": self.node_id(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "adapters": adapters,
+        })
+    }
+
+    fn transport_status(&self) -> Value {
+        let t = self.transport.lock().clone();
+        json!({
+            "edge": t.edge,
+            "state": t.state,
+            "sessions_started": t.sessions_started,
+            "connected_since_ms": t.connected_since_ms,
+            "last_error": t.last_error,
+            "heartbeat": {
+                "interval_sec": iop_proto::HEARTBEAT_INTERVAL.as_secs(),
+                "timeout_sec": iop_proto::HEARTBEAT_TIMEOUT.as_secs(),
+            },
+            "active_runs": self.active_runs(),
+            "active_tunnels": self.tunnels.lock().len(),
+        })
+    }
+
+    fn usage_status(&self) -> Value {
+        let adapters: serde_json::Map<String, Value> = self
+            .adapters()
+            .iter()
+            .map(|a| (a.spec.id.clone(), json!(a.usage.lock().clone())))
+            .collect();
+        json!({"since_sec": self.started.elapsed().as_secs(), "adapters": adapters})
+    }
+
+    fn session_list(&self) -> Value {
+        let sessions: Vec<Value> = self
+            .adapters()
+            .iter()
+            .flat_map(|a| {
+                let id = a.spec.id.clone();
+                a.adapter.sessions().into_iter().map(move |s| {
+                    json!({"adapter": id, "target": s.target, "session_id": s.session_id, "pid": s.pid, "age_sec": s.age_sec})
+                })
+            })
+            .collect();
+        json!({"sessions": sessions})
+    }
+}

@@ -1,0 +1,208 @@
+//! The run manager: one task per `RunRequest`, each with its own cancellation token (a
+//! child of its connection's), admitted through its adapter's capacity gate, ending with
+//! exactly one terminal — the adapter's, or one synthesized here when the adapter returns
+//! without one, fails, or is cancelled. Also handles `CancelRequest`s.
+
+use std::sync::Arc;
+
+use iop_proto::pb::{self, RunEventKind};
+use parking_lot::Mutex;
+use tracing::Instrument;
+
+use crate::adapters::RunInput;
+use crate::runtime::{ActiveRun, Connection, NodeRuntime};
+use crate::sink::RunSink;
+use crate::store::RunStatus;
+
+enum Outcome {
+    Returned(Result<(), crate::adapters::AdapterError>),
+    Cancelled,
+}
+
+impl NodeRuntime {
+    /// Starts a run on its own task; events go out on `conn`.
+    pub fn start_run(self: &Arc<Self>, request: pb::RunRequest, conn: &Connection) {
+        let runtime = self.clone();
+        let conn2 = conn.clone();
+        let span = tracing::info_span!("run", run_id = %request.run_id, adapter = %request.adapter);
+        conn.tasks
+            .spawn(async move { runtime.run(request, conn2).await }.instrument(span));
+    }
+
+    async fn run(self: Arc<Self>, request: pb::RunRequest, conn: Connection) {
+        let cancel = conn.cancel.child_token();
+        let credit = conn.credits.open(&request.run_id, request.initial_credit);
+        let mut sink = RunSink::new(
+            &request.run_id,
+            conn.outbound.clone(),
+            credit,
+            cancel.clone(),
+        );
+        let Some(instance) = self.adapter(&request.adapter) else {
+            let known = self.adapter_ids().join(", ");
+            tracing::warn!("run for an unknown adapter refused");
+            let _ = sink
+                .error(
+                    "unknown_adapter",
+                    &format!(
+                        "node {} has no adapter {:?} (it has: {known})",
+                        self.node_id(),
+                        request.adapter
+                    ),
+                )
+                .await;
+            return;
+        };
+        let reason = Arc::new(Mutex::new(None));
+        self.runs.lock().insert(
+            request.run_id.clone(),
+            ActiveRun {
+                cancel: cancel.clone(),
+                reason: reason.clone(),
+            },
+        );
+        if let Some(store) = &self.store {
+            store.started(
+                &request.run_id,
+                &request.adapter,
+                &request.target,
+                &request.session_id,
+                request.background,
+            );
+        }
+        let input = RunInput {
+            run_id: request.run_id.clone(),
+            target: request.target.clone(),
+            input: request.input,
+            messages: request.messages,
+            options: request.options.unwrap_or_default(),
+            session_id: request.session_id,
+        };
+        let outcome = match instance.gate.clone().try_acquire_owned() {
+            Err(_) => Outcome::Returned(Err(crate::adapters::AdapterError::new(
+                "capacity",
+                format!(
+                    "adapter {} is at its max concurrency ({})",
+                    instance.spec.id,
+                    instance.max_concurrency()
+                ),
+            ))),
+            Ok(_permit) => {
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => Outcome::Cancelled,
+                    result = instance.adapter.execute(input, &mut sink) => Outcome::Returned(result),
+                }
+            }
+        };
+        let (status, error) = match outcome {
+            Outcome::Cancelled => {
+                let why = reason
+                    .lock()
+                    .clone()
+                    .unwrap_or_else(|| "the connection to the edge closed".into());
+                tracing::info!(reason = %why, "run cancelled");
+                let _ = sink.cancelled(&why).await;
+                (RunStatus::Cancelled, Some(why))
+            }
+            Outcome::Returned(Err(err)) => {
+                tracing::warn!(code = %err.code, error = %err.message, "run failed");
+                let _ = sink.error(&err.code, &err.message).await;
+                (RunStatus::Failed, Some(err.message))
+            }
+            Outcome::Returned(Ok(())) => match sink.terminal() {
+                Some(RunEventKind::Complete) => (RunStatus::Completed, None),
+                Some(RunEventKind::Cancelled) => (RunStatus::Cancelled, None),
+                Some(_) => (
+                    RunStatus::Failed,
+                    Some("the adapter reported an error".into()),
+                ),
+                None => {
+                    tracing::warn!("adapter returned without a terminal event: completing the run");
+                    let _ = sink.complete(None, "stop").await;
+                    (RunStatus::Completed, None)
+                }
+            },
+        };
+        instance.record_usage(sink.usage(), false);
+        if let Some(store) = &self.store {
+            store.finished(&request.run_id, status, error);
+        }
+        self.runs.lock().remove(&request.run_id);
+    }
+
+    /// Handles a `CancelRequest`; the response goes back if the edge asked for one.
+    pub async fn cancel(&self, request: &pb::CancelRequest) -> pb::CancelResponse {
+        let fail = |code: &str, message: String| pb::CancelResponse {
+            command_id: request.command_id.clone(),
+            ok: false,
+            error: Some(pb::RunError {
+                code: code.to_string(),
+                message,
+            }),
+        };
+        let ok = pb::CancelResponse {
+            command_id: request.command_id.clone(),
+            ok: true,
+            error: None,
+        };
+        match request.kind() {
+            pb::CancelKind::CancelRun => {
+                let runs = self.runs.lock();
+                match runs.get(&request.run_id) {
+                    Some(run) => {
+                        *run.reason.lock() = Some(if request.reason.is_empty() {
+                            "cancelled by the edge".into()
+                        } else {
+                            format!("cancelled: {}", request.reason)
+                        });
+                        run.cancel.cancel();
+                        ok
+                    }
+                    None => fail("not_found", format!("no active run {:?}", request.run_id)),
+                }
+            }
+            pb::CancelKind::CancelTunnel => match self.tunnels.lock().get(&request.request_id) {
+                Some(cancel) => {
+                    cancel.cancel();
+                    ok
+                }
+                None => fail(
+                    "not_found",
+                    format!("no active tunnel {:?}", request.request_id),
+                ),
+            },
+            pb::CancelKind::TerminateSession => {
+                let Some(instance) = self.adapter(&request.adapter) else {
+                    return fail(
+                        "unknown_adapter",
+                        format!(
+                            "node {} has no adapter {:?}",
+                            self.node_id(),
+                            request.adapter
+                        ),
+                    );
+                };
+                if !instance.adapter.supports_sessions() {
+                    return fail(
+                        "not_supported",
+                        format!(
+                            "adapter {} (kind {}) does not support session termination",
+                            instance.spec.id,
+                            instance.kind()
+                        ),
+                    );
+                }
+                match instance
+                    .adapter
+                    .terminate_session(&request.target, &request.session_id)
+                    .await
+                {
+                    Ok(()) => ok,
+                    Err(e) => fail(&e.code, e.message),
+                }
+            }
+            pb::CancelKind::Unspecified => fail("bad_request", "cancel kind is missing".into()),
+        }
+    }
+}

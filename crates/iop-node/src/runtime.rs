@@ -1,0 +1,213 @@
+//! The node's long-lived state, kept across connections: the adapter instances built from
+//! the edge's config, the active runs and tunnels, the run store and usage totals.
+//!
+//! Adapter instances are stable: applying a config keeps the instance (and so its capacity
+//! gate and CLI sessions) of every provider whose spec did not change, across config
+//! refreshes and reconnects alike.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iop_proto::Outbound;
+use iop_proto::pb;
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::adapters::{self, Adapter};
+use crate::store::RunStore;
+use crate::stream::StreamCredits;
+
+/// One provider's adapter with its node-local capacity gate, shared by runs and tunnels.
+#[derive(Debug)]
+pub struct AdapterInstance {
+    pub spec: pb::ProviderSpec,
+    pub adapter: Arc<dyn Adapter>,
+    pub gate: Arc<Semaphore>,
+    pub usage: Mutex<UsageTotals>,
+}
+
+impl AdapterInstance {
+    pub fn max_concurrency(&self) -> u32 {
+        self.spec.max_concurrency.max(1)
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.max_concurrency()
+            .saturating_sub(self.gate.available_permits() as u32)
+    }
+
+    pub fn kind(&self) -> &'static str {
+        adapters::kind_name(self.spec.kind())
+    }
+
+    pub fn record_usage(&self, usage: Option<&pb::Usage>, tunnel: bool) {
+        let mut totals = self.usage.lock();
+        if tunnel {
+            totals.tunnels += 1;
+        } else {
+            totals.runs += 1;
+        }
+        if let Some(u) = usage {
+            totals.input_tokens += u.input_tokens;
+            totals.output_tokens += u.output_tokens;
+            totals.reasoning_tokens += u.reasoning_tokens.unwrap_or(0);
+            totals.cached_input_tokens += u.cached_input_tokens.unwrap_or(0);
+        }
+    }
+}
+
+/// Token totals of one adapter since the node started.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct UsageTotals {
+    pub runs: u64,
+    pub tunnels: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+    pub cached_input_tokens: u64,
+}
+
+/// What the `transport` command reports.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TransportStatus {
+    pub edge: String,
+    pub state: &'static str,
+    pub sessions_started: u64,
+    pub connected_since_ms: Option<i64>,
+    pub last_error: Option<String>,
+}
+
+/// An active run, for cancel.
+#[derive(Debug)]
+pub struct ActiveRun {
+    pub cancel: CancellationToken,
+    pub reason: Arc<Mutex<Option<String>>>,
+}
+
+/// What runs and tunnels of one connection share.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    pub outbound: Outbound,
+    pub credits: Arc<StreamCredits>,
+    /// Cancelled when the connection ends: every run and tunnel on it stops.
+    pub cancel: CancellationToken,
+    pub tasks: TaskTracker,
+}
+
+#[derive(Debug)]
+pub struct NodeRuntime {
+    pub(crate) http: reqwest::Client,
+    pub(crate) store: Option<RunStore>,
+    adapters: RwLock<HashMap<String, Arc<AdapterInstance>>>,
+    node_id: RwLock<String>,
+    pub(crate) runs: Mutex<HashMap<String, ActiveRun>>,
+    pub(crate) tunnels: Mutex<HashMap<String, CancellationToken>>,
+    pub(crate) transport: Mutex<TransportStatus>,
+    pub(crate) started: Instant,
+}
+
+/// Builds the HTTP client all adapters share: pooled, `TCP_NODELAY`, no proxy from the
+/// environment (providers sit next to the node).
+pub fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .no_proxy()
+        .connect_timeout(Duration::from_secs(10))
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()
+        .expect("a TLS backend is available")
+}
+
+impl NodeRuntime {
+    pub fn new(store: Option<RunStore>) -> Arc<Self> {
+        Arc::new(Self {
+            http: http_client(),
+            store,
+            adapters: RwLock::new(HashMap::new()),
+            node_id: RwLock::new(String::new()),
+            runs: Mutex::new(HashMap::new()),
+            tunnels: Mutex::new(HashMap::new()),
+            transport: Mutex::new(TransportStatus::default()),
+            started: Instant::now(),
+        })
+    }
+
+    pub fn node_id(&self) -> String {
+        self.node_id.read().clone()
+    }
+
+    pub fn adapter(&self, id: &str) -> Option<Arc<AdapterInstance>> {
+        self.adapters.read().get(id).cloned()
+    }
+
+    pub fn adapters(&self) -> Vec<Arc<AdapterInstance>> {
+        let mut all: Vec<_> = self.adapters.read().values().cloned().collect();
+        all.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+        all
+    }
+
+    pub fn adapter_ids(&self) -> Vec<String> {
+        self.adapters().iter().map(|a| a.spec.id.clone()).collect()
+    }
+
+    /// Applies a config payload: builds every provider's adapter (keeping unchanged
+    /// instances) or, if any provider is invalid, changes nothing and says which.
+    pub fn apply(&self, payload: &pb::NodeConfigPayload) -> Result<(), String> {
+        let current = self.adapters.read().clone();
+        let mut next = HashMap::new();
+        for (i, spec) in payload.providers.iter().enumerate() {
+            if let Some(existing) = current.get(&spec.id)
+                && existing.spec == *spec
+            {
+                next.insert(spec.id.clone(), existing.clone());
+                continue;
+            }
+            let adapter = adapters::build(spec, &self.http)
+                .map_err(|e| format!("providers[{i}] ({}): {e}", spec.id))?;
+            let permits = spec.max_concurrency.max(1) as usize;
+            next.insert(
+                spec.id.clone(),
+                Arc::new(AdapterInstance {
+                    spec: spec.clone(),
+                    adapter,
+                    gate: Arc::new(Semaphore::new(permits)),
+                    usage: Mutex::new(UsageTotals::default()),
+                }),
+            );
+        }
+        let kept = next
+            .iter()
+            .filter(|(id, a)| current.get(*id).is_some_and(|c| Arc::ptr_eq(c, a)))
+            .count();
+        tracing::info!(
+            node_id = %payload.node_id,
+            providers = next.len(),
+            kept,
+            version = payload.config_version,
+            "config applied"
+        );
+        *self.adapters.write() = next;
+        *self.node_id.write() = payload.node_id.clone();
+        Ok(())
+    }
+
+    /// Cancels every active run and tunnel (local shutdown).
+    pub fn cancel_all(&self, reason: &str) {
+        for run in self.runs.lock().values() {
+            *run.reason.lock() = Some(reason.to_string());
+            run.cancel.cancel();
+        }
+        for tunnel in self.tunnels.lock().values() {
+            tunnel.cancel();
+        }
+    }
+
+    pub fn active_runs(&self) -> usize {
+        self.runs.lock().len()
+    }
+}

@@ -1,0 +1,320 @@
+//! One connection to the edge: dial, register, apply the config payload, start adapters,
+//! send ready, then serve frames until the connection ends — with heartbeats both ways.
+//!
+//! Only the ready ack makes the node dispatch-ready. When the connection ends, every run
+//! and tunnel started on it is cancelled; the supervisor decides whether to dial again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use iop_proto::envelope::kind;
+use iop_proto::pb::{self, envelope::Message};
+use iop_proto::{FrameReader, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Outbound, split_stream};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, MissedTickBehavior, timeout, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::runtime::{Connection, NodeRuntime};
+use crate::store::now_ms;
+use crate::stream::StreamCredits;
+
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time runs get to send their cancelled terminals when the connection or process ends.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// How to reach and authenticate with the edge.
+#[derive(Debug, Clone)]
+pub struct EdgeTarget {
+    pub addr: String,
+    pub token: String,
+    pub max_frame_bytes: usize,
+}
+
+/// How a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// Local shutdown was requested.
+    Shutdown,
+    /// Retrying cannot help (bad credentials, a config this node cannot apply).
+    Fatal(String),
+    /// Try again under the reconnect policy. `was_ready` resets the attempt budget.
+    Retry { error: String, was_ready: bool },
+}
+
+fn retry(error: impl Into<String>) -> SessionEnd {
+    SessionEnd::Retry {
+        error: error.into(),
+        was_ready: false,
+    }
+}
+
+/// Runs one connection to its end.
+pub async fn run_session(
+    runtime: &Arc<NodeRuntime>,
+    target: &EdgeTarget,
+    shutdown: &CancellationToken,
+) -> SessionEnd {
+    {
+        let mut t = runtime.transport.lock();
+        t.edge = target.addr.clone();
+        t.state = "connecting";
+    }
+    let dial = tokio::select! {
+        _ = shutdown.cancelled() => return SessionEnd::Shutdown,
+        d = timeout(DIAL_TIMEOUT, TcpStream::connect(&target.addr)) => d,
+    };
+    let stream = match dial {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            return retry(format!(
+                "cannot connect to the edge at {}: {e}",
+                target.addr
+            ));
+        }
+        Err(_) => {
+            return retry(format!(
+                "connecting to the edge at {} timed out after {}s",
+                target.addr,
+                DIAL_TIMEOUT.as_secs()
+            ));
+        }
+    };
+    let (reader, outbound, writer) = split_stream(stream, target.max_frame_bytes);
+    let mut writer = tokio::spawn(writer.run());
+    let conn = Connection {
+        outbound: outbound.clone(),
+        credits: Arc::new(StreamCredits::default()),
+        cancel: CancellationToken::new(),
+        tasks: TaskTracker::new(),
+    };
+    let mut session = Session {
+        runtime: runtime.clone(),
+        reader,
+        outbound,
+        conn,
+    };
+    let end = session.run(target, shutdown).await;
+    // Stop everything started on this connection and give it a moment to say so.
+    session.conn.cancel.cancel();
+    session.conn.tasks.close();
+    let _ = timeout(DRAIN_GRACE, session.conn.tasks.wait()).await;
+    drop(session);
+    if timeout(Duration::from_millis(500), &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
+    {
+        let mut t = runtime.transport.lock();
+        t.state = "disconnected";
+        t.connected_since_ms = None;
+        if let SessionEnd::Retry { error, .. } | SessionEnd::Fatal(error) = &end {
+            t.last_error = Some(error.clone());
+        }
+    }
+    end
+}
+
+struct Session {
+    runtime: Arc<NodeRuntime>,
+    reader: FrameReader,
+    outbound: Outbound,
+    conn: Connection,
+}
+
+impl Session {
+    async fn run(&mut self, target: &EdgeTarget, shutdown: &CancellationToken) -> SessionEnd {
+        let hostname = std::env::var("HOSTNAME").unwrap_or_default();
+        let register = pb::RegisterRequest {
+            token: target.token.clone(),
+            node_version: env!("CARGO_PKG_VERSION").to_string(),
+            hostname,
+        };
+        if self.outbound.send(register).await.is_err() {
+            return retry("the edge closed the connection before registration");
+        }
+        let response = match self.handshake_frame(shutdown).await {
+            Ok(Message::RegisterResponse(r)) => r,
+            Ok(other) => {
+                return retry(format!(
+                    "the edge answered registration with {}",
+                    kind(&pb::Envelope {
+                        message: Some(other)
+                    })
+                ));
+            }
+            Err(end) => return end,
+        };
+        if !response.accepted {
+            return match response.reject_reason() {
+                pb::RegisterRejectReason::UnknownToken => SessionEnd::Fatal(format!(
+                    "the edge at {} rejected this node's token: {} (check --token / IOP_NODE_TOKEN and the edge's nodes[].token)",
+                    target.addr, response.reason
+                )),
+                pb::RegisterRejectReason::ConfigBuildFailed => SessionEnd::Fatal(format!(
+                    "the edge could not build this node's config: {}",
+                    response.reason
+                )),
+                _ => retry(format!(
+                    "the edge rejected the registration: {}",
+                    response.reason
+                )),
+            };
+        }
+        let node_id = response.node_id.clone();
+        let Some(payload) = response.config else {
+            return SessionEnd::Fatal(
+                "the edge accepted the registration but sent no config".into(),
+            );
+        };
+        if let Err(e) = self.runtime.apply(&payload) {
+            return SessionEnd::Fatal(format!("cannot apply the config from the edge: {e}"));
+        }
+        tracing::info!(%node_id, edge = %target.addr, "registered; adapters ready");
+        if self
+            .outbound
+            .send(pb::NodeReadyRequest {
+                node_id: node_id.clone(),
+            })
+            .await
+            .is_err()
+        {
+            return retry("the edge closed the connection before ready");
+        }
+        match self.handshake_frame(shutdown).await {
+            Ok(Message::NodeReadyResponse(r)) if r.ready => {}
+            Ok(Message::NodeReadyResponse(r)) => {
+                return retry(format!("the edge refused ready: {}", r.reason));
+            }
+            Ok(other) => {
+                return retry(format!(
+                    "the edge answered ready with {}",
+                    kind(&pb::Envelope {
+                        message: Some(other)
+                    })
+                ));
+            }
+            Err(end) => return end,
+        }
+        tracing::info!(%node_id, edge = %target.addr, "dispatch-ready");
+        {
+            let mut t = self.runtime.transport.lock();
+            t.state = "ready";
+            t.sessions_started += 1;
+            t.connected_since_ms = Some(now_ms());
+        }
+        match self.serve(shutdown).await {
+            SessionEnd::Retry { error, .. } => SessionEnd::Retry {
+                error,
+                was_ready: true,
+            },
+            other => other,
+        }
+    }
+
+    /// The next handshake frame, skipping heartbeats.
+    async fn handshake_frame(
+        &mut self,
+        shutdown: &CancellationToken,
+    ) -> Result<Message, SessionEnd> {
+        let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+        loop {
+            let frame = tokio::select! {
+                _ = shutdown.cancelled() => return Err(SessionEnd::Shutdown),
+                f = timeout_at(deadline, self.reader.next()) => f,
+            };
+            match frame {
+                Err(_) => return Err(retry("the edge did not answer the handshake in time")),
+                Ok(None) => {
+                    return Err(retry("the edge closed the connection during the handshake"));
+                }
+                Ok(Some(Err(e))) => return Err(retry(format!("bad frame from the edge: {e}"))),
+                Ok(Some(Ok(envelope))) => match envelope.message {
+                    Some(Message::Ping(p)) => {
+                        self.outbound.try_send(pb::Pong { nonce: p.nonce });
+                    }
+                    Some(Message::Pong(_)) | None => {}
+                    Some(message) => return Ok(message),
+                },
+            }
+        }
+    }
+
+    async fn serve(&mut self, shutdown: &CancellationToken) -> SessionEnd {
+        let mut ticker = tokio::time::interval(HEARTBEAT_INTERVAL);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut nonce = 0u64;
+        let mut deadline = Instant::now() + HEARTBEAT_TIMEOUT;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return SessionEnd::Shutdown,
+                frame = timeout_at(deadline, self.reader.next()) => match frame {
+                    Err(_) => return retry(format!(
+                        "heartbeat timeout: nothing from the edge for {}s",
+                        HEARTBEAT_TIMEOUT.as_secs()
+                    )),
+                    Ok(None) => return retry("the edge closed the connection"),
+                    Ok(Some(Err(e))) => return retry(format!("bad frame from the edge: {e}")),
+                    Ok(Some(Ok(envelope))) => {
+                        deadline = Instant::now() + HEARTBEAT_TIMEOUT;
+                        if let Some(end) = self.dispatch(envelope) {
+                            return end;
+                        }
+                    }
+                },
+                _ = ticker.tick() => {
+                    nonce += 1;
+                    self.outbound.try_send(pb::Ping { nonce });
+                }
+            }
+        }
+    }
+
+    fn dispatch(&mut self, envelope: pb::Envelope) -> Option<SessionEnd> {
+        let name = kind(&envelope);
+        match envelope.message? {
+            Message::Ping(p) => {
+                self.outbound.try_send(pb::Pong { nonce: p.nonce });
+            }
+            Message::Pong(_) => {}
+            Message::RunRequest(request) => self.runtime.start_run(request, &self.conn),
+            Message::ProviderTunnelRequest(request) => {
+                self.runtime.start_tunnel(request, &self.conn)
+            }
+            Message::StreamCredit(credit) => {
+                self.conn.credits.grant(&credit.stream_id, credit.frames)
+            }
+            Message::CancelRequest(request) => {
+                let runtime = self.runtime.clone();
+                let outbound = self.outbound.clone();
+                self.conn.tasks.spawn(async move {
+                    let response = runtime.cancel(&request).await;
+                    if !request.command_id.is_empty() {
+                        let _ = outbound.send(response).await;
+                    }
+                });
+            }
+            Message::NodeCommandRequest(request) => {
+                let runtime = self.runtime.clone();
+                let outbound = self.outbound.clone();
+                self.conn.tasks.spawn(async move {
+                    let response = runtime.command(&request).await;
+                    let _ = outbound.send(response).await;
+                });
+            }
+            Message::ConfigRefresh(refresh) => {
+                if let Some(payload) = refresh.config
+                    && let Err(e) = self.runtime.apply(&payload)
+                {
+                    tracing::error!(error = %e, "config refresh could not be applied; keeping the previous config");
+                }
+            }
+            _ => tracing::warn!(kind = name, "unexpected frame from the edge ignored"),
+        }
+        None
+    }
+}

@@ -1,0 +1,186 @@
+//! Where an adapter writes its run's events: numbers them, spends stream credit on data
+//! events, and sends them on the connection. Enforces exactly one terminal per run:
+//! anything an adapter emits after its terminal is dropped.
+
+use iop_proto::Outbound;
+use iop_proto::pb::{self, RunEventKind};
+use tokio_util::sync::CancellationToken;
+
+use crate::stream::Credit;
+
+/// The run's connection is gone or the run was cancelled: stop producing.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the run's stream is closed")]
+pub struct SinkClosed;
+
+#[derive(Debug)]
+pub struct RunSink {
+    run_id: String,
+    seq: u64,
+    outbound: Outbound,
+    credit: Credit,
+    cancel: CancellationToken,
+    terminal: Option<RunEventKind>,
+    usage: Option<pb::Usage>,
+    started: bool,
+}
+
+impl RunSink {
+    pub fn new(
+        run_id: &str,
+        outbound: Outbound,
+        credit: Credit,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            run_id: run_id.to_string(),
+            seq: 0,
+            outbound,
+            credit,
+            cancel,
+            terminal: None,
+            usage: None,
+            started: false,
+        }
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The terminal sent, if any.
+    pub fn terminal(&self) -> Option<RunEventKind> {
+        self.terminal
+    }
+
+    /// The usage the terminal carried.
+    pub fn usage(&self) -> Option<&pb::Usage> {
+        self.usage.as_ref()
+    }
+
+    async fn send(&mut self, mut event: pb::RunEvent) -> Result<(), SinkClosed> {
+        if self.terminal.is_some() {
+            return Ok(());
+        }
+        let kind = event.kind();
+        if matches!(kind, RunEventKind::Delta | RunEventKind::ReasoningDelta)
+            && !self.credit.take(&self.cancel).await
+        {
+            return Err(SinkClosed);
+        }
+        self.seq += 1;
+        event.seq = self.seq;
+        event.run_id = self.run_id.clone();
+        if event.is_terminal() {
+            self.terminal = Some(kind);
+            self.usage = event.usage;
+        }
+        self.outbound.send(event).await.map_err(|_| SinkClosed)
+    }
+
+    fn event(kind: RunEventKind) -> pb::RunEvent {
+        pb::RunEvent {
+            kind: kind as i32,
+            ..Default::default()
+        }
+    }
+
+    /// The provider accepted the run (sent once; later calls do nothing).
+    pub async fn start(&mut self, model: &str) -> Result<(), SinkClosed> {
+        if self.started {
+            return Ok(());
+        }
+        self.started = true;
+        let mut e = Self::event(RunEventKind::Start);
+        e.model = model.to_string();
+        self.send(e).await
+    }
+
+    pub async fn delta(&mut self, text: &str) -> Result<(), SinkClosed> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        let mut e = Self::event(RunEventKind::Delta);
+        e.text = text.to_string();
+        self.send(e).await
+    }
+
+    pub async fn reasoning(&mut self, text: &str) -> Result<(), SinkClosed> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        let mut e = Self::event(RunEventKind::ReasoningDelta);
+        e.text = text.to_string();
+        self.send(e).await
+    }
+
+    pub async fn complete(
+        &mut self,
+        usage: Option<pb::Usage>,
+        finish_reason: &str,
+    ) -> Result<(), SinkClosed> {
+        let mut e = Self::event(RunEventKind::Complete);
+        e.usage = usage;
+        e.finish_reason = finish_reason.to_string();
+        self.send(e).await
+    }
+
+    pub async fn error(&mut self, code: &str, message: &str) -> Result<(), SinkClosed> {
+        let mut e = Self::event(RunEventKind::Error);
+        e.error = Some(pb::RunError {
+            code: code.to_string(),
+            message: message.to_string(),
+        });
+        self.send(e).await
+    }
+
+    pub async fn cancelled(&mut self, reason: &str) -> Result<(), SinkClosed> {
+        let mut e = Self::event(RunEventKind::Cancelled);
+        e.error = Some(pb::RunError {
+            code: "cancelled".into(),
+            message: reason.to_string(),
+        });
+        self.send(e).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::StreamCredits;
+    use iop_proto::pb::envelope::Message;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn only_the_first_terminal_goes_out() {
+        let (outbound, mut rx) = Outbound::channel(16);
+        let credits = Arc::new(StreamCredits::default());
+        let mut sink = RunSink::new(
+            "r",
+            outbound,
+            credits.open("r", 8),
+            CancellationToken::new(),
+        );
+        sink.start("m").await.unwrap();
+        sink.delta("a").await.unwrap();
+        sink.complete(None, "stop").await.unwrap();
+        sink.error("late", "ignored").await.unwrap();
+        sink.delta("late").await.unwrap();
+        drop(sink);
+        let mut kinds = Vec::new();
+        while let Some(env) = rx.recv().await {
+            if let Some(Message::RunEvent(e)) = env.message {
+                assert_eq!(e.seq as usize, kinds.len() + 1);
+                kinds.push(e.kind());
+            }
+        }
+        assert_eq!(
+            kinds,
+            [
+                RunEventKind::Start,
+                RunEventKind::Delta,
+                RunEventKind::Complete
+            ]
+        );
+    }
+}

@@ -1,0 +1,70 @@
+//! The node's connectivity supervisor: one loop for the whole connection life. Initial
+//! dial/register failures and drops of an established session go through the same policy:
+//! wait `reconnect.interval_sec`, try again, give up after `reconnect.max_attempts`
+//! consecutive failed attempts (0 = never). A session that reached ready resets the count.
+//! Fatal errors (bad token, unappliable config) end at once; so does local shutdown.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ReconnectConfig;
+use crate::runtime::NodeRuntime;
+use crate::session::{EdgeTarget, SessionEnd, run_session};
+
+/// Why the supervisor stopped, other than local shutdown.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeExit {
+    #[error("{0}")]
+    Fatal(String),
+    #[error(
+        "giving up after {attempts} failed connection attempts (reconnect.max_attempts); last error: {last_error}"
+    )]
+    Exhausted { attempts: u32, last_error: String },
+}
+
+/// Keeps the node connected until shutdown, a fatal error, or an exhausted budget.
+pub async fn supervise(
+    runtime: Arc<NodeRuntime>,
+    target: EdgeTarget,
+    policy: ReconnectConfig,
+    shutdown: CancellationToken,
+) -> Result<(), NodeExit> {
+    let mut failures: u32 = 0;
+    loop {
+        match run_session(&runtime, &target, &shutdown).await {
+            SessionEnd::Shutdown => {
+                tracing::info!("node shutting down");
+                return Ok(());
+            }
+            SessionEnd::Fatal(message) => {
+                tracing::error!(%message, "fatal: not retrying");
+                return Err(NodeExit::Fatal(message));
+            }
+            SessionEnd::Retry { error, was_ready } => {
+                if was_ready {
+                    failures = 0;
+                    tracing::warn!(%error, "connection to the edge lost; reconnecting");
+                } else {
+                    failures += 1;
+                    let budget = policy
+                        .limit()
+                        .map_or_else(|| "unlimited".to_string(), |n| n.to_string());
+                    tracing::warn!(%error, attempt = failures, of = %budget, "connection attempt failed");
+                    if policy.limit().is_some_and(|limit| failures >= limit) {
+                        return Err(NodeExit::Exhausted {
+                            attempts: failures,
+                            last_error: error,
+                        });
+                    }
+                }
+                let interval = policy.interval();
+                tracing::info!(retry_in_sec = interval.as_secs_f64(), edge = %target.addr, "waiting before the next attempt");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(interval) => {}
+                }
+            }
+        }
+    }
+}

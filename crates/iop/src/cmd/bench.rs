@@ -1,0 +1,301 @@
+//! `iop bench`: drives concurrent chat completions at one or more OpenAI-compatible
+//! endpoints and reports p50/p99 latency, p50/p99 time to first token and requests/s.
+//!
+//! With several `--target`s the rounds are interleaved (a slice of each target in turn),
+//! so machine noise lands on all of them alike, and every target after the first is also
+//! reported against the first (the baseline): added milliseconds and the ratio.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::json;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// An endpoint to test, `NAME=URL` with URL the API root (e.g.
+    /// `direct=http://127.0.0.1:8000/v1`). Repeat to compare; the first is the baseline.
+    #[arg(long = "target", required = true, value_name = "NAME=URL")]
+    targets: Vec<String>,
+    /// Model to request.
+    #[arg(long, default_value = "mock-model")]
+    model: String,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Requests per target and mode.
+    #[arg(long, default_value_t = 2000)]
+    requests: usize,
+    /// Interleaved rounds the requests are split into.
+    #[arg(long, default_value_t = 10)]
+    rounds: usize,
+    /// Requests per target sent first and not measured.
+    #[arg(long, default_value_t = 200)]
+    warmup: usize,
+    /// Which modes to run.
+    #[arg(long, value_enum, default_value = "both")]
+    mode: Modes,
+    /// API key sent as a bearer token.
+    #[arg(long, env = "IOP_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Modes {
+    Stream,
+    NonStream,
+    Both,
+}
+
+#[derive(Debug, Clone)]
+struct Target {
+    name: String,
+    url: String,
+}
+
+#[derive(Debug, Default)]
+struct Samples {
+    latency: Vec<Duration>,
+    ttft: Vec<Duration>,
+    errors: usize,
+    elapsed: Duration,
+    requests: usize,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)].as_secs_f64() * 1000.0
+}
+
+pub async fn run(args: Args) -> super::Result {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let targets: Vec<Target> = args
+        .targets
+        .iter()
+        .map(|t| match t.split_once('=') {
+            Some((name, url)) => Ok(Target {
+                name: name.to_string(),
+                url: url.trim_end_matches('/').to_string(),
+            }),
+            None => Err(format!("--target {t:?} must be NAME=URL")),
+        })
+        .collect::<Result<_, _>>()?;
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .no_proxy()
+        .pool_max_idle_per_host(args.concurrency * 2)
+        .build()?;
+    let modes: &[bool] = match args.mode {
+        Modes::Stream => &[true],
+        Modes::NonStream => &[false],
+        Modes::Both => &[false, true],
+    };
+    let rounds = args.rounds.max(1);
+    let per_round = args.requests.div_ceil(rounds);
+    let mut report = Vec::new();
+    for &stream in modes {
+        for t in &targets {
+            drive(&client, t, &args, stream, args.warmup).await;
+        }
+        let mut samples: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
+        for _ in 0..rounds {
+            for (t, s) in targets.iter().zip(samples.iter_mut()) {
+                let r = drive(&client, t, &args, stream, per_round).await;
+                s.latency.extend(r.latency);
+                s.ttft.extend(r.ttft);
+                s.errors += r.errors;
+                s.elapsed += r.elapsed;
+                s.requests += r.requests;
+            }
+        }
+        for (t, mut s) in targets.iter().zip(samples) {
+            s.latency.sort();
+            s.ttft.sort();
+            report.push(json!({
+                "target": t.name,
+                "url": t.url,
+                "mode": if stream { "stream" } else { "non-stream" },
+                "requests": s.requests,
+                "errors": s.errors,
+                "rps": s.requests as f64 / s.elapsed.as_secs_f64(),
+                "p50_ms": percentile(&s.latency, 50.0),
+                "p99_ms": percentile(&s.latency, 99.0),
+                "ttft_p50_ms": if stream { percentile(&s.ttft, 50.0) } else { f64::NAN },
+                "ttft_p99_ms": if stream { percentile(&s.ttft, 99.0) } else { f64::NAN },
+            }));
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "concurrency {}, {} requests per target and mode in {rounds} interleaved rounds, model {}",
+        args.concurrency, args.requests, args.model
+    );
+    println!(
+        "| target | mode | requests | errors | req/s | p50 ms | p99 ms | TTFT p50 ms | TTFT p99 ms |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let ms = |v: &serde_json::Value| match v.as_f64() {
+        Some(x) if x.is_finite() => format!("{x:.3}"),
+        _ => "-".into(),
+    };
+    for r in &report {
+        println!(
+            "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} |",
+            r["target"].as_str().unwrap_or(""),
+            r["mode"].as_str().unwrap_or(""),
+            r["requests"],
+            r["errors"],
+            r["rps"].as_f64().unwrap_or(0.0),
+            ms(&r["p50_ms"]),
+            ms(&r["p99_ms"]),
+            ms(&r["ttft_p50_ms"]),
+            ms(&r["ttft_p99_ms"]),
+        );
+    }
+    if targets.len() > 1 {
+        println!();
+        println!(
+            "| vs {} | mode | added p50 ms | p50 ratio | added TTFT p50 ms | TTFT p50 ratio | req/s ratio |",
+            targets[0].name
+        );
+        println!("|---|---|---:|---:|---:|---:|---:|");
+        for chunk in report.chunks(targets.len()) {
+            let base = &chunk[0];
+            for r in &chunk[1..] {
+                let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+                let b = |k: &str| base[k].as_f64().unwrap_or(f64::NAN);
+                let fmt = |x: f64, digits: usize| {
+                    if x.is_finite() {
+                        format!("{x:.digits$}")
+                    } else {
+                        "-".into()
+                    }
+                };
+                println!(
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    r["target"].as_str().unwrap_or(""),
+                    r["mode"].as_str().unwrap_or(""),
+                    fmt(f("p50_ms") - b("p50_ms"), 3),
+                    fmt(f("p50_ms") / b("p50_ms"), 2),
+                    fmt(f("ttft_p50_ms") - b("ttft_p50_ms"), 3),
+                    fmt(f("ttft_p50_ms") / b("ttft_p50_ms"), 2),
+                    fmt(f("rps") / b("rps"), 2),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends `count` requests to `target` with `args.concurrency` workers.
+async fn drive(
+    client: &reqwest::Client,
+    target: &Target,
+    args: &Args,
+    stream: bool,
+    count: usize,
+) -> Samples {
+    let next = Arc::new(AtomicUsize::new(0));
+    let url = format!("{}/chat/completions", target.url);
+    let mut body = json!({
+        "model": args.model,
+        "messages": [{"role": "user", "content": "Say something short."}],
+        "stream": stream,
+    });
+    if stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let body = Arc::new(serde_json::to_vec(&body).expect("serializable"));
+    let started = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..args.concurrency.max(1) {
+        let (client, next, url, body, key) = (
+            client.clone(),
+            next.clone(),
+            url.clone(),
+            body.clone(),
+            args.api_key.clone(),
+        );
+        workers.spawn(async move {
+            let mut s = Samples::default();
+            while next.fetch_add(1, Ordering::Relaxed) < count {
+                let t0 = Instant::now();
+                let mut request = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body((*body).clone());
+                if let Some(k) = &key {
+                    request = request.bearer_auth(k);
+                }
+                match one(request, stream, t0).await {
+                    Some((latency, ttft)) => {
+                        s.latency.push(latency);
+                        if let Some(t) = ttft {
+                            s.ttft.push(t);
+                        }
+                    }
+                    None => s.errors += 1,
+                }
+                s.requests += 1;
+            }
+            s
+        });
+    }
+    let mut all = Samples::default();
+    while let Some(Ok(s)) = workers.join_next().await {
+        all.latency.extend(s.latency);
+        all.ttft.extend(s.ttft);
+        all.errors += s.errors;
+        all.requests += s.requests;
+    }
+    all.elapsed = started.elapsed();
+    all
+}
+
+/// One request: total latency, and for streams the time to the first content token.
+async fn one(
+    request: reqwest::RequestBuilder,
+    stream: bool,
+    t0: Instant,
+) -> Option<(Duration, Option<Duration>)> {
+    let response = request.send().await.ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    if !stream {
+        response.bytes().await.ok()?;
+        return Some((t0.elapsed(), None));
+    }
+    let mut body = response.bytes_stream();
+    let mut ttft = None;
+    let mut tail: Vec<u8> = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.ok()?;
+        if ttft.is_none() {
+            tail.extend_from_slice(&chunk);
+            if has_token(&tail) {
+                ttft = Some(t0.elapsed());
+                tail.clear();
+            }
+        }
+    }
+    Some((t0.elapsed(), ttft))
+}
+
+/// Whether the SSE bytes so far hold a non-empty `"content":"…"` delta.
+fn has_token(bytes: &[u8]) -> bool {
+    let needle = b"\"content\":\"";
+    bytes
+        .windows(needle.len() + 1)
+        .any(|w| &w[..needle.len()] == needle && w[needle.len()] != b'"')
+}
