@@ -382,7 +382,11 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let id = format!("mock-{}", mock.stats.requests.load(Ordering::Relaxed));
+    // Deterministic, so a response relayed through iop can be compared byte for byte.
+    let id = match op {
+        OpenAiOp::Chat => "chatcmpl-mock",
+        OpenAiOp::Completion => "cmpl-mock",
+    };
     let (object, chunk_object) = match op {
         OpenAiOp::Chat => ("chat.completion", "chat.completion.chunk"),
         OpenAiOp::Completion => ("text_completion", "text_completion"),

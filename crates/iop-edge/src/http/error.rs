@@ -82,6 +82,7 @@ impl ApiError {
             "bad_request" | "unknown_adapter" | "unknown_target" | "not_supported" => {
                 StatusCode::BAD_REQUEST
             }
+            "not_found" => StatusCode::NOT_FOUND,
             "node_disconnected" | "node_shutdown" => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_GATEWAY,
         };

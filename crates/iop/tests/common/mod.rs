@@ -1,0 +1,345 @@
+//! Test harness: real `iop` processes on loopback. Each process's stdout and stderr are
+//! collected line by line so tests can wait for a log line, read bound addresses, and
+//! print the logs when something fails. Every wait is bounded.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const IOP: &str = env!("CARGO_BIN_EXE_iop");
+
+/// A running `iop` process.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, args: &[&str]) -> Proc {
+        Self::spawn_with_env(name, args, &[])
+    }
+
+    pub fn spawn_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        let mut cmd = Command::new(IOP);
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn iop");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines() {
+                    let Ok(line) = line else { break };
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        Proc {
+            name: name.to_string(),
+            child,
+            lines,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn log(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    pub fn has_line(&self, needle: &str) -> bool {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
+    }
+
+    /// Waits for a line containing `needle`; returns it.
+    pub async fn wait_line(&self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(line) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+            {
+                return line.clone();
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{}: no line containing {needle:?} within {within:?}; log:\n{}",
+                    self.name,
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig);
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit.
+    pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{} did not exit within {within:?}; log:\n{}",
+                    self.name,
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("----- {} log -----\n{}\n-----", self.name, self.log());
+        }
+    }
+}
+
+/// An `iop edge` process and its bound addresses.
+pub struct EdgeProc {
+    pub proc: Proc,
+    pub nodes: String,
+    pub http: String,
+    pub config: PathBuf,
+}
+
+impl EdgeProc {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.http, path)
+    }
+}
+
+/// Starts an edge with `config` (YAML), on free ports unless given.
+pub async fn start_edge(dir: &Path, config: &str) -> EdgeProc {
+    start_edge_on(dir, config, "127.0.0.1:0", "127.0.0.1:0").await
+}
+
+pub async fn start_edge_on(dir: &Path, config: &str, nodes: &str, http: &str) -> EdgeProc {
+    let path = dir.join("edge.yaml");
+    std::fs::write(&path, config).unwrap();
+    let proc = Proc::spawn(
+        "edge",
+        &[
+            "edge",
+            "--config",
+            path.to_str().unwrap(),
+            "--listen-nodes",
+            nodes,
+            "--listen-http",
+            http,
+        ],
+    );
+    let line = proc
+        .wait_line("iop edge listening:", Duration::from_secs(20))
+        .await;
+    let field = |key: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+            .to_string()
+    };
+    EdgeProc {
+        nodes: field("nodes="),
+        http: field("http="),
+        proc,
+        config: path,
+    }
+}
+
+/// Starts `iop node` against `edge` with `token`, writing a node config with `extra` YAML.
+pub fn start_node(name: &str, dir: &Path, edge_nodes: &str, token: &str, extra: &str) -> Proc {
+    let config = dir.join(format!("{name}.yaml"));
+    let db = dir.join(format!("{name}.db"));
+    std::fs::write(
+        &config,
+        format!(
+            "edge: \"{edge_nodes}\"\ntoken: \"{token}\"\ndb: \"{}\"\n{extra}\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    Proc::spawn(name, &["node", "--config", config.to_str().unwrap()])
+}
+
+/// An `iop mock-provider` process.
+pub struct MockProc {
+    pub proc: Proc,
+    pub addr: String,
+}
+
+impl MockProc {
+    pub fn openai_base(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn ollama_base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn stats(&self) -> Value {
+        get_json(&format!("http://{}/mock/stats", self.addr)).await
+    }
+
+    /// Waits until the mock has seen `n` abandoned responses.
+    pub async fn wait_aborted(&self, n: u64, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let stats = self.stats().await;
+            if stats["aborted"].as_u64().unwrap_or(0) >= n {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("provider saw no closed connection within {within:?}: {stats}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+pub async fn start_mock(args: &[&str]) -> MockProc {
+    let mut all = vec!["mock-provider", "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let proc = Proc::spawn("mock-provider", &all);
+    let line = proc
+        .wait_line("iop mock-provider listening:", Duration::from_secs(20))
+        .await;
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .unwrap()
+        .to_string();
+    MockProc { proc, addr }
+}
+
+pub fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+pub async fn get_json(url: &str) -> Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+pub async fn status(edge: &EdgeProc) -> Value {
+    get_json(&edge.url("/admin/status")).await
+}
+
+pub fn node_status<'a>(status: &'a Value, id: &str) -> &'a Value {
+    status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == id)
+        .unwrap_or_else(|| panic!("node {id} not in {status}"))
+}
+
+/// Polls the status snapshot until `pred` holds; returns how long it took.
+pub async fn wait_status(
+    edge: &EdgeProc,
+    within: Duration,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let s = status(edge).await;
+        if pred(&s) {
+            return started.elapsed();
+        }
+        if started.elapsed() > within {
+            panic!(
+                "status never showed {what} within {within:?}: {s}\nedge log:\n{}",
+                edge.proc.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub async fn wait_ready(edge: &EdgeProc, node: &str) -> Duration {
+    wait_status(
+        edge,
+        Duration::from_secs(20),
+        &format!("{node} ready"),
+        |s| node_status(s, node)["ready"] == true,
+    )
+    .await
+}
+
+/// Parses an SSE body into `(event name, data)` pairs.
+pub fn sse_events(body: &str) -> Vec<(String, String)> {
+    let mut events = Vec::new();
+    for block in body.split("\n\n") {
+        let mut name = String::new();
+        let mut data = Vec::new();
+        for line in block.lines() {
+            if let Some(n) = line.strip_prefix("event: ") {
+                name = n.to_string();
+            } else if let Some(d) = line.strip_prefix("data: ") {
+                data.push(d);
+            }
+        }
+        if !data.is_empty() {
+            events.push((name, data.join("\n")));
+        }
+    }
+    events
+}
+
+/// A temporary directory for one test's configs and databases.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
