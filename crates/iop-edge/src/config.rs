@@ -749,3 +749,12 @@ model_groups:
         assert!(text.contains("model_groups[0].queue.timeout_sec"), "{text}");
     }
 }
+
+#[cfg(test)]
+mod shipped_examples {
+    #[test]
+    fn the_shipped_edge_config_is_valid() {
+        let text = include_str!("../../../configs/edge.yaml");
+        super::EdgeConfig::from_yaml(text, "configs/edge.yaml").unwrap();
+    }
+}

@@ -292,14 +292,16 @@ async fn models() -> Response {
     .into_response()
 }
 
-fn parse(body: &Bytes) -> Result<Value, Response> {
-    serde_json::from_slice(body).map_err(|e| {
-        (
-            StatusCode::BAD_REQUEST,
-            axum::Json(json!({"error": {"message": format!("invalid JSON: {e}"), "type": "invalid_request_error", "param": null, "code": null}})),
-        )
-            .into_response()
-    })
+fn parse(body: &Bytes) -> Result<Value, String> {
+    serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))
+}
+
+fn bad_request(message: String) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}})),
+    )
+        .into_response()
 }
 
 fn openai_error(status: StatusCode, message: &str) -> Response {
@@ -363,7 +365,7 @@ async fn completions(State(mock): State<Mock>, body: Bytes) -> Response {
 async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
     let body = match parse(&body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(e) => return bad_request(e),
     };
     let mut tracked = Tracked::new(&mock.stats);
     let plan = mock.plan(&body, &prompt_of(&body));
@@ -515,7 +517,7 @@ fn paced(events: Vec<(Duration, String)>, tracked: Tracked) -> Body {
 async fn embeddings(State(mock): State<Mock>, body: Bytes) -> Response {
     let body = match parse(&body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(e) => return bad_request(e),
     };
     let mut tracked = Tracked::new(&mock.stats);
     let inputs: Vec<String> = match body.get("input") {
@@ -563,7 +565,7 @@ async fn ollama_generate(State(mock): State<Mock>, body: Bytes) -> Response {
 async fn ollama(mock: Mock, body: Bytes, chat: bool) -> Response {
     let body = match parse(&body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(e) => return bad_request(e),
     };
     let mut tracked = Tracked::new(&mock.stats);
     let plan = mock.plan(&body, &prompt_of(&body));

@@ -246,3 +246,13 @@ mod tests {
         assert!(e.contains("edge"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod shipped_examples {
+    #[test]
+    fn the_shipped_node_config_is_valid() {
+        let text = include_str!("../../../configs/node.yaml");
+        let c = super::NodeConfig::from_yaml(text, "configs/node.yaml").unwrap();
+        assert_eq!(c.db, super::DEFAULT_DB);
+    }
+}

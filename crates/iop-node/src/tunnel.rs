@@ -182,7 +182,7 @@ impl NodeRuntime {
                 if ok {
                     usage_seen = observer.finish();
                     if let Some(usage) = &usage_seen {
-                        out.send(Frame::Usage(usage.clone())).await;
+                        out.send(Frame::Usage(*usage)).await;
                     }
                     if let Some(model) = observer.model() {
                         out.send(Frame::Metadata(pb::TunnelMetadata {

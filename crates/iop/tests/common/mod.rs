@@ -273,8 +273,20 @@ pub async fn get_json(url: &str) -> Value {
         .unwrap()
 }
 
+/// The API key tests configure when they turn client auth on; status reads send it
+/// (an edge without keys ignores it).
+pub const TEST_API_KEY: &str = "sk-right";
+
 pub async fn status(edge: &EdgeProc) -> Value {
-    get_json(&edge.url("/admin/status")).await
+    client()
+        .get(edge.url("/admin/status"))
+        .bearer_auth(TEST_API_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 pub fn node_status<'a>(status: &'a Value, id: &str) -> &'a Value {
