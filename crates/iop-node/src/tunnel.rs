@@ -9,9 +9,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use iop_proto::pb::{self, provider_tunnel_frame::Frame};
-use tracing::Instrument;
 
 use crate::runtime::{Connection, NodeRuntime};
 use crate::usage::UsageObserver;
@@ -49,7 +48,7 @@ impl TunnelOut<'_> {
     }
 
     async fn error(&self, code: &str, message: String) {
-        tracing::warn!(code, %message, "tunnel failed");
+        tracing::warn!(request_id = self.request_id, code, %message, "tunnel failed");
         self.send(Frame::Error(pb::TunnelError {
             code: code.to_string(),
             message,
@@ -62,9 +61,9 @@ impl NodeRuntime {
     pub fn start_tunnel(self: &Arc<Self>, request: pb::ProviderTunnelRequest, conn: &Connection) {
         let runtime = self.clone();
         let conn2 = conn.clone();
-        let span = tracing::info_span!("tunnel", request_id = %request.request_id, adapter = %request.adapter);
+        // No span on this hot path: its few log lines carry the request id themselves.
         conn.tasks
-            .spawn(async move { runtime.tunnel(request, conn2).await }.instrument(span));
+            .spawn(async move { runtime.tunnel(request, conn2).await });
     }
 
     async fn tunnel(self: Arc<Self>, request: pb::ProviderTunnelRequest, conn: Connection) {
@@ -131,7 +130,9 @@ impl NodeRuntime {
         };
         let mut usage_seen = None;
         match response {
-            None => tracing::info!("tunnel cancelled before the provider answered"),
+            None => {
+                tracing::info!(request_id = %request.request_id, "tunnel cancelled before the provider answered")
+            }
             Some(Err(err)) => out.error(&err.code, err.message).await,
             Some(Ok(response)) => {
                 let status = response.status().as_u16() as u32;
@@ -148,6 +149,10 @@ impl NodeRuntime {
                     .get(reqwest::header::CONTENT_TYPE)
                     .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
                 let mut observer = UsageObserver::new(sse, endpoint.dialect);
+                let mut body = response.bytes_stream();
+                // When the body is already here (a complete JSON answer), the head and the
+                // body leave together in one write; otherwise the head goes out now.
+                let mut early = body.next().now_or_never();
                 if !out.send(Frame::Status(status)).await
                     || !out
                         .send(Frame::Headers(pb::TunnelHeaders { headers }))
@@ -155,14 +160,16 @@ impl NodeRuntime {
                 {
                     return self.end_tunnel(&request.request_id);
                 }
-                let mut body = response.bytes_stream();
                 let ok = loop {
-                    let chunk = tokio::select! {
-                        _ = cancel.cancelled() => {
-                            tracing::info!("tunnel cancelled mid-body: provider connection dropped");
-                            return self.end_tunnel(&request.request_id);
-                        }
-                        chunk = body.next() => chunk,
+                    let chunk = match early.take() {
+                        Some(chunk) => chunk,
+                        None => tokio::select! {
+                            _ = cancel.cancelled() => {
+                                tracing::info!(request_id = %request.request_id, "tunnel cancelled mid-body: provider connection dropped");
+                                return self.end_tunnel(&request.request_id);
+                            }
+                            chunk = body.next() => chunk,
+                        },
                     };
                     match chunk {
                         None => break true,
@@ -173,8 +180,20 @@ impl NodeRuntime {
                         }
                         Some(Ok(bytes)) => {
                             observer.feed(&bytes);
+                            // Chunks the provider already sent are relayed together: one
+                            // frame instead of many when it bursts, no wait when it does not.
+                            let (bytes, next) = coalesce(bytes, &mut body, &mut observer);
                             if !send_body(&out, &credit, &cancel, bytes).await {
                                 return self.end_tunnel(&request.request_id);
+                            }
+                            match next {
+                                Pending::Nothing => {}
+                                Pending::End => break true,
+                                Pending::Error(err) => {
+                                    let e = provider.transport_error(&err);
+                                    out.error("provider_stream_error", e.message).await;
+                                    break false;
+                                }
                             }
                         }
                     }
@@ -201,6 +220,44 @@ impl NodeRuntime {
     fn end_tunnel(&self, request_id: &str) {
         self.tunnels.lock().remove(request_id);
     }
+}
+
+/// What polling ahead found after the coalesced chunks.
+enum Pending {
+    Nothing,
+    End,
+    Error(reqwest::Error),
+}
+
+/// Appends every chunk the body has ready right now (up to one frame's worth) to `first`.
+fn coalesce<S>(first: Bytes, body: &mut S, observer: &mut UsageObserver) -> (Bytes, Pending)
+where
+    S: futures::Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
+{
+    let mut merged: Option<bytes::BytesMut> = None;
+    let mut len = first.len();
+    let mut pending = Pending::Nothing;
+    while len < MAX_BODY_FRAME {
+        match body.next().now_or_never() {
+            Some(Some(Ok(more))) => {
+                observer.feed(&more);
+                len += more.len();
+                merged
+                    .get_or_insert_with(|| bytes::BytesMut::from(&first[..]))
+                    .extend_from_slice(&more);
+            }
+            Some(Some(Err(err))) => {
+                pending = Pending::Error(err);
+                break;
+            }
+            Some(None) => {
+                pending = Pending::End;
+                break;
+            }
+            None => break,
+        }
+    }
+    (merged.map_or(first, |m| m.freeze()), pending)
 }
 
 /// Sends one provider chunk as body frames of at most [`MAX_BODY_FRAME`] bytes, each

@@ -99,9 +99,9 @@ impl UsageObserver {
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
-        // Only chunks that mention usage or carry the first model name are parsed.
-        let mentions_usage = find(data, b"\"usage\"");
-        if !mentions_usage && self.model.is_some() {
+        // Only chunks with a usage object (not `"usage":null`) or the first model name
+        // are parsed.
+        if self.model.is_some() && !has_usage_object(data) {
             return;
         }
         if let Ok(value) = serde_json::from_slice::<Value>(data.trim_ascii()) {
@@ -126,9 +126,20 @@ impl UsageObserver {
     /// The last usage the body reported, once it is complete.
     pub fn finish(&mut self) -> Option<pb::Usage> {
         if !self.sse && !self.overflowed && !self.buffer.is_empty() {
+            /// Only the observed fields; the rest of the document is skipped, not built.
+            #[derive(serde::Deserialize)]
+            struct Observed {
+                model: Option<String>,
+                usage: Option<Value>,
+            }
             let body = std::mem::take(&mut self.buffer);
-            if let Ok(value) = serde_json::from_slice::<Value>(&body) {
-                self.observe(&value);
+            if let Ok(seen) = serde_json::from_slice::<Observed>(&body) {
+                if self.model.is_none() {
+                    self.model = seen.model;
+                }
+                if let Some(usage) = seen.usage.and_then(|u| from_openai(&u, self.dialect)) {
+                    self.usage = Some(usage);
+                }
             }
         }
         self.usage.take()
@@ -144,8 +155,22 @@ fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
     haystack.iter().position(|b| *b == needle)
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+/// Whether the bytes hold `"usage"` followed (after optional spaces and a colon) by `{`.
+fn has_usage_object(data: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"usage\"";
+    let mut rest = data;
+    while let Some(pos) = rest.windows(KEY.len()).position(|w| w == KEY) {
+        let after = &rest[pos + KEY.len()..];
+        let value = after
+            .iter()
+            .skip_while(|b| b.is_ascii_whitespace() || **b == b':')
+            .next();
+        if value == Some(&b'{') {
+            return true;
+        }
+        rest = after;
+    }
+    false
 }
 
 #[cfg(test)]

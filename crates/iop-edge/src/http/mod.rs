@@ -6,6 +6,7 @@ pub mod error;
 pub mod openai;
 pub mod passthrough;
 pub mod render;
+pub mod request;
 pub mod runs;
 
 use std::sync::Arc;

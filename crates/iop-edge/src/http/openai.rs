@@ -16,9 +16,11 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use iop_proto::pb;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
+use super::request::ClientRequest;
 use super::{passthrough, render};
 use crate::lease::Lane;
 use crate::service::{Edge, Observe, RunSpec, TunnelSpec};
@@ -99,10 +101,16 @@ async fn handle(
 ) -> Result<Response, (String, ApiError)> {
     let unknown = |e: ApiError| (String::new(), e);
     let body = body.map_err(|r| unknown(super::body_error(r, edge)))?;
-    let mut request = parse_object(&body).map_err(unknown)?;
-    let group = match request.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+    let request = ClientRequest::parse(&body).map_err(unknown)?;
+    let group = match request.get::<String>("model") {
+        Some(m) if !m.is_empty() => m,
         Some(_) => {
+            return Err(unknown(ApiError::bad_request(
+                "invalid_model",
+                "`model` must be a non-empty string",
+            )));
+        }
+        None if request.has("model") => {
             return Err(unknown(ApiError::bad_request(
                 "invalid_model",
                 "`model` must be a non-empty string",
@@ -125,11 +133,7 @@ async fn handle(
         ))
     })?;
     validate(&request, op).map_err(fail)?;
-    let stream = op != Operation::Embedding
-        && request
-            .get("stream")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+    let stream = op != Operation::Embedding && request.get::<bool>("stream").unwrap_or(false);
     let lane = match policy.long_context_tokens {
         Some(threshold) if estimate_context_tokens(&request, op) >= threshold => Lane::Long,
         _ => Lane::Normal,
@@ -149,11 +153,7 @@ async fn handle(
         provider_id: grant.provider.to_string(),
     };
     if provider.kind.is_tunnel() {
-        request.insert(
-            "model".into(),
-            Value::String(grant.upstream_model.to_string()),
-        );
-        let body = serde_json::to_vec(&request).expect("a JSON map serializes");
+        let body = request.with_model(&grant.upstream_model);
         let accept = if stream {
             "text/event-stream"
         } else {
@@ -186,6 +186,7 @@ async fn handle(
             ),
         )));
     }
+    let request = request.to_map();
     let spec = run_spec(&request, op, &provider.id, &grant.upstream_model);
     let include_usage = request
         .get("stream_options")
@@ -218,54 +219,38 @@ fn header(name: &str, value: &str) -> pb::Header {
     }
 }
 
-fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(ApiError::bad_request(
-            "invalid_json",
-            "the request body must be a JSON object",
-        )),
-        Err(e) => Err(ApiError::bad_request(
-            "invalid_json",
-            format!("the request body is not valid JSON: {e}"),
-        )),
-    }
-}
-
 /// The parameters the edge itself relies on, checked so a mistake gets a 400 here rather
 /// than an opaque failure upstream.
-fn validate(request: &Map<String, Value>, op: Operation) -> Result<(), ApiError> {
+fn validate(request: &ClientRequest, op: Operation) -> Result<(), ApiError> {
+    let text_or_array = |key: &str| {
+        request.raw(key).is_some_and(|raw| {
+            matches!(raw.get().trim_start().as_bytes().first(), Some(b'"' | b'['))
+        })
+    };
     match op {
-        Operation::Chat => match request.get("messages") {
-            Some(Value::Array(m)) if !m.is_empty() => Ok(()),
-            Some(_) => Err(ApiError::bad_request(
+        Operation::Chat => match request.get::<Vec<&RawValue>>("messages") {
+            Some(m) if !m.is_empty() => Ok(()),
+            _ if request.has("messages") => Err(ApiError::bad_request(
                 "invalid_messages",
                 "`messages` must be a non-empty array",
             )),
-            None => Err(ApiError::bad_request(
+            _ => Err(ApiError::bad_request(
                 "missing_messages",
                 "you must provide a `messages` parameter",
             )),
         },
-        Operation::Completion => match request.get("prompt") {
-            Some(Value::String(_) | Value::Array(_)) => Ok(()),
-            _ => Err(ApiError::bad_request(
-                "missing_prompt",
-                "you must provide a `prompt` string or array",
-            )),
-        },
-        Operation::Embedding => match request.get("input") {
-            Some(Value::String(_) | Value::Array(_)) => Ok(()),
-            _ => Err(ApiError::bad_request(
-                "missing_input",
-                "you must provide an `input` string or array",
-            )),
-        },
+        Operation::Completion if text_or_array("prompt") => Ok(()),
+        Operation::Completion => Err(ApiError::bad_request(
+            "missing_prompt",
+            "you must provide a `prompt` string or array",
+        )),
+        Operation::Embedding if text_or_array("input") => Ok(()),
+        Operation::Embedding => Err(ApiError::bad_request(
+            "missing_input",
+            "you must provide an `input` string or array",
+        )),
     }?;
-    if let Some(stream) = request.get("stream")
-        && !stream.is_boolean()
-        && !stream.is_null()
-    {
+    if request.has("stream") && request.get::<Option<bool>>("stream").is_none() {
         return Err(ApiError::bad_request(
             "invalid_stream",
             "`stream` must be a boolean",
@@ -276,11 +261,11 @@ fn validate(request: &Map<String, Value>, op: Operation) -> Result<(), ApiError>
 
 /// Cheap context estimate deciding the lane: characters of the prompt / 4 (about one token
 /// per four characters of English) plus the requested `max_tokens`.
-pub fn estimate_context_tokens(request: &Map<String, Value>, op: Operation) -> u64 {
+pub fn estimate_context_tokens(request: &ClientRequest, op: Operation) -> u64 {
     let chars: usize = match op {
         Operation::Chat => request
-            .get("messages")
-            .and_then(Value::as_array)
+            .value("messages")
+            .as_array()
             .map(|messages| {
                 messages
                     .iter()
@@ -288,13 +273,12 @@ pub fn estimate_context_tokens(request: &Map<String, Value>, op: Operation) -> u
                     .sum()
             })
             .unwrap_or(0),
-        Operation::Completion => text_of(request.get("prompt")).chars().count(),
-        Operation::Embedding => text_of(request.get("input")).chars().count(),
+        Operation::Completion => text_of(Some(&request.value("prompt"))).chars().count(),
+        Operation::Embedding => text_of(Some(&request.value("input"))).chars().count(),
     };
     let max_tokens = request
-        .get("max_completion_tokens")
-        .or_else(|| request.get("max_tokens"))
-        .and_then(Value::as_u64)
+        .get::<u64>("max_completion_tokens")
+        .or_else(|| request.get::<u64>("max_tokens"))
         .unwrap_or(0);
     (chars as u64).div_ceil(4) + max_tokens
 }
@@ -399,30 +383,42 @@ mod tests {
         v.as_object().unwrap().clone()
     }
 
+    fn estimate(v: Value, op: Operation) -> u64 {
+        let body = v.to_string();
+        estimate_context_tokens(&ClientRequest::parse(body.as_bytes()).unwrap(), op)
+    }
+
+    fn check(v: Value, op: Operation) -> Result<(), ApiError> {
+        let body = v.to_string();
+        validate(&ClientRequest::parse(body.as_bytes()).unwrap(), op)
+    }
+
     #[test]
     fn estimate_counts_prompt_characters_and_max_tokens() {
+        let r = json!({"messages": [{"role": "user", "content": "abcdefgh"}], "max_tokens": 10});
+        assert_eq!(estimate(r, Operation::Chat), 12);
         let r =
-            map(json!({"messages": [{"role": "user", "content": "abcdefgh"}], "max_tokens": 10}));
-        assert_eq!(estimate_context_tokens(&r, Operation::Chat), 12);
-        let r = map(
-            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "abcd"}]}]}),
-        );
-        assert_eq!(estimate_context_tokens(&r, Operation::Chat), 1);
-        let r = map(json!({"prompt": "abcde", "max_completion_tokens": 1}));
-        assert_eq!(estimate_context_tokens(&r, Operation::Completion), 3);
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "abcd"}]}]});
+        assert_eq!(estimate(r, Operation::Chat), 1);
+        let r = json!({"prompt": "abcde", "max_completion_tokens": 1});
+        assert_eq!(estimate(r, Operation::Completion), 3);
     }
 
     #[test]
     fn validation_names_the_parameter() {
-        let e = validate(&map(json!({"model": "m"})), Operation::Chat).unwrap_err();
+        let e = check(json!({"model": "m"}), Operation::Chat).unwrap_err();
         assert!(e.message.contains("messages"));
-        let e = validate(
-            &map(json!({"model": "m", "messages": [{}], "stream": "yes"})),
+        let e = check(json!({"model": "m", "messages": []}), Operation::Chat).unwrap_err();
+        assert!(e.message.contains("non-empty"));
+        let e = check(
+            json!({"model": "m", "messages": [{}], "stream": "yes"}),
             Operation::Chat,
         )
         .unwrap_err();
         assert!(e.message.contains("stream"));
-        assert!(validate(&map(json!({"input": "x"})), Operation::Embedding).is_ok());
+        assert!(check(json!({"messages": [{}], "stream": null}), Operation::Chat).is_ok());
+        assert!(check(json!({"input": "x"}), Operation::Embedding).is_ok());
+        assert!(check(json!({"input": 3}), Operation::Embedding).is_err());
     }
 
     #[test]

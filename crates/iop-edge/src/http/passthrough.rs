@@ -67,37 +67,56 @@ pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
         tunnel,
         is_sse,
         remaining: content_length(&headers),
+        failed: None,
     };
     let body = stream::unfold(Some(state), |state| async move {
         let mut state = state?;
-        match state.tunnel.next().await {
-            Some(TunnelItem::Body(bytes)) => {
-                if let Some(remaining) = state.remaining.as_mut() {
-                    *remaining = remaining.saturating_sub(bytes.len() as u64);
-                    if *remaining == 0 {
-                        // The client stops reading at Content-Length: take the rest of the
-                        // tunnel (usage, end) now so nothing after the body is lost.
-                        while let Some(item) = state.tunnel.next().await {
-                            if matches!(item, TunnelItem::End | TunnelItem::Error(_)) {
-                                break;
-                            }
-                        }
-                        return Some((Ok(bytes), None));
+        if let Some(message) = state.failed.take() {
+            return Some((Err(std::io::Error::other(message)), None));
+        }
+        let first = match state.tunnel.next().await {
+            Some(TunnelItem::Body(bytes)) => bytes,
+            Some(TunnelItem::Error(e)) => return state.fail(Bytes::new(), e),
+            Some(TunnelItem::End) | None => return None,
+            // Status and headers come once, before the body.
+            Some(_) => return Some((Ok(Bytes::new()), Some(state))),
+        };
+        let mut bytes = first;
+        if let Some(remaining) = state.remaining.as_mut() {
+            *remaining = remaining.saturating_sub(bytes.len() as u64);
+            if *remaining == 0 {
+                // The client stops reading at Content-Length: take the rest of the
+                // tunnel (usage, end) now so nothing after the body is lost.
+                while let Some(item) = state.tunnel.next().await {
+                    if matches!(item, TunnelItem::End | TunnelItem::Error(_)) {
+                        break;
                     }
                 }
-                Some((Ok(bytes), Some(state)))
+                return Some((Ok(bytes), None));
             }
-            Some(TunnelItem::Error(e)) => {
-                tracing::warn!(request_id = state.tunnel.request_id(), code = %e.code, message = %e.message, "tunnel failed mid-body");
-                if state.is_sse {
-                    Some((Ok(sse_error(&e)), None))
-                } else {
-                    Some((Err(std::io::Error::other(e.message)), None))
+            return Some((Ok(bytes), Some(state)));
+        }
+        // Relay what already arrived in one write.
+        let mut merged: Option<bytes::BytesMut> = None;
+        let mut ending = None;
+        while let Some(item) = state.tunnel.next_ready() {
+            match item {
+                TunnelItem::Body(more) => merged
+                    .get_or_insert_with(|| bytes::BytesMut::from(&bytes[..]))
+                    .extend_from_slice(&more),
+                other => {
+                    ending = Some(other);
+                    break;
                 }
             }
-            Some(TunnelItem::End) | None => None,
-            // Status and headers come once, before the body.
-            Some(_) => Some((Ok(Bytes::new()), Some(state))),
+        }
+        if let Some(m) = merged {
+            bytes = m.freeze();
+        }
+        match ending {
+            Some(TunnelItem::End) => Some((Ok(bytes), None)),
+            Some(TunnelItem::Error(e)) => state.fail(bytes, e),
+            _ => Some((Ok(bytes), Some(state))),
         }
     });
     Ok(builder
@@ -110,6 +129,28 @@ struct BodyState {
     is_sse: bool,
     /// Body bytes still expected when the provider sent a Content-Length.
     remaining: Option<u64>,
+    /// A failure to report after the bytes before it went out.
+    failed: Option<String>,
+}
+
+type BodyStep = Option<(Result<Bytes, std::io::Error>, Option<BodyState>)>;
+
+impl BodyState {
+    /// Ends the body after `bytes`: an SSE error event for event streams, an aborted
+    /// body (the client sees a truncated response) otherwise.
+    fn fail(mut self, bytes: Bytes, e: pb::TunnelError) -> BodyStep {
+        tracing::warn!(request_id = self.tunnel.request_id(), code = %e.code, message = %e.message, "tunnel failed mid-body");
+        if self.is_sse {
+            let mut out = bytes::BytesMut::from(&bytes[..]);
+            out.extend_from_slice(&sse_error(&e));
+            return Some((Ok(out.freeze()), None));
+        }
+        if bytes.is_empty() {
+            return Some((Err(std::io::Error::other(e.message)), None));
+        }
+        self.failed = Some(e.message);
+        Some((Ok(bytes), Some(self)))
+    }
 }
 
 fn content_length(headers: &[pb::Header]) -> Option<u64> {

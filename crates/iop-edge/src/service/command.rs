@@ -35,7 +35,7 @@ impl Edge {
         args: std::collections::HashMap<String, String>,
     ) -> Result<serde_json::Value, CommandError> {
         let session = self.pick_node(Some(node_id))?;
-        let command_id = uuid::Uuid::new_v4().to_string();
+        let command_id = self.new_id();
         let request = pb::NodeCommandRequest {
             command_id: command_id.clone(),
             name: name.to_string(),
@@ -100,7 +100,7 @@ impl Edge {
         session: &crate::session::NodeSession,
         mut request: pb::CancelRequest,
     ) -> Result<(), CommandError> {
-        let command_id = uuid::Uuid::new_v4().to_string();
+        let command_id = self.new_id();
         request.command_id = command_id.clone();
         match self.exchange(session, &command_id, request.into()).await? {
             CommandReply::Cancel(resp) if resp.ok => Ok(()),

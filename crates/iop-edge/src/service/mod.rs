@@ -105,6 +105,30 @@ pub struct Edge {
     pub metrics: Metrics,
     tasks: TaskTracker,
     shutdown: CancellationToken,
+    ids: IdGenerator,
+}
+
+/// Ids for runs, tunnels and commands: a per-process random prefix and a counter, unique
+/// across edge restarts without a syscall per id.
+#[derive(Debug)]
+struct IdGenerator {
+    prefix: String,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl IdGenerator {
+    fn new() -> Self {
+        let random = uuid::Uuid::new_v4().simple().to_string();
+        Self {
+            prefix: random[..16].to_string(),
+            next: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}-{n:x}", self.prefix)
+    }
 }
 
 impl std::fmt::Debug for Edge {
@@ -177,7 +201,13 @@ impl Edge {
             events: EventBus::default(),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
+            ids: IdGenerator::new(),
         })
+    }
+
+    /// A fresh id for a run, tunnel or command.
+    pub fn new_id(&self) -> String {
+        self.ids.next()
     }
 
     pub fn config(&self) -> &EdgeConfig {

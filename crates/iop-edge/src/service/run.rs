@@ -86,7 +86,7 @@ impl Edge {
         lease: Option<LeaseGuard>,
         observe: Option<Observe>,
     ) -> Result<RunStream, SubmitError> {
-        let run_id = uuid::Uuid::new_v4().to_string();
+        let run_id = self.new_id();
         let send_failed = |reason: String| SubmitError::SendFailed {
             node: session.node_id.clone(),
             reason,

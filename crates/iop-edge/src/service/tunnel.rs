@@ -45,7 +45,7 @@ impl Edge {
         lease: Option<LeaseGuard>,
         observe: Option<Observe>,
     ) -> Result<TunnelStream, SubmitError> {
-        let request_id = uuid::Uuid::new_v4().to_string();
+        let request_id = self.new_id();
         let send_failed = |reason: String| SubmitError::SendFailed {
             node: session.node_id.clone(),
             reason,
@@ -140,6 +140,12 @@ impl TunnelStream {
             }
         }
         None
+    }
+
+    /// The next item if one is ready now, without waiting.
+    pub fn next_ready(&mut self) -> Option<TunnelItem> {
+        use futures::FutureExt;
+        self.next().now_or_never().flatten()
     }
 
     fn finish(&mut self) {
