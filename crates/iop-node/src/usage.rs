@@ -163,8 +163,7 @@ fn has_usage_object(data: &[u8]) -> bool {
         let after = &rest[pos + KEY.len()..];
         let value = after
             .iter()
-            .skip_while(|b| b.is_ascii_whitespace() || **b == b':')
-            .next();
+            .find(|b| !b.is_ascii_whitespace() && **b != b':');
         if value == Some(&b'{') {
             return true;
         }
