@@ -114,6 +114,16 @@ pub struct Leases {
     index: HashMap<ProviderKey, AccountId>,
     live: HashMap<LeaseId, LiveLease>,
     last_lease: u64,
+    released_total: u64,
+}
+
+/// Lease counts since start: every acquired lease is released exactly once, so when
+/// nothing is in flight `acquired == released`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LeaseTotals {
+    pub acquired: u64,
+    pub released: u64,
+    pub live: u64,
 }
 
 impl Leases {
@@ -195,6 +205,7 @@ impl Leases {
     /// returned by a fence. Never releases twice.
     pub fn release(&mut self, lease: LeaseId) -> Option<AccountId> {
         let live = self.live.remove(&lease)?;
+        self.released_total += 1;
         let counter = self.accounts[live.account.0].in_flight.get_mut(live.lane);
         debug_assert!(*counter > 0, "live lease with zero in-flight");
         *counter = counter.saturating_sub(1);
@@ -258,6 +269,14 @@ impl Leases {
         self.live.len()
     }
 
+    pub fn totals(&self) -> LeaseTotals {
+        LeaseTotals {
+            acquired: self.last_lease,
+            released: self.released_total,
+            live: self.live.len() as u64,
+        }
+    }
+
     pub fn accounts(&self) -> impl Iterator<Item = AccountId> + '_ {
         (0..self.accounts.len()).map(AccountId)
     }
@@ -303,6 +322,14 @@ mod tests {
         assert_eq!(l.release(lease), Some(id));
         assert_eq!(l.release(lease), None);
         assert_eq!(l.view(id).in_flight, LaneCounts::default());
+        assert_eq!(
+            l.totals(),
+            LeaseTotals {
+                acquired: 1,
+                released: 1,
+                live: 0
+            }
+        );
     }
 
     #[test]

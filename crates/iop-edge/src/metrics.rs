@@ -64,6 +64,9 @@ pub struct Metrics {
     provider_in_flight: Family<ProviderLaneLabels, Gauge>,
     group_waiting: Family<GroupLaneLabels, Gauge>,
     node_ready: Family<NodeLabels, Gauge>,
+    leases_acquired: Counter,
+    leases_released: Counter,
+    leases_live: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -125,6 +128,24 @@ impl Metrics {
             "1 while the node is dispatch-ready",
             node_ready.clone(),
         );
+        let leases_acquired = Counter::default();
+        let leases_released = Counter::default();
+        let leases_live = Gauge::default();
+        registry.register(
+            "leases_acquired",
+            "Provider leases acquired",
+            leases_acquired.clone(),
+        );
+        registry.register(
+            "leases_released",
+            "Provider leases released (each exactly once)",
+            leases_released.clone(),
+        );
+        registry.register(
+            "leases_live",
+            "Provider leases held now",
+            leases_live.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             requests,
@@ -134,6 +155,9 @@ impl Metrics {
             provider_in_flight,
             group_waiting,
             node_ready,
+            leases_acquired,
+            leases_released,
+            leases_live,
         }
     }
 
@@ -213,6 +237,12 @@ impl Metrics {
                     .set(n as i64);
             }
         }
+        let totals = snapshot.leases;
+        self.leases_acquired
+            .inc_by(totals.acquired.saturating_sub(self.leases_acquired.get()));
+        self.leases_released
+            .inc_by(totals.released.saturating_sub(self.leases_released.get()));
+        self.leases_live.set(totals.live as i64);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry.lock())
             .expect("writing to a String cannot fail");

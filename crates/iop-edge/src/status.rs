@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::lease::{LaneCounts, ProviderKey};
+use crate::lease::{LaneCounts, LeaseTotals, ProviderKey};
 use crate::registry::OwnerState;
 use crate::service::Edge;
 
@@ -11,6 +11,8 @@ use crate::service::Edge;
 pub struct StatusSnapshot {
     pub nodes: Vec<NodeStatus>,
     pub model_groups: Vec<GroupStatus>,
+    /// Provider leases since start; `acquired == released` whenever nothing is in flight.
+    pub leases: LeaseTotals,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -142,6 +144,7 @@ impl Edge {
         StatusSnapshot {
             nodes,
             model_groups,
+            leases: self.admission.inspect(|s| s.leases().totals()),
         }
     }
 }

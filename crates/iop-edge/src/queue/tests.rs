@@ -438,6 +438,9 @@ proptest! {
             s.cancel_waiter(id);
         }
         prop_assert!(m.live.is_empty());
+        let totals = s.leases().totals();
+        prop_assert_eq!(totals.acquired, totals.released);
+        prop_assert_eq!(totals.released as usize, m.released.len());
         for id in s.leases().accounts() {
             prop_assert_eq!(s.leases().view(id).in_flight, LaneCounts::default());
         }

@@ -355,3 +355,140 @@ pub fn sse_events(body: &str) -> Vec<(String, String)> {
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
+
+/// A TCP proxy between a node and the edge that a test can cut (every connection
+/// dropped, new ones refused) and restore: a network drop with both processes alive.
+pub struct CuttableProxy {
+    pub addr: String,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CuttableProxy {
+    pub async fn start(upstream: &str) -> CuttableProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let upstream = upstream.to_string();
+        let (open2, conns2) = (open.clone(), connections.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if !open2.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let upstream = upstream.clone();
+                let handle = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                conns2.lock().unwrap().push(handle.abort_handle());
+            }
+        });
+        CuttableProxy {
+            addr,
+            open,
+            connections,
+            task,
+        }
+    }
+
+    /// Drops every proxied connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for c in self.connections.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    pub fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for CuttableProxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.task.abort();
+    }
+}
+
+/// Sends one chat completion and returns `(status, body)`.
+pub async fn chat_completion(
+    edge: &EdgeProc,
+    model: &str,
+    content: &str,
+    extra: Value,
+) -> (u16, String) {
+    let mut body =
+        serde_json::json!({"model": model, "messages": [{"role": "user", "content": content}]});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    let response = client()
+        .post(edge.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+/// Provider in-flight counts of one node's provider.
+pub fn provider_of<'a>(status: &'a Value, node: &str, provider: &str) -> &'a Value {
+    node_status(status, node)["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == provider)
+        .unwrap_or_else(|| panic!("no provider {node}/{provider} in {status}"))
+}
+
+pub fn group_of<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["model_groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == name)
+        .unwrap_or_else(|| panic!("no model group {name} in {status}"))
+}
+
+/// Every provider idle, nothing waiting, and every lease released exactly once.
+pub fn all_idle(status: &Value) -> bool {
+    let zero = serde_json::json!({"normal": 0, "long": 0});
+    let providers_idle = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["providers"].as_array().unwrap().iter())
+        .all(|p| p["in_flight"] == zero);
+    let none_waiting = status["model_groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|g| g["waiting"] == zero);
+    let leases = &status["leases"];
+    providers_idle
+        && none_waiting
+        && leases["live"] == 0
+        && leases["acquired"] == leases["released"]
+}
+
+pub async fn wait_idle(edge: &EdgeProc) {
+    wait_status(
+        edge,
+        Duration::from_secs(10),
+        "all counters back to 0",
+        all_idle,
+    )
+    .await;
+}
