@@ -92,6 +92,11 @@ impl EventBus {
         }
     }
 
+    /// Whether anyone listens (so callers can skip building an event nobody reads).
+    pub fn has_subscribers(&self) -> bool {
+        self.tx.receiver_count() > 0
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<EdgeEvent>> {
         self.tx.subscribe()
     }

@@ -409,7 +409,7 @@ async fn two_hundred_requests_with_aborts_and_a_node_restart_leave_nothing_behin
             node = start_node("n1-again", dir.path(), &edge.nodes, "t1", "");
             restarted = Some(Instant::now());
         }
-        let stream = rng.next() % 2 == 0;
+        let stream = rng.next().is_multiple_of(2);
         let abort_after = (rng.next() % 10 < 3).then(|| Duration::from_millis(rng.next() % 60));
         let permit = gate.clone().acquire_owned().await.unwrap();
         let edge = edge.clone();

@@ -197,12 +197,14 @@ impl RunInner {
             }
             _ => {}
         }
-        self.edge.events.publish(EdgeEvent::Run(RunEventNotice {
-            node_id: self.session.node_id.clone(),
-            run_id: self.run_id.clone(),
-            kind: kind_name(event.kind()),
-            text: event.text.clone(),
-        }));
+        if self.edge.events.has_subscribers() {
+            self.edge.events.publish(EdgeEvent::Run(RunEventNotice {
+                node_id: self.session.node_id.clone(),
+                run_id: self.run_id.clone(),
+                kind: kind_name(event.kind()),
+                text: event.text.clone(),
+            }));
+        }
         Some(event)
     }
 }
