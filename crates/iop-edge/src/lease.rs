@@ -149,6 +149,28 @@ impl Leases {
         id
     }
 
+    /// Sets a provider's capacity and enabled flag (config reload), adding the account if
+    /// it is new. Leases in flight stay counted; a lowered capacity only stops new grants
+    /// until the in-flight count drops below it.
+    pub fn configure(
+        &mut self,
+        key: ProviderKey,
+        capacity: LaneCounts,
+        enabled: bool,
+    ) -> AccountId {
+        let id = self.add_account(key, capacity, enabled);
+        let account = &mut self.accounts[id.0];
+        account.capacity = capacity;
+        account.enabled = enabled;
+        id
+    }
+
+    /// Brings one account online under its node's current generation (a provider added to
+    /// a node that is already dispatch-ready).
+    pub fn activate_account(&mut self, id: AccountId, generation: Generation) {
+        self.accounts[id.0].online = Some(generation);
+    }
+
     pub fn account(&self, key: &ProviderKey) -> Option<AccountId> {
         self.index.get(key).copied()
     }

@@ -158,6 +158,67 @@ impl<W> Scheduler<W> {
         &self.leases
     }
 
+    /// Applies a new configuration (config reload). Providers are updated in place (their
+    /// leases in flight stay counted; providers no longer configured are disabled), groups
+    /// are rebuilt, and waiters move to the group of the same name in queue order. Returns
+    /// the waiters of groups that no longer exist (they end with an error) and the waiters
+    /// the new capacity lets through at once. `online` gives the current generation of
+    /// each dispatch-ready node, for providers added to it.
+    pub fn reconfigure(
+        &mut self,
+        providers: impl IntoIterator<Item = (ProviderKey, LaneCounts, bool)>,
+        groups: impl IntoIterator<Item = GroupSpec>,
+        online: &HashMap<String, Generation>,
+    ) -> (Vec<W>, Vec<Dispatch<W>>) {
+        let configured: Vec<(ProviderKey, LaneCounts, bool)> = providers.into_iter().collect();
+        let keep: Vec<ProviderKey> = configured.iter().map(|(k, _, _)| k.clone()).collect();
+        for id in self.leases.accounts().collect::<Vec<_>>() {
+            let key = self.leases.key(id).clone();
+            if !keep.contains(&key) {
+                self.leases.configure(key, LaneCounts::default(), false);
+            }
+        }
+        for (key, capacity, enabled) in configured {
+            let is_new = self.leases.account(&key).is_none();
+            let id = self.leases.configure(key.clone(), capacity, enabled);
+            if is_new && let Some(generation) = online.get(&*key.node) {
+                self.leases.activate_account(id, *generation);
+            }
+        }
+        let mut old: HashMap<String, Group<W>> =
+            self.groups.drain(..).map(|g| (g.name.clone(), g)).collect();
+        self.by_name.clear();
+        for spec in groups {
+            let members = spec
+                .members
+                .iter()
+                .map(|m| Member {
+                    account: self.leases.configure(m.key.clone(), m.capacity, m.enabled),
+                    upstream_model: m.upstream_model.as_str().into(),
+                })
+                .collect();
+            let (waiters, cursor) = match old.remove(&spec.name) {
+                Some(previous) => (previous.waiters, previous.cursor),
+                None => (VecDeque::new(), 0),
+            };
+            self.by_name.insert(spec.name.clone(), self.groups.len());
+            self.groups.push(Group {
+                name: spec.name,
+                members,
+                max_waiting: spec.max_waiting,
+                waiters,
+                cursor,
+            });
+        }
+        let orphaned = old
+            .into_values()
+            .flat_map(|g| g.waiters.into_iter().map(|w| w.payload))
+            .collect();
+        let mut woken = Vec::new();
+        self.pump(&mut woken);
+        (orphaned, woken)
+    }
+
     pub fn group_index(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
     }

@@ -98,6 +98,27 @@ impl Registry {
         registry
     }
 
+    /// Replaces the node records (config reload). Nodes that stay keep their owner; new
+    /// ones start offline; removed ones are forgotten (their connections must be dropped
+    /// by the caller).
+    pub fn update(&mut self, nodes: impl IntoIterator<Item = (String, TokenHash)>) {
+        let mut old: HashMap<String, Entry> = self
+            .entries
+            .drain(..)
+            .map(|e| (e.node_id.clone(), e))
+            .collect();
+        self.by_id.clear();
+        for (node_id, token_hash) in nodes {
+            let owner = old.remove(&node_id).and_then(|e| e.owner);
+            self.by_id.insert(node_id.clone(), self.entries.len());
+            self.entries.push(Entry {
+                node_id,
+                token_hash,
+                owner,
+            });
+        }
+    }
+
     /// A fresh generation for a newly accepted connection.
     pub fn next_generation(&mut self) -> Generation {
         self.last_generation += 1;
@@ -313,6 +334,27 @@ mod tests {
         assert_eq!(r.state("a"), OwnerState::Offline);
         let g2 = r.next_generation();
         assert_eq!(r.claim("token-a", g2), Ok("a".into()));
+    }
+
+    #[test]
+    fn an_update_keeps_owners_and_takes_new_tokens() {
+        let mut r = registry();
+        let g = r.next_generation();
+        r.claim("token-a", g).unwrap();
+        r.ready("a", g);
+        r.update([
+            ("a".to_string(), hash_token("token-a2")),
+            ("c".to_string(), hash_token("token-c")),
+        ]);
+        assert_eq!(r.state("a"), OwnerState::Ready(g));
+        assert_eq!(r.state("b"), OwnerState::Offline);
+        assert_eq!(r.authenticate("token-b"), None);
+        assert_eq!(r.authenticate("token-a2"), Some("a"));
+        assert_eq!(r.authenticate("token-c"), Some("c"));
+        assert_eq!(
+            r.disconnect("a", g),
+            DisconnectOutcome::Current { was_ready: true }
+        );
     }
 
     #[test]

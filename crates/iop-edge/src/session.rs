@@ -14,6 +14,7 @@ use iop_proto::Outbound;
 use iop_proto::pb::{self, provider_tunnel_frame::Frame};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::registry::Generation;
 
@@ -67,17 +68,26 @@ pub struct NodeSession {
     pub peer: String,
     pub connected_at: Instant,
     pub outbound: Outbound,
+    /// Cancelling it makes the transport drop this connection (node removed by a reload).
+    pub kick: CancellationToken,
     routes: Mutex<Routes>,
 }
 
 impl NodeSession {
-    pub fn new(node_id: String, generation: Generation, peer: String, outbound: Outbound) -> Self {
+    pub fn new(
+        node_id: String,
+        generation: Generation,
+        peer: String,
+        outbound: Outbound,
+        kick: CancellationToken,
+    ) -> Self {
         Self {
             node_id,
             generation,
             peer,
             connected_at: Instant::now(),
             outbound,
+            kick,
             routes: Mutex::new(Routes::default()),
         }
     }
@@ -203,7 +213,13 @@ mod tests {
 
     fn session() -> NodeSession {
         let (outbound, _rx) = Outbound::channel(8);
-        NodeSession::new("n".into(), Generation(1), "peer".into(), outbound)
+        NodeSession::new(
+            "n".into(),
+            Generation(1),
+            "peer".into(),
+            outbound,
+            CancellationToken::new(),
+        )
     }
 
     fn event(run_id: &str, kind: pb::RunEventKind) -> pb::RunEvent {

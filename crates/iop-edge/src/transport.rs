@@ -15,6 +15,7 @@ use iop_proto::pb::{self, envelope::Message};
 use iop_proto::{FrameReader, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Outbound, split_stream};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, MissedTickBehavior, timeout, timeout_at};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::registry::{Generation, ReadyOutcome};
@@ -57,6 +58,7 @@ async fn handle_connection(edge: Arc<Edge>, stream: TcpStream, peer: SocketAddr)
         outbound,
         peer: peer.to_string(),
         session: None,
+        kick: CancellationToken::new(),
     };
     connection.run().await;
     drop(connection);
@@ -71,6 +73,8 @@ struct Connection {
     outbound: Outbound,
     peer: String,
     session: Option<Arc<NodeSession>>,
+    /// Cancelled by the edge to drop this connection.
+    kick: CancellationToken,
 }
 
 impl Connection {
@@ -145,6 +149,7 @@ impl Connection {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return "edge shutting down".into(),
+                _ = self.kick.cancelled() => return "node removed from the edge config".into(),
                 frame = timeout_at(deadline, self.reader.next()) => match frame {
                     Err(_) => {
                         return format!(
@@ -180,7 +185,7 @@ impl Connection {
                     ReadyOutcome::Refused
                 } else {
                     self.edge
-                        .ready(node_id, generation, &self.outbound, &self.peer)
+                        .ready(node_id, generation, &self.outbound, &self.kick, &self.peer)
                 };
                 if outcome == ReadyOutcome::Activated {
                     self.session = self

@@ -27,17 +27,13 @@ use error::ApiError;
 
 /// The whole HTTP application.
 pub fn router(edge: Arc<Edge>) -> Router {
-    let keys: Arc<Vec<[u8; 32]>> = Arc::new(
-        edge.config()
-            .api_keys()
-            .iter()
-            .map(|k| Sha256::digest(k.as_bytes()).into())
-            .collect(),
-    );
     let protected = openai::routes()
         .merge(runs::routes())
         .merge(admin::protected_routes())
-        .route_layer(middleware::from_fn_with_state(keys, require_api_key));
+        .route_layer(middleware::from_fn_with_state(
+            edge.clone(),
+            require_api_key,
+        ));
     Router::new()
         .merge(protected)
         .merge(admin::open_routes())
@@ -57,11 +53,8 @@ pub async fn serve_http(edge: Arc<Edge>, listener: TcpListener) -> std::io::Resu
         .await
 }
 
-async fn require_api_key(
-    State(keys): State<Arc<Vec<[u8; 32]>>>,
-    request: Request,
-    next: Next,
-) -> Response {
+async fn require_api_key(State(edge): State<Arc<Edge>>, request: Request, next: Next) -> Response {
+    let keys = edge.api_keys();
     if keys.is_empty() {
         return next.run(request).await;
     }

@@ -124,7 +124,7 @@ async fn handle(
         }
     };
     let fail = |e: ApiError| (group.clone(), e);
-    let policy = edge.admission.policy(&group).cloned().ok_or_else(|| {
+    let policy = edge.admission.policy(&group).ok_or_else(|| {
         fail(ApiError::not_found(
             "model_not_found",
             format!(
@@ -143,10 +143,17 @@ async fn handle(
         .await
         .map_err(|e| fail(e.into()))?;
     let grant = admitted.grant.clone();
-    let provider = edge
-        .provider(&grant.node, &grant.provider)
-        .expect("grants name configured providers")
-        .clone();
+    let provider = edge.provider(&grant.node, &grant.provider).ok_or_else(|| {
+        fail(ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "model_unavailable",
+            format!(
+                "provider {}/{} was removed from the configuration",
+                grant.node, grant.provider
+            ),
+        ))
+    })?;
     let observe = Observe {
         model_group: group.clone(),
         node_id: grant.node.to_string(),

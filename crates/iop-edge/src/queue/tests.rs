@@ -220,6 +220,74 @@ fn cancelled_waiter_is_gone() {
     assert!(woken.is_empty());
 }
 
+#[test]
+fn more_capacity_from_a_reload_dispatches_waiters_at_once() {
+    let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
+    s.node_ready("n", Generation(1));
+    let running = granted(s.admit("g", Lane::Normal, "running"));
+    queued(s.admit("g", Lane::Normal, "waiting"));
+    let online = [("n".to_string(), Generation(1))].into();
+    let (orphaned, woken) = s.reconfigure(
+        [(key("n", "p"), LaneCounts { normal: 2, long: 0 }, true)],
+        [group("g", vec![member("n", "p", 2, 0)])],
+        &online,
+    );
+    assert!(orphaned.is_empty());
+    assert_eq!(
+        woken.iter().map(|d| d.waiter).collect::<Vec<_>>(),
+        ["waiting"]
+    );
+    // The lease taken before the reload is still counted and released once.
+    let account = s.leases().account(&key("n", "p")).unwrap();
+    assert_eq!(s.leases().view(account).in_flight.normal, 2);
+    let mut more = Vec::new();
+    assert!(s.release(running.lease, &mut more));
+    assert!(!s.release(running.lease, &mut more));
+    assert_eq!(s.leases().view(account).in_flight.normal, 1);
+}
+
+#[test]
+fn a_reload_ends_waiters_of_removed_groups_and_serves_new_ones() {
+    let mut s: Scheduler<&str> = Scheduler::new([], [group("old", vec![member("n", "p", 1, 0)])]);
+    s.node_ready("n", Generation(3));
+    let _running = granted(s.admit("old", Lane::Normal, "running"));
+    queued(s.admit("old", Lane::Normal, "orphan"));
+    let online = [("n".to_string(), Generation(3))].into();
+    let (orphaned, woken) = s.reconfigure(
+        [
+            (key("n", "p"), LaneCounts { normal: 1, long: 0 }, true),
+            (key("n", "q"), LaneCounts { normal: 1, long: 0 }, true),
+        ],
+        [group("new", vec![member("n", "q", 1, 0)])],
+        &online,
+    );
+    assert_eq!(orphaned, ["orphan"]);
+    assert!(woken.is_empty());
+    assert!(matches!(
+        s.admit("old", Lane::Normal, "x"),
+        Admission::UnknownGroup
+    ));
+    // The provider added to an online node is online at once, under its generation.
+    let g = granted(s.admit("new", Lane::Normal, "y"));
+    assert_eq!(g.generation, Generation(3));
+}
+
+#[test]
+fn a_provider_dropped_by_a_reload_takes_no_new_requests() {
+    let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
+    s.node_ready("n", Generation(1));
+    let online = [("n".to_string(), Generation(1))].into();
+    s.reconfigure([], [group("g", vec![member("n", "p", 1, 0)])], &online);
+    // The group still names it, so the member spec re-enables it: groups win.
+    assert!(matches!(
+        s.admit("g", Lane::Normal, "a"),
+        Admission::Granted(_)
+    ));
+    let (_, _) = s.reconfigure([], [], &online);
+    let account = s.leases().account(&key("n", "p")).unwrap();
+    assert!(!s.leases().view(account).enabled);
+}
+
 // ------------------------------------------------------------------ property test
 
 #[derive(Debug, Clone)]

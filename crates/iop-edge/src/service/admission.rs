@@ -76,7 +76,7 @@ pub struct GroupPolicy {
 #[derive(Debug)]
 pub struct AdmissionControl {
     scheduler: Mutex<Scheduler<(WaiterTx, Instant)>>,
-    policies: Vec<GroupPolicy>,
+    policies: parking_lot::RwLock<Vec<GroupPolicy>>,
 }
 
 /// Removes a waiter whose request went away before it got a slot.
@@ -98,7 +98,7 @@ impl AdmissionControl {
     pub fn new(scheduler: Scheduler<(WaiterTx, Instant)>, policies: Vec<GroupPolicy>) -> Arc<Self> {
         Arc::new(Self {
             scheduler: Mutex::new(scheduler),
-            policies,
+            policies: parking_lot::RwLock::new(policies),
         })
     }
 
@@ -107,8 +107,36 @@ impl AdmissionControl {
         f(&self.scheduler.lock())
     }
 
-    pub fn policy(&self, group: &str) -> Option<&GroupPolicy> {
-        self.policies.iter().find(|p| p.name == group)
+    pub fn policy(&self, group: &str) -> Option<GroupPolicy> {
+        self.policies
+            .read()
+            .iter()
+            .find(|p| p.name == group)
+            .cloned()
+    }
+
+    /// Applies a reloaded config: new capacities, groups and queue settings. Waiters of
+    /// removed groups end with an error; waiters the new capacity lets through run now.
+    pub fn reconfigure(
+        self: &Arc<Self>,
+        plan: crate::service::reload::AdmissionPlan,
+        online: &std::collections::HashMap<String, Generation>,
+    ) {
+        let (orphaned, woken) =
+            self.scheduler
+                .lock()
+                .reconfigure(plan.providers, plan.groups, online);
+        *self.policies.write() = plan.policies;
+        for (tx, _) in orphaned {
+            let _ = tx.send(Err(
+                "its model group was removed from the configuration".into()
+            ));
+        }
+        let n = woken.len();
+        self.wake_all(woken);
+        if n > 0 {
+            tracing::info!(dispatched = n, "config reload: queued requests dispatched");
+        }
     }
 
     /// Waits for a slot of `lane` in `group`, up to the group's queue timeout.

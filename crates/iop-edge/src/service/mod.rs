@@ -9,12 +9,12 @@
 pub mod admission;
 pub mod command;
 pub mod group;
+pub mod reload;
 pub mod run;
 pub mod tunnel;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use iop_proto::Outbound;
 use iop_proto::pb;
@@ -22,17 +22,16 @@ use parking_lot::{Mutex, RwLock};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{EdgeConfig, ProviderConfig, hash_token};
+use crate::config::{EdgeConfig, ProviderConfig};
 use crate::events::{EdgeEvent, EventBus, NodeEventKind, UsageEvent};
-use crate::lease::{LaneCounts, ProviderKey};
 use crate::metrics::Metrics;
 use crate::payload::build_payload;
-use crate::queue::{GroupSpec, MemberSpec, Scheduler};
+use crate::queue::Scheduler;
 use crate::registry::{
     ClaimError, DisconnectOutcome, Generation, OwnerState, ReadyOutcome, Registry,
 };
 use crate::session::{NodeSession, STREAM_WINDOW};
-use admission::{AdmissionControl, GroupPolicy};
+use admission::AdmissionControl;
 
 pub use run::{RunSpec, RunStream};
 pub use tunnel::{TunnelItem, TunnelSpec, TunnelStream};
@@ -96,7 +95,11 @@ pub struct Observe {
 }
 
 pub struct Edge {
-    config: Arc<EdgeConfig>,
+    config: RwLock<Arc<EdgeConfig>>,
+    /// SHA-256 of every client API key (empty: the API is open).
+    api_keys: RwLock<Arc<Vec<[u8; 32]>>>,
+    /// The config payload version each node was last sent.
+    sent_config: Mutex<HashMap<String, u64>>,
     registry: Mutex<Registry>,
     /// Dispatch-ready sessions by node id (current generation only).
     sessions: RwLock<HashMap<String, Arc<NodeSession>>>,
@@ -139,65 +142,17 @@ impl std::fmt::Debug for Edge {
 
 impl Edge {
     pub fn new(config: EdgeConfig) -> Arc<Self> {
-        let registry = Registry::new(config.nodes.iter().map(|n| {
-            let hash = n
-                .token_hash()
-                .unwrap_or_else(|_| hash_token(&uuid::Uuid::new_v4().to_string()));
-            (n.id.clone(), hash)
-        }));
-        let providers = config.nodes.iter().flat_map(|n| {
-            n.providers.iter().map(move |p| {
-                (
-                    ProviderKey::new(&n.id, &p.id),
-                    LaneCounts {
-                        normal: p.capacity.normal,
-                        long: p.capacity.long,
-                    },
-                    p.enabled,
-                )
-            })
-        });
-        let groups: Vec<GroupSpec> = config
-            .model_groups
-            .iter()
-            .map(|g| GroupSpec {
-                name: g.name.clone(),
-                max_waiting: g.queue.max_waiting,
-                members: g
-                    .members
-                    .iter()
-                    .map(|m| {
-                        let p =
-                            provider_of(&config, &m.node, &m.provider).expect("validated config");
-                        MemberSpec {
-                            key: ProviderKey::new(&m.node, &m.provider),
-                            upstream_model: m.model.clone().unwrap_or_else(|| g.name.clone()),
-                            capacity: LaneCounts {
-                                normal: p.capacity.normal,
-                                long: p.capacity.long,
-                            },
-                            enabled: p.enabled,
-                        }
-                    })
-                    .collect(),
-            })
-            .collect();
-        let policies = config
-            .model_groups
-            .iter()
-            .map(|g| GroupPolicy {
-                name: g.name.clone(),
-                timeout: Duration::from_secs(g.queue.timeout_sec),
-                long_context_tokens: g.long_context_tokens,
-            })
-            .collect();
-        let scheduler = Scheduler::new(providers.collect::<Vec<_>>(), groups);
+        let registry = Registry::new(reload::token_records(&config));
+        let plan = reload::AdmissionPlan::of(&config);
+        let scheduler = Scheduler::new(plan.providers, plan.groups);
         Arc::new(Edge {
             metrics: Metrics::new(),
-            config: Arc::new(config),
+            api_keys: RwLock::new(Arc::new(reload::key_hashes(&config))),
+            config: RwLock::new(Arc::new(config)),
+            sent_config: Mutex::new(HashMap::new()),
             registry: Mutex::new(registry),
             sessions: RwLock::new(HashMap::new()),
-            admission: AdmissionControl::new(scheduler, policies),
+            admission: AdmissionControl::new(scheduler, plan.policies),
             events: EventBus::default(),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
@@ -210,8 +165,14 @@ impl Edge {
         self.ids.next()
     }
 
-    pub fn config(&self) -> &EdgeConfig {
-        &self.config
+    /// The current config (replaced as a whole by a reload).
+    pub fn config(&self) -> Arc<EdgeConfig> {
+        self.config.read().clone()
+    }
+
+    /// SHA-256 digests of the client API keys.
+    pub fn api_keys(&self) -> Arc<Vec<[u8; 32]>> {
+        self.api_keys.read().clone()
     }
 
     pub fn tasks(&self) -> &TaskTracker {
@@ -222,8 +183,8 @@ impl Edge {
         &self.shutdown
     }
 
-    pub fn provider(&self, node: &str, provider: &str) -> Option<&ProviderConfig> {
-        provider_of(&self.config, node, provider)
+    pub fn provider(&self, node: &str, provider: &str) -> Option<ProviderConfig> {
+        provider_of(&self.config(), node, provider).cloned()
     }
 
     /// A fresh generation for an accepted connection.
@@ -257,14 +218,19 @@ impl Edge {
             ClaimError::UnknownToken => Rejection::UnknownToken,
             ClaimError::Duplicate { node_id } => Rejection::Duplicate { node_id },
         })?;
-        let node = self
-            .config
+        let config = self.config();
+        let node = config
             .nodes
             .iter()
             .find(|n| n.id == node_id)
             .expect("registry built from config");
-        match build_payload(node, self.config.max_frame_bytes) {
-            Ok(payload) => Ok(Registered { node_id, payload }),
+        match build_payload(node, config.max_frame_bytes) {
+            Ok(payload) => {
+                self.sent_config
+                    .lock()
+                    .insert(node_id.clone(), payload.config_version);
+                Ok(Registered { node_id, payload })
+            }
             Err(message) => {
                 registry.disconnect(&node_id, generation);
                 Err(Rejection::ConfigBuild { node_id, message })
@@ -290,6 +256,7 @@ impl Edge {
         node_id: &str,
         generation: Generation,
         outbound: &Outbound,
+        kick: &CancellationToken,
         peer: &str,
     ) -> ReadyOutcome {
         let outcome = {
@@ -301,6 +268,7 @@ impl Edge {
                     generation,
                     peer.to_string(),
                     outbound.clone(),
+                    kick.clone(),
                 ));
                 self.sessions.write().insert(node_id.to_string(), session);
             }
@@ -308,6 +276,7 @@ impl Edge {
         };
         match outcome {
             ReadyOutcome::Activated => {
+                self.refresh_if_stale(node_id, outbound);
                 self.admission.node_ready(node_id, generation);
                 tracing::info!(node_id, %generation, peer, "node ready");
                 self.events
@@ -321,6 +290,26 @@ impl Edge {
             }
         }
         outcome
+    }
+
+    /// Sends a node the current config when a reload happened between its registration and
+    /// its ready (it would otherwise serve the old providers until the next reload).
+    fn refresh_if_stale(&self, node_id: &str, outbound: &Outbound) {
+        let config = self.config();
+        let Some(node) = config.nodes.iter().find(|n| n.id == node_id) else {
+            return;
+        };
+        let Ok(payload) = build_payload(node, config.max_frame_bytes) else {
+            return;
+        };
+        let mut sent = self.sent_config.lock();
+        if sent.get(node_id) != Some(&payload.config_version) {
+            sent.insert(node_id.to_string(), payload.config_version);
+            outbound.try_send(pb::ConfigRefresh {
+                config: Some(payload),
+            });
+            tracing::info!(node_id, "config changed while the node registered: refresh sent");
+        }
     }
 
     /// A connection ended. For the node's current generation: fence it, end its streams,
@@ -396,7 +385,7 @@ impl Edge {
     }
 }
 
-fn provider_of<'a>(
+pub(crate) fn provider_of<'a>(
     config: &'a EdgeConfig,
     node: &str,
     provider: &str,

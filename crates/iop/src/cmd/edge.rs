@@ -1,13 +1,16 @@
-//! `iop edge`: loads the edge config, listens for nodes and HTTP clients, runs until
-//! SIGINT / SIGTERM.
+//! `iop edge`: loads the edge config, listens for nodes and HTTP clients, reloads the
+//! config on SIGHUP, runs until SIGINT / SIGTERM.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use iop_edge::{EdgeConfig, EdgeServer};
+use tokio::signal::unix::{SignalKind, signal};
 
 use super::{EXIT_CONFIG, Failure};
 
+/// SIGHUP re-reads the config file and applies it without dropping connections; listen
+/// addresses, max_frame_bytes and limits.max_body_bytes need a restart.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Edge config file (nodes, tokens, providers, model groups).
@@ -21,16 +24,26 @@ pub struct Args {
     listen_http: Option<SocketAddr>,
 }
 
+impl Args {
+    /// The config file with the command line's overrides.
+    fn load(&self) -> Result<EdgeConfig, iop_edge::config::ConfigError> {
+        let mut config = EdgeConfig::load(&self.config)?;
+        if let Some(addr) = self.listen_nodes {
+            config.listen.nodes = addr;
+        }
+        if let Some(addr) = self.listen_http {
+            config.listen.http = addr;
+        }
+        Ok(config)
+    }
+}
+
 pub async fn run(args: Args) -> super::Result {
-    let mut config =
-        EdgeConfig::load(&args.config).map_err(|e| Failure::new(EXIT_CONFIG, e.to_string()))?;
-    if let Some(addr) = args.listen_nodes {
-        config.listen.nodes = addr;
-    }
-    if let Some(addr) = args.listen_http {
-        config.listen.http = addr;
-    }
+    let config = args
+        .load()
+        .map_err(|e| Failure::new(EXIT_CONFIG, e.to_string()))?;
     let shutdown = crate::signals::shutdown_on_signal();
+    let mut hangup = signal(SignalKind::hangup())?;
     let nodes = config.nodes.len();
     let groups = config.model_groups.len();
     let server = EdgeServer::start(config).await?;
@@ -38,7 +51,20 @@ pub async fn run(args: Args) -> super::Result {
         "iop edge listening: nodes={} http={} ({nodes} nodes, {groups} model groups configured)",
         server.node_addr, server.http_addr
     );
-    shutdown.cancelled().await;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = hangup.recv() => match args.load() {
+                Ok(config) => {
+                    let report = server.edge.reload(config);
+                    if !report.needs_restart.is_empty() {
+                        tracing::warn!(settings = ?report.needs_restart, "these settings change only on restart");
+                    }
+                }
+                Err(err) => tracing::error!(%err, "config reload failed; the running config stays"),
+            },
+        }
+    }
     server.shutdown().await;
     Ok(())
 }

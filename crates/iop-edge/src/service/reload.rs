@@ -1,0 +1,196 @@
+//! Config reload (SIGHUP): applies a new edge config to a running edge without dropping
+//! connections. Node records, provider capacities, model groups, queue settings and API
+//! keys change at once; nodes whose provider specs changed get a `ConfigRefresh`; queued
+//! requests the new capacity allows are dispatched; requests waiting in removed groups end
+//! with an error; nodes removed from the config are disconnected. Listen addresses, the
+//! frame limit and the body limit need a restart.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iop_proto::pb;
+use sha2::{Digest, Sha256};
+
+use super::Edge;
+use super::admission::GroupPolicy;
+use crate::config::{EdgeConfig, TokenHash, hash_token};
+use crate::lease::{LaneCounts, ProviderKey};
+use crate::payload::build_payload;
+use crate::queue::{GroupSpec, MemberSpec};
+use crate::registry::OwnerState;
+
+/// What admission needs of a config.
+#[derive(Debug)]
+pub struct AdmissionPlan {
+    pub providers: Vec<(ProviderKey, LaneCounts, bool)>,
+    pub groups: Vec<GroupSpec>,
+    pub policies: Vec<GroupPolicy>,
+}
+
+impl AdmissionPlan {
+    pub fn of(config: &EdgeConfig) -> Self {
+        let capacity = |c: &crate::config::CapacityConfig| LaneCounts {
+            normal: c.normal,
+            long: c.long,
+        };
+        let providers = config
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                n.providers.iter().map(move |p| {
+                    (
+                        ProviderKey::new(&n.id, &p.id),
+                        capacity(&p.capacity),
+                        p.enabled,
+                    )
+                })
+            })
+            .collect();
+        let groups = config
+            .model_groups
+            .iter()
+            .map(|g| GroupSpec {
+                name: g.name.clone(),
+                max_waiting: g.queue.max_waiting,
+                members: g
+                    .members
+                    .iter()
+                    .map(|m| {
+                        let p = super::provider_of(config, &m.node, &m.provider)
+                            .expect("validated config");
+                        MemberSpec {
+                            key: ProviderKey::new(&m.node, &m.provider),
+                            upstream_model: m.model.clone().unwrap_or_else(|| g.name.clone()),
+                            capacity: capacity(&p.capacity),
+                            enabled: p.enabled,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        let policies = config
+            .model_groups
+            .iter()
+            .map(|g| GroupPolicy {
+                name: g.name.clone(),
+                timeout: Duration::from_secs(g.queue.timeout_sec),
+                long_context_tokens: g.long_context_tokens,
+            })
+            .collect();
+        Self {
+            providers,
+            groups,
+            policies,
+        }
+    }
+}
+
+/// `(node id, token hash)` of every configured node.
+pub fn token_records(config: &EdgeConfig) -> Vec<(String, TokenHash)> {
+    config
+        .nodes
+        .iter()
+        .map(|n| {
+            // A validated config always yields a hash; a token that cannot be resolved
+            // matches nothing.
+            let hash = n
+                .token_hash()
+                .unwrap_or_else(|_| hash_token(&uuid::Uuid::new_v4().to_string()));
+            (n.id.clone(), hash)
+        })
+        .collect()
+}
+
+pub fn key_hashes(config: &EdgeConfig) -> Vec<[u8; 32]> {
+    config
+        .api_keys()
+        .iter()
+        .map(|k| Sha256::digest(k.as_bytes()).into())
+        .collect()
+}
+
+/// What a reload did.
+#[derive(Debug, Default, Clone)]
+pub struct ReloadReport {
+    /// Nodes sent a new config payload.
+    pub refreshed: Vec<String>,
+    /// Nodes disconnected because they left the config.
+    pub removed: Vec<String>,
+    /// Settings that changed but only take effect after a restart.
+    pub needs_restart: Vec<&'static str>,
+}
+
+impl Edge {
+    /// Applies `new` (already validated) to the running edge.
+    pub fn reload(&self, new: EdgeConfig) -> ReloadReport {
+        let old = self.config();
+        let mut report = ReloadReport::default();
+        if new.listen.nodes != old.listen.nodes || new.listen.http != old.listen.http {
+            report.needs_restart.push("listen");
+        }
+        if new.max_frame_bytes != old.max_frame_bytes {
+            report.needs_restart.push("max_frame_bytes");
+        }
+        if new.limits.max_body_bytes != old.limits.max_body_bytes {
+            report.needs_restart.push("limits.max_body_bytes");
+        }
+        // Nodes that left the config lose their connection through the usual loss path.
+        for node in &old.nodes {
+            if !new.nodes.iter().any(|n| n.id == node.id) {
+                if let OwnerState::Ready(generation) | OwnerState::Pending(generation) =
+                    self.owner_state(&node.id)
+                {
+                    if let Some(session) = self.session(&node.id) {
+                        session.kick.cancel();
+                    }
+                    self.connection_lost(&node.id, generation, "node removed from the edge config");
+                }
+                report.removed.push(node.id.clone());
+            }
+        }
+        self.registry.lock().update(token_records(&new));
+        *self.api_keys.write() = Arc::new(key_hashes(&new));
+        let new = Arc::new(new);
+        *self.config.write() = new.clone();
+        let online: HashMap<String, crate::registry::Generation> = self
+            .ready_sessions()
+            .iter()
+            .map(|s| (s.node_id.clone(), s.generation))
+            .collect();
+        // Nodes first get their new providers, so requests dispatched by the new
+        // capacity below find them (frames on a connection are handled in order).
+        for session in self.ready_sessions() {
+            let Some(node) = new.nodes.iter().find(|n| n.id == session.node_id) else {
+                continue;
+            };
+            let payload = match build_payload(node, new.max_frame_bytes) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(node_id = %node.id, error = %e, "config reload: cannot build the node's payload; it keeps its old config");
+                    continue;
+                }
+            };
+            let version = payload.config_version;
+            if self.sent_config.lock().get(&node.id) == Some(&version) {
+                continue;
+            }
+            if session.outbound.try_send(pb::ConfigRefresh {
+                config: Some(payload),
+            }) {
+                self.sent_config.lock().insert(node.id.clone(), version);
+                report.refreshed.push(node.id.clone());
+            } else {
+                tracing::warn!(node_id = %node.id, "config reload: the node's queue is full; it keeps its old config until it reconnects");
+            }
+        }
+        self.admission.reconfigure(AdmissionPlan::of(&new), &online);
+        tracing::info!(
+            refreshed = ?report.refreshed,
+            removed = ?report.removed,
+            needs_restart = ?report.needs_restart,
+            "config reloaded"
+        );
+        report
+    }
+}
