@@ -475,3 +475,35 @@ async fn two_hundred_requests_with_aborts_and_a_node_restart_leave_nothing_behin
     assert_eq!(s["leases"]["acquired"], s["leases"]["released"], "{s}");
     drop(node);
 }
+
+#[tokio::test]
+async fn reaching_ready_resets_the_retry_budget() {
+    let dir = tempdir();
+    let edge = start_edge(dir.path(), &config(3, 0, 1)).await;
+    let proxy = CuttableProxy::start(&edge.nodes).await;
+    let node = start_node(
+        "n1",
+        dir.path(),
+        &proxy.addr,
+        "t1",
+        "reconnect: {max_attempts: 2, interval_sec: 0.3}",
+    );
+    wait_ready(&edge, "n1").await;
+    for failures in 1..=3 {
+        proxy.cut();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while node.log().matches("connection attempt failed").count() < failures {
+            assert!(Instant::now() < deadline, "{}", node.log());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        proxy.restore();
+        wait_status(&edge, Duration::from_secs(5), "ready again", |s| {
+            node_status(s, "n1")["ready"] == true
+        })
+        .await;
+    }
+    // Three failures in all, but never two in a row: the node is still serving.
+    let (code, _) = chat_completion(&edge, "pool", "still here", json!({})).await;
+    assert_eq!(code, 200);
+    assert!(!node.has_line("giving up"), "{}", node.log());
+}

@@ -562,3 +562,18 @@ async fn the_store_holds_one_row_per_run_with_its_final_status() {
         .unwrap();
     assert_eq!(count, 3);
 }
+
+#[tokio::test]
+async fn a_failing_store_is_logged_and_runs_still_complete() {
+    let s = setup().await;
+    run(&s.edge, json!({"adapter": "mock", "input": "before"})).await;
+    // Break the store under the running node.
+    let db = rusqlite::Connection::open(s.dir.join("n1.db")).unwrap();
+    db.execute_batch("DROP TABLE runs;").unwrap();
+    drop(db);
+    let events = run(&s.edge, json!({"adapter": "mock", "input": "after"})).await;
+    check_stream(&events, "complete");
+    s.node
+        .wait_line("run store write failed", Duration::from_secs(5))
+        .await;
+}

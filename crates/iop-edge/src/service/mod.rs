@@ -308,7 +308,10 @@ impl Edge {
             outbound.try_send(pb::ConfigRefresh {
                 config: Some(payload),
             });
-            tracing::info!(node_id, "config changed while the node registered: refresh sent");
+            tracing::info!(
+                node_id,
+                "config changed while the node registered: refresh sent"
+            );
         }
     }
 
