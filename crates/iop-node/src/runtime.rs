@@ -100,7 +100,7 @@ pub struct Connection {
 
 #[derive(Debug)]
 pub struct NodeRuntime {
-    pub(crate) http: reqwest::Client,
+    pub(crate) http: adapters::HttpClients,
     pub(crate) store: Option<RunStore>,
     adapters: RwLock<HashMap<String, Arc<AdapterInstance>>>,
     node_id: RwLock<String>,
@@ -110,23 +110,31 @@ pub struct NodeRuntime {
     pub(crate) started: Instant,
 }
 
-/// Builds the HTTP client all adapters share: pooled, `TCP_NODELAY`, no proxy from the
+/// Builds the HTTP clients all adapters share: pooled, `TCP_NODELAY`, no proxy from the
 /// environment (providers sit next to the node).
-pub fn http_client() -> reqwest::Client {
+pub fn http_clients() -> adapters::HttpClients {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    let reqwest = reqwest::Client::builder()
         .tcp_nodelay(true)
         .no_proxy()
         .connect_timeout(Duration::from_secs(10))
         .pool_idle_timeout(Duration::from_secs(90))
         .build()
-        .expect("a TLS backend is available")
+        .expect("a TLS backend is available");
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(10)));
+    let plain = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .build(connector);
+    adapters::HttpClients { reqwest, plain }
 }
 
 impl NodeRuntime {
     pub fn new(store: Option<RunStore>) -> Arc<Self> {
         Arc::new(Self {
-            http: http_client(),
+            http: http_clients(),
             store,
             adapters: RwLock::new(HashMap::new()),
             node_id: RwLock::new(String::new()),

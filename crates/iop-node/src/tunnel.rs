@@ -114,19 +114,21 @@ impl NodeRuntime {
         let credit = conn
             .credits
             .open(&request.request_id, request.initial_credit);
-        let method =
-            reqwest::Method::from_bytes(request.method.as_bytes()).unwrap_or(reqwest::Method::POST);
-        let mut builder = endpoint.provider.request(method, &request.path);
-        for h in &request.headers {
-            if !DROPPED_REQUEST_HEADERS.contains(&h.name.to_ascii_lowercase().as_str()) {
-                builder = builder.header(h.name.as_str(), h.value.as_slice());
-            }
-        }
-        builder = builder.body(request.body.clone());
         let provider = &endpoint.provider;
+        let headers = request
+            .headers
+            .iter()
+            .filter(|h| !DROPPED_REQUEST_HEADERS.contains(&h.name.to_ascii_lowercase().as_str()))
+            .map(|h| (h.name.as_str(), h.value.as_slice()));
+        let exchange = provider.exchange(
+            &request.method,
+            &request.path,
+            headers,
+            request.body.clone(),
+        );
         let response = tokio::select! {
             _ = cancel.cancelled() => None,
-            r = provider.send(builder) => Some(r),
+            r = exchange => Some(r),
         };
         let mut usage_seen = None;
         match response {
@@ -135,27 +137,16 @@ impl NodeRuntime {
             }
             Some(Err(err)) => out.error(&err.code, err.message).await,
             Some(Ok(response)) => {
-                let status = response.status().as_u16() as u32;
-                let headers: Vec<pb::Header> = response
-                    .headers()
-                    .iter()
-                    .map(|(name, value)| pb::Header {
-                        name: name.as_str().to_string(),
-                        value: value.as_bytes().to_vec(),
-                    })
-                    .collect();
-                let sse = response
-                    .headers()
-                    .get(reqwest::header::CONTENT_TYPE)
-                    .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-                let mut observer = UsageObserver::new(sse, endpoint.dialect);
-                let mut body = response.bytes_stream();
+                let mut observer = UsageObserver::new(response.sse, endpoint.dialect);
+                let mut body = response.body;
                 // When the body is already here (a complete JSON answer), the head and the
                 // body leave together in one write; otherwise the head goes out now.
                 let mut early = body.next().now_or_never();
-                if !out.send(Frame::Status(status)).await
+                if !out.send(Frame::Status(response.status as u32)).await
                     || !out
-                        .send(Frame::Headers(pb::TunnelHeaders { headers }))
+                        .send(Frame::Headers(pb::TunnelHeaders {
+                            headers: response.headers,
+                        }))
                         .await
                 {
                     return self.end_tunnel(&request.request_id);
@@ -174,8 +165,7 @@ impl NodeRuntime {
                     match chunk {
                         None => break true,
                         Some(Err(err)) => {
-                            let e = provider.transport_error(&err);
-                            out.error("provider_stream_error", e.message).await;
+                            out.error("provider_stream_error", err.message).await;
                             break false;
                         }
                         Some(Ok(bytes)) => {
@@ -190,8 +180,7 @@ impl NodeRuntime {
                                 Pending::Nothing => {}
                                 Pending::End => break true,
                                 Pending::Error(err) => {
-                                    let e = provider.transport_error(&err);
-                                    out.error("provider_stream_error", e.message).await;
+                                    out.error("provider_stream_error", err.message).await;
                                     break false;
                                 }
                             }
@@ -226,13 +215,13 @@ impl NodeRuntime {
 enum Pending {
     Nothing,
     End,
-    Error(reqwest::Error),
+    Error(crate::adapters::AdapterError),
 }
 
 /// Appends every chunk the body has ready right now (up to one frame's worth) to `first`.
 fn coalesce<S>(first: Bytes, body: &mut S, observer: &mut UsageObserver) -> (Bytes, Pending)
 where
-    S: futures::Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
+    S: futures::Stream<Item = Result<Bytes, crate::adapters::AdapterError>> + Unpin,
 {
     let mut merged: Option<bytes::BytesMut> = None;
     let mut len = first.len();

@@ -78,7 +78,7 @@ impl UsageObserver {
             return;
         }
         let mut rest = chunk;
-        while let Some(pos) = memchr(b'\n', rest) {
+        while let Some(pos) = memchr::memchr(b'\n', rest) {
             let (line, tail) = rest.split_at(pos);
             rest = &tail[1..];
             if self.buffer.is_empty() {
@@ -151,15 +151,11 @@ impl UsageObserver {
     }
 }
 
-fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|b| *b == needle)
-}
-
 /// Whether the bytes hold `"usage"` followed (after optional spaces and a colon) by `{`.
 fn has_usage_object(data: &[u8]) -> bool {
     const KEY: &[u8] = b"\"usage\"";
     let mut rest = data;
-    while let Some(pos) = rest.windows(KEY.len()).position(|w| w == KEY) {
+    while let Some(pos) = memchr::memmem::find(rest, KEY) {
         let after = &rest[pos + KEY.len()..];
         let value = after
             .iter()

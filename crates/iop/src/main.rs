@@ -9,6 +9,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc: the relay path allocates small buffers per frame; glibc's malloc showed up as
+/// the largest user-space cost in profiles.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// iop serves LLMs from machines you own — GPU boxes behind NAT, laptops running Ollama,
 /// CLI coding agents — through one OpenAI-compatible endpoint.
 ///

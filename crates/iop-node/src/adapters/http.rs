@@ -1,13 +1,43 @@
 //! An HTTP provider endpoint: base URL, credentials, extra headers and the timeout for the
-//! response head, over the node's shared connection pool. Also the mapping from transport
+//! response head, over the node's shared connection pools. Also the mapping from transport
 //! failures and provider statuses to error codes.
+//!
+//! Adapters use reqwest. The raw tunnel — the hot path — sends plain-HTTP requests through
+//! a bare hyper client (no URL parsing, redirect policy or per-request header maps beyond
+//! what the request carries); HTTPS providers go through reqwest there too.
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use http_body_util::{BodyDataStream, Full};
 use iop_proto::pb;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 
 use super::AdapterError;
+
+/// The bare hyper client used for plain-HTTP tunnels.
+pub type PlainClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+>;
+
+/// The node's HTTP clients, shared by every provider (one connection pool each).
+#[derive(Debug, Clone)]
+pub struct HttpClients {
+    pub reqwest: reqwest::Client,
+    pub plain: PlainClient,
+}
+
+/// A provider response as the tunnel relays it.
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: Vec<pb::Header>,
+    /// `content-type: text/event-stream`.
+    pub sse: bool,
+    pub body: BoxStream<'static, Result<Bytes, AdapterError>>,
+}
 
 /// How long a provider may take to answer with a response head, unless configured.
 pub const DEFAULT_HEAD_TIMEOUT: Duration = Duration::from_secs(600);
@@ -19,10 +49,12 @@ pub struct HttpProvider {
     headers: HeaderMap,
     head_timeout: Duration,
     client: reqwest::Client,
+    /// Set for `http://` providers.
+    plain: Option<PlainClient>,
 }
 
 impl HttpProvider {
-    pub fn new(spec: &pb::ProviderSpec, client: &reqwest::Client) -> Result<Self, String> {
+    pub fn new(spec: &pb::ProviderSpec, clients: &HttpClients) -> Result<Self, String> {
         let base_url = spec.base_url.trim_end_matches('/').to_string();
         let parsed: http::Uri = base_url
             .parse()
@@ -65,7 +97,8 @@ impl HttpProvider {
             } else {
                 DEFAULT_HEAD_TIMEOUT
             },
-            client: client.clone(),
+            client: clients.reqwest.clone(),
+            plain: (parsed.scheme_str() == Some("http")).then(|| clients.plain.clone()),
         })
     }
 
@@ -92,15 +125,108 @@ impl HttpProvider {
         match tokio::time::timeout(self.head_timeout, request.send()).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(err)) => Err(self.transport_error(&err)),
-            Err(_) => Err(AdapterError::new(
-                "provider_timeout",
-                format!(
-                    "provider {} did not answer within {}s",
-                    self.id,
-                    self.head_timeout.as_secs()
-                ),
-            )),
+            Err(_) => Err(self.head_timeout_error()),
         }
+    }
+
+    /// One raw request for the tunnel: `headers` are sent as given (plus the provider's own),
+    /// and the response comes back as status, headers and a byte stream.
+    pub async fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        headers: impl Iterator<Item = (&str, &[u8])>,
+        body: Bytes,
+    ) -> Result<RawResponse, AdapterError> {
+        let method = http::Method::from_bytes(method.as_bytes()).unwrap_or(http::Method::POST);
+        let Some(plain) = &self.plain else {
+            let mut request = self.request(method, path);
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+            let response = self.send(request.body(body)).await?;
+            let (status, out_headers, sse) = head_of(response.status(), response.headers());
+            let id = self.clone();
+            let body = response
+                .bytes_stream()
+                .map(move |r| r.map_err(|e| id.transport_error(&e)))
+                .boxed();
+            return Ok(RawResponse {
+                status,
+                headers: out_headers,
+                sse,
+                body,
+            });
+        };
+        let uri: http::Uri = self.url(path).parse().map_err(|e| {
+            AdapterError::new(
+                "bad_request",
+                format!("provider {}: bad path {path:?}: {e}", self.id),
+            )
+        })?;
+        let mut request = http::Request::builder().method(method).uri(uri);
+        let map = request.headers_mut().expect("a fresh builder has headers");
+        map.extend(self.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for (name, value) in headers {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_bytes(value),
+            ) {
+                map.insert(name, value);
+            }
+        }
+        let request = request
+            .body(Full::new(body))
+            .map_err(|e| AdapterError::new("bad_request", format!("provider {}: {e}", self.id)))?;
+        let response = match tokio::time::timeout(self.head_timeout, plain.request(request)).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => {
+                let code = if err.is_connect() {
+                    "provider_unreachable"
+                } else {
+                    "provider_error"
+                };
+                return Err(AdapterError::new(code, self.chain(&err)));
+            }
+            Err(_) => return Err(self.head_timeout_error()),
+        };
+        let (status, out_headers, sse) = head_of(response.status(), response.headers());
+        let id = self.id.clone();
+        let body = BodyDataStream::new(response.into_body())
+            .map(move |r| {
+                r.map_err(|e| {
+                    AdapterError::new("provider_stream_error", format!("provider {id}: {e}"))
+                })
+            })
+            .boxed();
+        Ok(RawResponse {
+            status,
+            headers: out_headers,
+            sse,
+            body,
+        })
+    }
+
+    fn head_timeout_error(&self) -> AdapterError {
+        AdapterError::new(
+            "provider_timeout",
+            format!(
+                "provider {} did not answer within {}s",
+                self.id,
+                self.head_timeout.as_secs()
+            ),
+        )
+    }
+
+    /// `provider ID at URL: error: cause: cause…`
+    fn chain(&self, err: &dyn std::error::Error) -> String {
+        let mut message = format!("provider {} at {}: {err}", self.id, self.base_url);
+        let mut source = err.source();
+        while let Some(inner) = source {
+            message.push_str(&format!(": {inner}"));
+            source = inner.source();
+        }
+        message
     }
 
     /// Maps a failed request to an error that says what went wrong where.
@@ -112,13 +238,7 @@ impl HttpProvider {
         } else {
             "provider_error"
         };
-        let mut message = format!("provider {} at {}: {err}", self.id, self.base_url);
-        let mut source = std::error::Error::source(err);
-        while let Some(inner) = source {
-            message.push_str(&format!(": {inner}"));
-            source = inner.source();
-        }
-        AdapterError::new(code, message)
+        AdapterError::new(code, self.chain(err))
     }
 
     /// An error for a non-success status, with the provider's own message if it gave one.
@@ -145,4 +265,19 @@ impl HttpProvider {
             format!("provider {} returned {status}: {detail}", self.id),
         )
     }
+}
+
+/// Status, headers as wire headers, and whether the body is an event stream.
+fn head_of(status: http::StatusCode, headers: &HeaderMap) -> (u16, Vec<pb::Header>, bool) {
+    let sse = headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let out = headers
+        .iter()
+        .map(|(name, value)| pb::Header {
+            name: name.as_str().to_string(),
+            value: value.as_bytes().to_vec(),
+        })
+        .collect();
+    (status.as_u16(), out, sse)
 }

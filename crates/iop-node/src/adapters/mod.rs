@@ -19,7 +19,7 @@ use iop_proto::pb;
 use serde::Serialize;
 
 use crate::sink::RunSink;
-pub use http::HttpProvider;
+pub use http::{HttpClients, HttpProvider};
 
 /// What an adapter runs.
 #[derive(Debug, Clone, Default)]
@@ -126,10 +126,7 @@ pub trait Adapter: Send + Sync + std::fmt::Debug + 'static {
 }
 
 /// Builds the adapter for a provider spec; the error says which field is wrong.
-pub fn build(
-    spec: &pb::ProviderSpec,
-    client: &reqwest::Client,
-) -> Result<Arc<dyn Adapter>, String> {
+pub fn build(spec: &pb::ProviderSpec, client: &HttpClients) -> Result<Arc<dyn Adapter>, String> {
     let adapter: Arc<dyn Adapter> = match spec.kind() {
         pb::ProviderKind::Mock => Arc::new(mock::MockAdapter::new(
             spec.mock.clone().unwrap_or_default(),
