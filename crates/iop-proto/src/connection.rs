@@ -71,6 +71,12 @@ impl FrameWriterTask {
             while let Ok(next) = self.rx.try_recv() {
                 self.sink.feed(next).await?;
             }
+            // Let the tasks that are ready right now add their frames to this write; when
+            // nothing else is runnable this returns at once.
+            tokio::task::yield_now().await;
+            while let Ok(next) = self.rx.try_recv() {
+                self.sink.feed(next).await?;
+            }
             self.sink.flush().await?;
         }
         Ok(())
