@@ -24,6 +24,7 @@ use crate::session::{CommandReply, Delivery, NodeSession};
 
 /// A new connection must register within this time.
 pub const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+const WINDOW_OVERRUN: &str = "stream window overrun";
 /// Time given to the writer to flush a last frame (a rejection) before the socket closes.
 const FLUSH_GRACE: Duration = Duration::from_millis(500);
 
@@ -172,6 +173,12 @@ impl Connection {
         }
     }
 
+    /// Cuts one stream whose node ignored its credit window: the rest of the connection goes on.
+    fn cut(&self, node_id: &str, cancel: pb::CancelRequest) {
+        tracing::warn!(node_id, run_id = %cancel.run_id, request_id = %cancel.request_id, "node overran the stream window: stream cut");
+        self.edge.send_control(&self.outbound, cancel.into());
+    }
+
     async fn dispatch(&mut self, node_id: &str, generation: Generation, envelope: pb::Envelope) {
         let name = kind(&envelope);
         let Some(message) = envelope.message else {
@@ -214,17 +221,7 @@ impl Connection {
                 };
                 let run_id = event.run_id.clone();
                 if session.deliver_run_event(event) == Delivery::Overflow {
-                    tracing::warn!(node_id, %run_id, "node overran the stream window: run cut");
-                    self.edge.send_control(
-                        &self.outbound,
-                        pb::CancelRequest {
-                            kind: pb::CancelKind::CancelRun as i32,
-                            run_id,
-                            reason: "stream window overrun".into(),
-                            ..Default::default()
-                        }
-                        .into(),
-                    );
+                    self.cut(node_id, pb::CancelRequest::run(&run_id, WINDOW_OVERRUN));
                 }
             }
             Message::ProviderTunnelFrame(frame) => {
@@ -234,16 +231,9 @@ impl Connection {
                 };
                 let request_id = frame.request_id.clone();
                 if session.deliver_tunnel_frame(frame) == Delivery::Overflow {
-                    tracing::warn!(node_id, %request_id, "node overran the stream window: tunnel cut");
-                    self.edge.send_control(
-                        &self.outbound,
-                        pb::CancelRequest {
-                            kind: pb::CancelKind::CancelTunnel as i32,
-                            request_id,
-                            reason: "stream window overrun".into(),
-                            ..Default::default()
-                        }
-                        .into(),
+                    self.cut(
+                        node_id,
+                        pb::CancelRequest::tunnel(&request_id, WINDOW_OVERRUN),
                     );
                 }
             }

@@ -97,19 +97,18 @@ impl RunSink {
     }
 
     pub async fn delta(&mut self, text: &str) -> Result<(), SinkClosed> {
-        if text.is_empty() {
-            return Ok(());
-        }
-        let mut e = Self::event(RunEventKind::Delta);
-        e.text = text.to_string();
-        self.send(e).await
+        self.text(RunEventKind::Delta, text).await
     }
 
     pub async fn reasoning(&mut self, text: &str) -> Result<(), SinkClosed> {
+        self.text(RunEventKind::ReasoningDelta, text).await
+    }
+
+    async fn text(&mut self, kind: RunEventKind, text: &str) -> Result<(), SinkClosed> {
         if text.is_empty() {
             return Ok(());
         }
-        let mut e = Self::event(RunEventKind::ReasoningDelta);
+        let mut e = Self::event(kind);
         e.text = text.to_string();
         self.send(e).await
     }

@@ -66,3 +66,25 @@ impl pb::RunEvent {
         )
     }
 }
+
+impl pb::CancelRequest {
+    /// Cancel one run.
+    pub fn run(run_id: &str, reason: &str) -> Self {
+        Self {
+            kind: pb::CancelKind::CancelRun as i32,
+            run_id: run_id.to_string(),
+            reason: reason.to_string(),
+            ..Default::default()
+        }
+    }
+
+    /// Cancel one provider tunnel.
+    pub fn tunnel(request_id: &str, reason: &str) -> Self {
+        Self {
+            kind: pb::CancelKind::CancelTunnel as i32,
+            request_id: request_id.to_string(),
+            reason: reason.to_string(),
+            ..Default::default()
+        }
+    }
+}

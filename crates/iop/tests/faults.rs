@@ -157,11 +157,7 @@ nodes:
         .await
         .unwrap();
     let mut seen = String::new();
-    while !seen.contains("tick") {
-        seen.push_str(&String::from_utf8_lossy(
-            &run.chunk().await.unwrap().unwrap(),
-        ));
-    }
+    read_until(&mut run, &mut seen, |s| s.contains("tick")).await;
     let pid: i32 = std::fs::read_to_string(dir.path().join("ticker.pid"))
         .unwrap()
         .trim()
@@ -169,12 +165,7 @@ nodes:
         .unwrap();
     proxy.cut();
     // The client's stream ends with exactly one error terminal.
-    while let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(5), run.chunk())
-        .await
-        .unwrap()
-    {
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    read_to_end(&mut run, &mut seen, Duration::from_secs(5)).await;
     let terminals: Vec<String> = sse_events(&seen)
         .into_iter()
         .map(|(k, _)| k)
@@ -197,19 +188,13 @@ async fn kill_9_mid_stream_errors_the_client_within_a_second_and_returns_the_lea
     wait_ready(&edge, "n1").await;
     let mut response = streaming(&edge, "pool").send().await.unwrap();
     let mut seen = String::new();
-    while seen.matches("content").count() < 5 {
-        seen.push_str(&String::from_utf8_lossy(
-            &response.chunk().await.unwrap().unwrap(),
-        ));
-    }
+    read_until(&mut response, &mut seen, |s| {
+        s.matches("content").count() >= 5
+    })
+    .await;
     let killed = Instant::now();
     node.kill9();
-    while let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(2), response.chunk())
-        .await
-        .unwrap()
-    {
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    read_to_end(&mut response, &mut seen, Duration::from_secs(2)).await;
     assert!(
         killed.elapsed() < Duration::from_secs(1),
         "error after {:?}",
@@ -235,19 +220,13 @@ async fn sigstop_mid_stream_errors_within_the_heartbeat_and_the_node_returns_as_
     wait_ready(&edge, "n1").await;
     let mut response = streaming(&edge, "pool").send().await.unwrap();
     let mut seen = String::new();
-    while seen.matches("content").count() < 3 {
-        seen.push_str(&String::from_utf8_lossy(
-            &response.chunk().await.unwrap().unwrap(),
-        ));
-    }
+    read_until(&mut response, &mut seen, |s| {
+        s.matches("content").count() >= 3
+    })
+    .await;
     node.signal(Signal::SIGSTOP);
     let stopped = Instant::now();
-    while let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(8), response.chunk())
-        .await
-        .unwrap()
-    {
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    read_to_end(&mut response, &mut seen, Duration::from_secs(8)).await;
     let took = stopped.elapsed();
     assert!(took < Duration::from_secs(6), "error after {took:?}");
     assert!(
@@ -350,20 +329,11 @@ async fn sigterm_ends_the_node_cleanly_after_closing_its_runs() {
     wait_ready(&edge, "n1").await;
     let mut response = streaming(&edge, "pool").send().await.unwrap();
     let mut seen = String::new();
-    while !seen.contains("content") {
-        seen.push_str(&String::from_utf8_lossy(
-            &response.chunk().await.unwrap().unwrap(),
-        ));
-    }
+    read_until(&mut response, &mut seen, |s| s.contains("content")).await;
     node.signal(Signal::SIGTERM);
     let status = node.wait_exit(Duration::from_secs(5)).await;
     assert_eq!(status.code(), Some(0), "{}", node.log());
-    while let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(2), response.chunk())
-        .await
-        .unwrap()
-    {
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    read_to_end(&mut response, &mut seen, Duration::from_secs(2)).await;
     let errors = sse_events(&seen)
         .iter()
         .filter(|(_, d)| d.contains("\"error\""))

@@ -252,12 +252,7 @@ async fn waiters_of_a_killed_node_end_unavailable_at_once_and_its_leases_return(
     node.kill9();
     // The running stream ends with an error event.
     let mut seen = String::new();
-    while let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(2), running.chunk())
-        .await
-        .unwrap()
-    {
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    read_to_end(&mut running, &mut seen, Duration::from_secs(2)).await;
     assert!(
         killed.elapsed() < Duration::from_secs(1),
         "stream ended after {:?}",

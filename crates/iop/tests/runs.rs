@@ -271,22 +271,15 @@ async fn start_streaming(
         .unwrap()
         .to_string();
     let mut seen = String::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while seen.matches("event: delta").count() < deltas {
-        assert!(Instant::now() < deadline, "no deltas: {seen}");
-        let chunk = response.chunk().await.unwrap().expect("stream ended early");
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    read_until(&mut response, &mut seen, |s| {
+        s.matches("event: delta").count() >= deltas
+    })
+    .await;
     (run_id, response, seen)
 }
 
 async fn rest(mut response: reqwest::Response, mut seen: String) -> Vec<(String, Value)> {
-    while let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(10), response.chunk())
-        .await
-        .unwrap()
-    {
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    read_to_end(&mut response, &mut seen, Duration::from_secs(10)).await;
     sse_events(&seen)
         .into_iter()
         .map(|(k, d)| (k, serde_json::from_str(&d).unwrap()))

@@ -62,12 +62,7 @@ impl Edge {
             .ok_or_else(|| CommandError::UnknownRun(run_id.to_string()))?;
         self.cancel(
             &session,
-            pb::CancelRequest {
-                kind: pb::CancelKind::CancelRun as i32,
-                run_id: run_id.to_string(),
-                reason: "cancelled by request".into(),
-                ..Default::default()
-            },
+            pb::CancelRequest::run(run_id, "cancelled by request"),
         )
         .await
     }

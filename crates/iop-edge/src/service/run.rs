@@ -226,13 +226,7 @@ impl Drop for RunStream {
         inner.session.close_stream(&inner.run_id);
         inner.edge.send_control(
             &inner.session.outbound,
-            pb::CancelRequest {
-                kind: pb::CancelKind::CancelRun as i32,
-                run_id: inner.run_id.clone(),
-                reason: "client disconnected".into(),
-                ..Default::default()
-            }
-            .into(),
+            pb::CancelRequest::run(&inner.run_id, "client disconnected").into(),
         );
     }
 }

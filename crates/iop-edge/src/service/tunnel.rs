@@ -163,13 +163,7 @@ impl Drop for TunnelStream {
         self.session.close_stream(&self.request_id);
         self.edge.send_control(
             &self.session.outbound,
-            pb::CancelRequest {
-                kind: pb::CancelKind::CancelTunnel as i32,
-                request_id: self.request_id.clone(),
-                reason: "client disconnected".into(),
-                ..Default::default()
-            }
-            .into(),
+            pb::CancelRequest::tunnel(&self.request_id, "client disconnected").into(),
         );
     }
 }

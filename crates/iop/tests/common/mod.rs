@@ -492,3 +492,34 @@ pub async fn wait_idle(edge: &EdgeProc) {
     )
     .await;
 }
+
+/// Reads a streaming response until `done` holds for everything read so far.
+pub async fn read_until(
+    response: &mut reqwest::Response,
+    seen: &mut String,
+    done: impl Fn(&str) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done(seen) {
+        let chunk = tokio::time::timeout_at(deadline, response.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("the stream stalled; read so far: {seen}"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("the stream ended early; read: {seen}"));
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+/// Reads a streaming response to its end (a broken body counts as the end); every chunk
+/// must come within `gap`.
+pub async fn read_to_end(response: &mut reqwest::Response, seen: &mut String, gap: Duration) {
+    loop {
+        let chunk = tokio::time::timeout(gap, response.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("the stream did not end within {gap:?}; read: {seen}"));
+        match chunk {
+            Ok(Some(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+            _ => return,
+        }
+    }
+}
