@@ -287,14 +287,7 @@ async fn usage_events_carry_the_provider_reported_breakdown() {
     assert_eq!(by(4)["path"], "run");
     assert_eq!(by(4)["output_tokens"], 16);
     // The same counts reach /metrics.
-    let metrics = client()
-        .get(s.edge.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&s.edge.url("/metrics")).await;
     assert!(metrics.contains("iop_usage_tokens_total{model_group=\"cached\",node=\"n1\",provider=\"oac\",kind=\"cached_input\"} 7"), "{metrics}");
     let _ = &s.cached;
 }

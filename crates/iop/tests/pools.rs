@@ -100,14 +100,7 @@ async fn two_aliases_share_one_slot_and_waiters_run_in_order() {
     wait_idle(&edge).await;
     let snapshot = status(&edge).await;
     assert_eq!(snapshot["leases"]["acquired"], 3, "{snapshot}");
-    let metrics = client()
-        .get(edge.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&edge.url("/metrics")).await;
     assert!(
         metrics
             .contains("iop_provider_in_flight{node=\"n1\",provider=\"shared\",lane=\"normal\"} 0"),

@@ -262,6 +262,17 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+pub async fn get_text(url: &str) -> String {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 pub async fn get_json(url: &str) -> Value {
     client()
         .get(url)
