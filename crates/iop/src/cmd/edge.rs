@@ -9,9 +9,11 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::{EXIT_CONFIG, Failure};
 
-/// SIGHUP re-reads the config file and applies it without dropping connections; listen
-/// addresses, max_frame_bytes and limits.max_body_bytes need a restart.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+SIGHUP re-reads the config file and applies it without dropping connections (listen
+addresses, max_frame_bytes and limits.max_body_bytes need a restart). configs/edge.yaml
+documents every field.")]
 pub struct Args {
     /// Edge config file (nodes, tokens, providers, model groups).
     #[arg(long, short, default_value = "configs/edge.yaml")]

@@ -8,10 +8,14 @@ use iop_node::{EdgeTarget, NodeConfig, NodeExit, NodeRuntime, supervise};
 
 use super::{EXIT_CONFIG, EXIT_EXHAUSTED, Failure};
 
-/// Exit status: 0 after a clean shutdown, 2 for a config or credential error (the edge
-/// does not know the token, the config cannot be applied), 3 when the reconnect budget
-/// (reconnect.max_attempts) runs out, 1 for anything else.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+The node gets its providers from the edge at registration and reconnects by itself under
+reconnect.max_attempts (default 10, 0 = unlimited) and reconnect.interval_sec (default 10).
+
+Exit status: 0 after SIGINT/SIGTERM (runs are cancelled and their clients told), 2 for a
+config or credential error (e.g. the edge does not know the token), 3 when the retry
+budget runs out, 1 for anything else.")]
 pub struct Args {
     /// Node config file (edge address, token, store, reconnect policy). Optional: flags
     /// and defaults cover everything.
