@@ -27,6 +27,9 @@ use tokio::net::TcpListener;
 pub use config::EdgeConfig;
 pub use service::Edge;
 
+/// How long a shutdown waits for open responses before closing them.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A started edge: its bound addresses and the tasks serving them.
 pub struct EdgeServer {
     pub edge: Arc<Edge>,
@@ -70,10 +73,22 @@ impl EdgeServer {
         })
     }
 
-    /// Stops accepting, closes node connections and waits for the servers to finish.
+    /// Stops accepting, closes node connections and waits (a bounded time) for the servers
+    /// and the responses still streaming to finish.
     pub async fn shutdown(mut self) {
         self.edge.shutdown_token().cancel();
-        while self.tasks.join_next().await.is_some() {}
+        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                "responses still open after {}s: closing them",
+                SHUTDOWN_GRACE.as_secs()
+            );
+            self.tasks.abort_all();
+            while self.tasks.join_next().await.is_some() {}
+        }
         self.edge.tasks().close();
         let _ =
             tokio::time::timeout(std::time::Duration::from_secs(2), self.edge.tasks().wait()).await;

@@ -216,3 +216,23 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
         .unwrap();
     assert!(body.contains("event: complete"), "{body}");
 }
+
+#[tokio::test]
+async fn sigterm_stops_the_edge_promptly_even_with_open_streams() {
+    let dir = tempdir();
+    let mut edge = start_edge(dir.path(), CONFIG).await;
+    let _events = client()
+        .get(edge.url("/admin/events"))
+        .send()
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    edge.proc.signal(Signal::SIGTERM);
+    let status = edge.proc.wait_exit(Duration::from_secs(8)).await;
+    assert!(status.success(), "{}", edge.proc.log());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+}

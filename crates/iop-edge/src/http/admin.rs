@@ -68,8 +68,13 @@ async fn metrics(State(edge): State<Arc<Edge>>) -> Response {
 
 async fn events(State(edge): State<Arc<Edge>>) -> Response {
     let rx = edge.events.subscribe();
-    let body = stream::unfold(rx, |mut rx| async move {
-        let bytes = match rx.recv().await {
+    let shutdown = edge.shutdown_token().clone();
+    let body = stream::unfold((rx, shutdown), |(mut rx, shutdown)| async move {
+        let received = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            received = rx.recv() => received,
+        };
+        let bytes = match received {
             Ok(event) => {
                 let name = match &*event {
                     EdgeEvent::Node(_) => "node",
@@ -82,7 +87,7 @@ async fn events(State(edge): State<Arc<Edge>>) -> Response {
             Err(RecvError::Lagged(n)) => format!("event: lagged\ndata: {{\"missed\":{n}}}\n\n"),
             Err(RecvError::Closed) => return None,
         };
-        Some((Ok::<_, std::io::Error>(Bytes::from(bytes)), rx))
+        Some((Ok::<_, std::io::Error>(Bytes::from(bytes)), (rx, shutdown)))
     });
     (
         [
