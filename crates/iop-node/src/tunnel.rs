@@ -172,7 +172,7 @@ impl NodeRuntime {
                             observer.feed(&bytes);
                             // Chunks the provider already sent are relayed together: one
                             // frame instead of many when it bursts, no wait when it does not.
-                            let (bytes, next) = coalesce(bytes, &mut body, &mut observer);
+                            let (bytes, next) = coalesce(bytes, &mut body, &mut observer).await;
                             if !send_body(&out, &credit, &cancel, bytes).await {
                                 return self.end_tunnel(&request.request_id);
                             }
@@ -218,16 +218,32 @@ enum Pending {
     Error(crate::adapters::AdapterError),
 }
 
-/// Appends every chunk the body has ready right now (up to one frame's worth) to `first`.
-fn coalesce<S>(first: Bytes, body: &mut S, observer: &mut UsageObserver) -> (Bytes, Pending)
+/// Appends every chunk the provider already sent (up to one frame's worth) to `first`.
+///
+/// The HTTP client hands over one chunk at a time and decodes the next only once the
+/// previous one was taken, so when nothing is ready this yields to the scheduler once and
+/// looks again: what already arrived is then ready. It stops at the first yield that
+/// brought nothing, so a provider that is not bursting costs one scheduler round, never a
+/// wait.
+async fn coalesce<S>(first: Bytes, body: &mut S, observer: &mut UsageObserver) -> (Bytes, Pending)
 where
     S: futures::Stream<Item = Result<Bytes, crate::adapters::AdapterError>> + Unpin,
 {
     let mut merged: Option<bytes::BytesMut> = None;
     let mut len = first.len();
     let mut pending = Pending::Nothing;
+    let mut yielded = false;
     while len < MAX_BODY_FRAME {
-        match body.next().now_or_never() {
+        let next = match body.next().now_or_never() {
+            None if !yielded => {
+                yielded = true;
+                tokio::task::yield_now().await;
+                continue;
+            }
+            next => next,
+        };
+        yielded = false;
+        match next {
             Some(Some(Ok(more))) => {
                 observer.feed(&more);
                 len += more.len();
