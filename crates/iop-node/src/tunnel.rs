@@ -172,7 +172,8 @@ impl NodeRuntime {
                             observer.feed(&bytes);
                             // Chunks the provider already sent are relayed together: one
                             // frame instead of many when it bursts, no wait when it does not.
-                            let (bytes, next) = coalesce(bytes, &mut body, &mut observer).await;
+                            let (bytes, next) =
+                                coalesce(bytes, &mut body, &mut observer, response.sse).await;
                             if !send_body(&out, &credit, &cancel, bytes).await {
                                 return self.end_tunnel(&request.request_id);
                             }
@@ -221,18 +222,24 @@ enum Pending {
 /// Appends every chunk the provider already sent (up to one frame's worth) to `first`.
 ///
 /// The HTTP client hands over one chunk at a time and decodes the next only once the
-/// previous one was taken, so when nothing is ready this yields to the scheduler once and
-/// looks again: what already arrived is then ready. It stops at the first yield that
-/// brought nothing, so a provider that is not bursting costs one scheduler round, never a
-/// wait.
-async fn coalesce<S>(first: Bytes, body: &mut S, observer: &mut UsageObserver) -> (Bytes, Pending)
+/// previous one was taken, so for event streams (`yield_for_more`), when nothing is ready,
+/// this yields to the scheduler once and looks again: what already arrived is then ready.
+/// It stops at the first yield that brought nothing, so a provider that is not bursting
+/// costs one scheduler round, never a wait. A plain body (one JSON document) does not
+/// yield: there is rarely a second chunk.
+async fn coalesce<S>(
+    first: Bytes,
+    body: &mut S,
+    observer: &mut UsageObserver,
+    yield_for_more: bool,
+) -> (Bytes, Pending)
 where
     S: futures::Stream<Item = Result<Bytes, crate::adapters::AdapterError>> + Unpin,
 {
     let mut merged: Option<bytes::BytesMut> = None;
     let mut len = first.len();
     let mut pending = Pending::Nothing;
-    let mut yielded = false;
+    let mut yielded = !yield_for_more;
     while len < MAX_BODY_FRAME {
         let next = match body.next().now_or_never() {
             None if !yielded => {
@@ -242,7 +249,7 @@ where
             }
             next => next,
         };
-        yielded = false;
+        yielded = !yield_for_more;
         match next {
             Some(Some(Ok(more))) => {
                 observer.feed(&more);
