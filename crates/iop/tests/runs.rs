@@ -37,6 +37,15 @@ done
 
 const FAILING: &str = "echo partial; echo 'bad things' >&2; exit 3\n";
 
+/// Writes numbered lines as fast as it is allowed to, recording how many it wrote.
+const FIREHOSE: &str = r#"i=0
+while true; do
+  echo "line $i with some padding to make it longer"
+  i=$((i+1))
+  if [ $((i % 100)) -eq 0 ]; then echo $i > "$PIDDIR/written"; fi
+done
+"#;
+
 struct Setup {
     _dir: tempfile::TempDir,
     dir: std::path::PathBuf,
@@ -53,6 +62,7 @@ async fn setup() -> Setup {
         ("ticker.sh", TICKER),
         ("session.sh", SESSION),
         ("failing.sh", FAILING),
+        ("firehose.sh", FIREHOSE),
     ] {
         std::fs::write(path.join(name), body).unwrap();
     }
@@ -71,6 +81,7 @@ nodes:
       - {{id: ol, kind: ollama, base_url: "{ol}"}}
       - {{id: echo, kind: cli, cli: {{argv: [sh, "{d}/echo.sh"]}}}}
       - {{id: failing, kind: cli, cli: {{argv: [sh, "{d}/failing.sh"]}}}}
+      - {{id: firehose, kind: cli, cli: {{argv: [sh, "{d}/firehose.sh"], env: {{PIDDIR: "{d}"}}}}}}
       - {{id: ticker, kind: cli, cli: {{argv: [sh, "{d}/ticker.sh"], env: {{PIDDIR: "{d}"}}}}}}
       - {{id: chat, kind: cli, cli: {{argv: [sh, "{d}/session.sh"]}}}}
 "#,
@@ -569,4 +580,63 @@ async fn a_failing_store_is_logged_and_runs_still_complete() {
     s.node
         .wait_line("run store write failed", Duration::from_secs(5))
         .await;
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_stops_the_producer_instead_of_filling_memory() {
+    let s = setup().await;
+    let written = || -> u64 {
+        std::fs::read_to_string(s.dir.join("written"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let mut response = client()
+        .post(s.edge.url("/v1/runs"))
+        .json(&json!({"adapter": "firehose", "input": "go"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // Read a little, then stop reading: the program must soon be held up.
+    let mut seen = String::new();
+    read_until(&mut response, &mut seen, |t| t.contains("line 10 ")).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stalled_at = loop {
+        let before = written();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let after = written();
+        if after == before && after > 0 {
+            break after;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the program never slowed down: {after} lines"
+        );
+    };
+    // Held by flow control: a few windows and socket buffers' worth, not everything.
+    assert!(stalled_at < 2_000_000, "{stalled_at} lines buffered");
+    eprintln!("producer held after {stalled_at} lines");
+    // Reading again lets it go on.
+    let mut more = 0;
+    while written() <= stalled_at + 1000 {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+            .await
+            .expect("the stream moves again")
+            .unwrap()
+            .expect("the stream is still open");
+        more += chunk.len();
+    }
+    assert!(more > 0);
+    let run_id = seen
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .and_then(|d| serde_json::from_str::<Value>(d).ok())
+        .and_then(|v| v["run_id"].as_str().map(String::from))
+        .unwrap();
+    client()
+        .post(s.edge.url(&format!("/v1/runs/{run_id}/cancel")))
+        .send()
+        .await
+        .unwrap();
 }
