@@ -3,7 +3,9 @@
 
 use serde::Serialize;
 
-use crate::lease::{LaneCounts, LeaseTotals, ProviderKey};
+use std::collections::HashMap;
+
+use crate::lease::{AccountView, LaneCounts, LeaseTotals, ProviderKey};
 use crate::registry::OwnerState;
 use crate::service::Edge;
 
@@ -59,6 +61,20 @@ pub struct MemberStatus {
 impl Edge {
     pub fn snapshot(&self) -> StatusSnapshot {
         let config = self.config();
+        // Counters from one moment, under one lock.
+        let (views, waiting, leases) = self.admission.inspect(|s| {
+            let l = s.leases();
+            let views: HashMap<ProviderKey, AccountView> = l
+                .accounts()
+                .map(|id| (l.key(id).clone(), l.view(id)))
+                .collect();
+            let waiting: HashMap<String, LaneCounts> = s
+                .group_names()
+                .enumerate()
+                .map(|(i, name)| (name.to_string(), s.waiting(i)))
+                .collect();
+            (views, waiting, l.totals())
+        });
         let nodes = config
             .nodes
             .iter()
@@ -70,11 +86,7 @@ impl Edge {
                     .providers
                     .iter()
                     .map(|p| {
-                        let view = self.admission.inspect(|s| {
-                            s.leases()
-                                .account(&ProviderKey::new(&node.id, &p.id))
-                                .map(|id| s.leases().view(id))
-                        });
+                        let view = views.get(&ProviderKey::new(&node.id, &p.id)).copied();
                         let (capacity, in_flight) =
                             view.map(|v| (v.capacity, v.in_flight)).unwrap_or_default();
                         let online = ready && view.is_some_and(|v| v.online);
@@ -125,11 +137,7 @@ impl Edge {
             .iter()
             .map(|g| GroupStatus {
                 name: g.name.clone(),
-                waiting: self.admission.inspect(|s| {
-                    s.group_index(&g.name)
-                        .map(|i| s.waiting(i))
-                        .unwrap_or_default()
-                }),
+                waiting: waiting.get(&g.name).copied().unwrap_or_default(),
                 members: g
                     .members
                     .iter()
@@ -144,7 +152,7 @@ impl Edge {
         StatusSnapshot {
             nodes,
             model_groups,
-            leases: self.admission.inspect(|s| s.leases().totals()),
+            leases,
         }
     }
 }
