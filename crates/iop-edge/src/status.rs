@@ -1,9 +1,9 @@
 //! The `/admin/status` snapshot: every configured node and provider, connected or not, with
 //! capacity and in-flight per lane, and the waiting count of every model group.
 
-use serde::Serialize;
-
 use std::collections::HashMap;
+
+use serde::Serialize;
 
 use crate::lease::{AccountView, LaneCounts, LeaseTotals, ProviderKey};
 use crate::registry::OwnerState;
