@@ -1,0 +1,246 @@
+//! The OpenAI-compatible half of the mock: `/v1/models`, `/v1/chat/completions`,
+//! `/v1/completions` (streaming and not) and `/v1/embeddings`.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::stream;
+use serde_json::{Value, json};
+
+use super::{Mock, Tracked, bad_request, full_text, hang, parse, prompt_of, word};
+
+pub(crate) async fn models() -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{"id": "mock-model", "object": "model", "created": 0, "owned_by": "iop-mock"}],
+    }))
+    .into_response()
+}
+
+fn openai_error(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}})),
+    )
+        .into_response()
+}
+
+fn sse_response(body: Body) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OpenAiOp {
+    Chat,
+    Completion,
+}
+
+pub(crate) async fn chat(State(mock): State<Mock>, body: Bytes) -> Response {
+    openai(mock, body, OpenAiOp::Chat).await
+}
+
+pub(crate) async fn completions(State(mock): State<Mock>, body: Bytes) -> Response {
+    openai(mock, body, OpenAiOp::Completion).await
+}
+
+async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
+    let body = match parse(&body) {
+        Ok(b) => b,
+        Err(e) => return bad_request(e),
+    };
+    let mut tracked = Tracked::new(&mock.stats);
+    let plan = mock.plan(&body, &prompt_of(&body));
+    if plan.model.contains("fail-500") {
+        tracked.finish();
+        return openai_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "mock provider failure (model fail-500)",
+        );
+    }
+    if plan.model.contains("hang") {
+        return hang(tracked).await;
+    }
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = body
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    // Deterministic, so a response relayed through iop can be compared byte for byte.
+    let id = match op {
+        OpenAiOp::Chat => "chatcmpl-mock",
+        OpenAiOp::Completion => "cmpl-mock",
+    };
+    let (object, chunk_object) = match op {
+        OpenAiOp::Chat => ("chat.completion", "chat.completion.chunk"),
+        OpenAiOp::Completion => ("text_completion", "text_completion"),
+    };
+    if !stream {
+        for _ in 0..plan.tokens {
+            if !plan.delay.is_zero() {
+                tokio::time::sleep(plan.delay).await;
+            }
+        }
+        if plan.model.contains("error-mid-stream") {
+            tracked.finish();
+            return openai_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "mock provider failed mid-generation",
+            );
+        }
+        let text = full_text(plan.tokens);
+        let choice = match op {
+            OpenAiOp::Chat => {
+                let mut message = json!({"role": "assistant", "content": text});
+                if plan.reasoning {
+                    message["reasoning_content"] = json!("thinking hard");
+                }
+                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": plan.finish})
+            }
+            OpenAiOp::Completion => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": plan.finish})
+            }
+        };
+        tracked.finish();
+        return axum::Json(json!({
+            "id": id, "object": object, "created": 1700000000u64, "model": plan.model,
+            "choices": [choice], "usage": mock.usage(&plan),
+        }))
+        .into_response();
+    }
+    // Streaming: one SSE event per token.
+    let usage = mock.usage(&plan);
+    let mut events: Vec<(Duration, String)> = Vec::new();
+    let chunk = |delta: Value, finish: Value| -> String {
+        let choice = match op {
+            OpenAiOp::Chat => {
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            OpenAiOp::Completion => {
+                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "logprobs": null, "finish_reason": finish})
+            }
+        };
+        let mut c = json!({"id": id, "object": chunk_object, "created": 1700000000u64, "model": plan.model, "choices": [choice]});
+        if include_usage {
+            c["usage"] = Value::Null;
+        }
+        format!("data: {c}\n\n")
+    };
+    if op == OpenAiOp::Chat {
+        events.push((
+            Duration::ZERO,
+            chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+        ));
+    }
+    if plan.reasoning {
+        for r in ["thinking ", "hard"] {
+            events.push((
+                plan.delay,
+                chunk(json!({"reasoning_content": r}), Value::Null),
+            ));
+        }
+    }
+    let fail_at = plan
+        .model
+        .contains("error-mid-stream")
+        .then_some(plan.tokens / 2);
+    for i in 0..plan.tokens {
+        if Some(i) == fail_at {
+            events.push((
+                plan.delay,
+                format!("data: {}\n\n", json!({"error": {"message": "mock provider failed mid-stream", "type": "server_error", "param": null, "code": null}})),
+            ));
+            break;
+        }
+        events.push((
+            plan.delay,
+            chunk(
+                json!({"content": word(i, i + 1 == plan.tokens)}),
+                Value::Null,
+            ),
+        ));
+    }
+    if fail_at.is_none() {
+        events.push((Duration::ZERO, chunk(json!({}), json!(plan.finish))));
+        if include_usage {
+            let c = json!({"id": id, "object": chunk_object, "created": 1700000000u64, "model": plan.model, "choices": [], "usage": usage});
+            events.push((Duration::ZERO, format!("data: {c}\n\n")));
+        }
+        events.push((Duration::ZERO, "data: [DONE]\n\n".to_string()));
+    }
+    sse_response(paced(events, tracked))
+}
+
+/// A body that sends each event after its delay and counts the response when it ends.
+pub(crate) fn paced(events: Vec<(Duration, String)>, tracked: Tracked) -> Body {
+    let state = (events.into_iter(), tracked);
+    Body::from_stream(stream::unfold(
+        state,
+        |(mut events, mut tracked)| async move {
+            match events.next() {
+                Some((delay, text)) => {
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    Some((
+                        Ok::<_, std::io::Error>(Bytes::from(text)),
+                        (events, tracked),
+                    ))
+                }
+                None => {
+                    tracked.finish();
+                    None
+                }
+            }
+        },
+    ))
+}
+
+pub(crate) async fn embeddings(State(mock): State<Mock>, body: Bytes) -> Response {
+    let body = match parse(&body) {
+        Ok(b) => b,
+        Err(e) => return bad_request(e),
+    };
+    let mut tracked = Tracked::new(&mock.stats);
+    let inputs: Vec<String> = match body.get("input") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_string())
+            .collect(),
+        _ => vec![],
+    };
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let mut h: u64 = 1469598103934665603;
+            for b in text.bytes() {
+                h = (h ^ b as u64).wrapping_mul(1099511628211);
+            }
+            let vector: Vec<f64> = (0..8)
+                .map(|k| ((h >> (k * 8)) & 0xff) as f64 / 255.0)
+                .collect();
+            json!({"object": "embedding", "index": i, "embedding": vector})
+        })
+        .collect();
+    let tokens: u64 = inputs
+        .iter()
+        .map(|t| t.split_whitespace().count() as u64)
+        .sum();
+    tracked.finish();
+    axum::Json(json!({
+        "object": "list", "data": data, "model": body.get("model").cloned().unwrap_or(json!("mock")),
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+    .into_response()
+}
