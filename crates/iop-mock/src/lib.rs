@@ -150,6 +150,15 @@ struct Plan {
 }
 
 impl Mock {
+    /// Parses a request and starts counting it: the body, its tracker and its plan, or why
+    /// the body is not JSON.
+    fn begin(&self, body: &Bytes) -> Result<(Value, Tracked, Plan), String> {
+        let body = parse(body)?;
+        let tracked = Tracked::new(&self.stats);
+        let plan = self.plan(&body, &prompt_of(&body));
+        Ok((body, tracked, plan))
+    }
+
     fn plan(&self, body: &Value, prompt: &str) -> Plan {
         let model = body
             .get("model")

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::openai::paced;
-use super::{Mock, Tracked, bad_request, full_text, hang, parse, prompt_of, word};
+use super::{Mock, bad_request, full_text, hang, word};
 
 pub(crate) async fn ollama_chat(State(mock): State<Mock>, body: Bytes) -> Response {
     ollama(mock, body, true).await
@@ -21,12 +21,10 @@ pub(crate) async fn ollama_generate(State(mock): State<Mock>, body: Bytes) -> Re
 }
 
 async fn ollama(mock: Mock, body: Bytes, chat: bool) -> Response {
-    let body = match parse(&body) {
-        Ok(b) => b,
+    let (body, mut tracked, plan) = match mock.begin(&body) {
+        Ok(begun) => begun,
         Err(e) => return bad_request(e),
     };
-    let mut tracked = Tracked::new(&mock.stats);
-    let plan = mock.plan(&body, &prompt_of(&body));
     if plan.model.contains("fail-500") {
         tracked.finish();
         return (

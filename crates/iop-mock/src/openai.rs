@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use futures::stream;
 use serde_json::{Value, json};
 
-use super::{Mock, Tracked, bad_request, full_text, hang, parse, prompt_of, word};
+use super::{Mock, Tracked, bad_request, full_text, hang, parse, word};
 
 pub(crate) async fn models() -> Response {
     axum::Json(json!({
@@ -54,12 +54,10 @@ pub(crate) async fn completions(State(mock): State<Mock>, body: Bytes) -> Respon
 }
 
 async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
-    let body = match parse(&body) {
-        Ok(b) => b,
+    let (body, mut tracked, plan) = match mock.begin(&body) {
+        Ok(begun) => begun,
         Err(e) => return bad_request(e),
     };
-    let mut tracked = Tracked::new(&mock.stats);
-    let plan = mock.plan(&body, &prompt_of(&body));
     if plan.model.contains("fail-500") {
         tracked.finish();
         return openai_error(

@@ -120,7 +120,6 @@ impl CliAdapter {
 
     /// One process for one run.
     async fn run_once(&self, input: RunInput, sink: &mut RunSink) -> Result<(), AdapterError> {
-        let closed = |_| AdapterError::new("stream_closed", "the run's stream closed");
         let mut child = self
             .command(&input)
             .spawn()
@@ -129,7 +128,7 @@ impl CliAdapter {
         let mut stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
         let mut stderr = child.stderr.take().expect("piped stderr");
-        sink.start(&input.target).await.map_err(closed)?;
+        sink.start(&input.target).await?;
         let prompt = input.prompt_text();
         let write = async move {
             let _ = stdin.write_all(prompt.as_bytes()).await;
@@ -149,7 +148,7 @@ impl CliAdapter {
                         if let Some(u) = parse_usage(&line) {
                             usage = Some(u);
                         } else {
-                            sink.delta(&format!("{line}\n")).await.map_err(closed)?;
+                            sink.delta(&format!("{line}\n")).await?;
                         }
                     }
                     Ok(None) => return Ok(usage),
@@ -170,8 +169,7 @@ impl CliAdapter {
         guard.0 = None;
         if status.success() {
             sink.complete(Some(usage.unwrap_or_default()), "stop")
-                .await
-                .map_err(closed)?;
+                .await?;
             Ok(())
         } else {
             Err(AdapterError::new(
@@ -191,7 +189,6 @@ impl CliAdapter {
         input: RunInput,
         sink: &mut RunSink,
     ) -> Result<(), AdapterError> {
-        let closed = |_| AdapterError::new("stream_closed", "the run's stream closed");
         let key = (input.target.clone(), input.session_id.clone());
         let session = self.session(&key, &input)?;
         let Ok(mut process) = session.process.try_lock() else {
@@ -206,7 +203,7 @@ impl CliAdapter {
             key: key.clone(),
             done: false,
         };
-        sink.start(&input.target).await.map_err(closed)?;
+        sink.start(&input.target).await?;
         let mut prompt = input.prompt_text();
         if !prompt.ends_with('\n') {
             prompt.push('\n');
@@ -232,7 +229,7 @@ impl CliAdapter {
                     if let Some(u) = parse_usage(&line) {
                         usage = Some(u);
                     } else {
-                        sink.delta(&format!("{line}\n")).await.map_err(closed)?;
+                        sink.delta(&format!("{line}\n")).await?;
                     }
                 }
                 Ok(None) | Err(_) => {
@@ -248,8 +245,7 @@ impl CliAdapter {
         }
         turn.done = true;
         sink.complete(Some(usage.unwrap_or_default()), "stop")
-            .await
-            .map_err(closed)?;
+            .await?;
         Ok(())
     }
 

@@ -129,6 +129,20 @@ impl HttpProvider {
         }
     }
 
+    /// Sends a request and returns the response if the provider accepted it (2xx); any
+    /// other status becomes an error with the provider's own message.
+    pub async fn accepted(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, AdapterError> {
+        let response = self.send(request).await?;
+        if response.status().is_success() {
+            Ok(response)
+        } else {
+            Err(self.status_error(response).await)
+        }
+    }
+
     /// One raw request for the tunnel: `headers` are sent as given (plus the provider's own),
     /// and the response comes back as status, headers and a byte stream.
     pub async fn exchange(

@@ -35,7 +35,6 @@ impl MockAdapter {
 #[async_trait]
 impl Adapter for MockAdapter {
     async fn execute(&self, input: RunInput, sink: &mut RunSink) -> Result<(), AdapterError> {
-        let closed = |_| AdapterError::new("stream_closed", "the run's stream closed");
         let configured = if self.spec.tokens == 0 {
             DEFAULT_TOKENS
         } else {
@@ -52,15 +51,13 @@ impl Adapter for MockAdapter {
             &self.spec.text
         };
         let words: Vec<&str> = text.split_whitespace().collect();
-        sink.start(&input.target).await.map_err(closed)?;
+        sink.start(&input.target).await?;
         if input.target.contains("mock-hang") {
             std::future::pending::<()>().await;
         }
         if self.spec.reasoning {
             for i in 0..REASONING_DELTAS {
-                sink.reasoning(&format!("thinking-{i} "))
-                    .await
-                    .map_err(closed)?;
+                sink.reasoning(&format!("thinking-{i} ")).await?;
             }
         }
         for i in 0..tokens {
@@ -79,7 +76,7 @@ impl Adapter for MockAdapter {
             } else {
                 format!("{word} ")
             };
-            sink.delta(&token).await.map_err(closed)?;
+            sink.delta(&token).await?;
         }
         if input.target.contains("mock-no-terminal") {
             return Ok(());
@@ -100,7 +97,7 @@ impl Adapter for MockAdapter {
             reasoning_tokens: self.spec.reasoning.then_some(REASONING_DELTAS),
             cached_input_tokens: None,
         };
-        sink.complete(Some(usage), finish).await.map_err(closed)?;
+        sink.complete(Some(usage), finish).await?;
         Ok(())
     }
 }

@@ -81,6 +81,12 @@ impl AdapterError {
     }
 }
 
+impl From<crate::sink::SinkClosed> for AdapterError {
+    fn from(_: crate::sink::SinkClosed) -> Self {
+        AdapterError::new("stream_closed", "the run's stream closed")
+    }
+}
+
 /// A live logical session (CLI processes kept across runs).
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionInfo {

@@ -65,10 +65,7 @@ impl OllamaAdapter {
                 )));
             }
         };
-        let response = self.provider.send(request).await?;
-        if !response.status().is_success() {
-            return Err(self.provider.status_error(response).await);
-        }
+        let response = self.provider.accepted(request).await?;
         response
             .json::<Value>()
             .await
@@ -83,12 +80,8 @@ impl Adapter for OllamaAdapter {
             .provider
             .request(reqwest::Method::POST, "/api/chat")
             .json(&self.body(&input));
-        let response = self.provider.send(request).await?;
-        if !response.status().is_success() {
-            return Err(self.provider.status_error(response).await);
-        }
-        let closed = |_| AdapterError::new("stream_closed", "the run's stream closed");
-        sink.start(&input.target).await.map_err(closed)?;
+        let response = self.provider.accepted(request).await?;
+        sink.start(&input.target).await?;
         let mut body = response.bytes_stream();
         let mut pending: Vec<u8> = Vec::new();
         loop {
@@ -101,7 +94,7 @@ impl Adapter for OllamaAdapter {
             while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = pending.drain(..=pos).collect();
                 if let Some(done) = self.line(&line, sink).await? {
-                    sink.complete(Some(done.0), &done.1).await.map_err(closed)?;
+                    sink.complete(Some(done.0), &done.1).await?;
                     return Ok(());
                 }
             }
@@ -109,7 +102,7 @@ impl Adapter for OllamaAdapter {
         if !pending.is_empty()
             && let Some(done) = self.line(&pending, sink).await?
         {
-            sink.complete(Some(done.0), &done.1).await.map_err(closed)?;
+            sink.complete(Some(done.0), &done.1).await?;
             return Ok(());
         }
         Err(AdapterError::new(
@@ -133,7 +126,6 @@ impl OllamaAdapter {
         line: &[u8],
         sink: &mut RunSink,
     ) -> Result<Option<(pb::Usage, String)>, AdapterError> {
-        let closed = |_| AdapterError::new("stream_closed", "the run's stream closed");
         let line = line.trim_ascii();
         if line.is_empty() {
             return Ok(None);
@@ -152,10 +144,10 @@ impl OllamaAdapter {
         }
         if let Some(message) = value.get("message") {
             if let Some(thinking) = message.get("thinking").and_then(Value::as_str) {
-                sink.reasoning(thinking).await.map_err(closed)?;
+                sink.reasoning(thinking).await?;
             }
             if let Some(content) = message.get("content").and_then(Value::as_str) {
-                sink.delta(content).await.map_err(closed)?;
+                sink.delta(content).await?;
             }
         }
         if value.get("done").and_then(Value::as_bool) == Some(true) {

@@ -63,12 +63,8 @@ impl Adapter for OpenAiCompatAdapter {
             .request(reqwest::Method::POST, "/chat/completions")
             .header("accept", "text/event-stream")
             .json(&self.body(&input));
-        let response = self.provider.send(request).await?;
-        if !response.status().is_success() {
-            return Err(self.provider.status_error(response).await);
-        }
-        let closed = |_| AdapterError::new("stream_closed", "the run's stream closed");
-        sink.start(&input.target).await.map_err(closed)?;
+        let response = self.provider.accepted(request).await?;
+        sink.start(&input.target).await?;
         let mut events = response.bytes_stream().eventsource();
         let mut usage = None;
         let mut finish = String::new();
@@ -107,17 +103,17 @@ impl Adapter for OpenAiCompatAdapter {
                     .or_else(|| delta.get("reasoning"))
                     .and_then(Value::as_str);
                 if let Some(text) = reasoning {
-                    sink.reasoning(text).await.map_err(closed)?;
+                    sink.reasoning(text).await?;
                 }
                 if let Some(text) = delta.get("content").and_then(Value::as_str) {
-                    sink.delta(text).await.map_err(closed)?;
+                    sink.delta(text).await?;
                 }
             }
             if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
                 finish = reason.to_string();
             }
         }
-        sink.complete(usage, &finish).await.map_err(closed)?;
+        sink.complete(usage, &finish).await?;
         Ok(())
     }
 
