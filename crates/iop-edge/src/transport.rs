@@ -12,9 +12,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use iop_proto::envelope::kind;
 use iop_proto::pb::{self, envelope::Message};
-use iop_proto::{FrameReader, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Outbound, split_stream};
+use iop_proto::{FrameReader, Heartbeat, Outbound, split_stream};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::{Instant, MissedTickBehavior, timeout, timeout_at};
+use tokio::time::{timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -143,31 +143,22 @@ impl Connection {
     /// Serves a registered connection until it ends; returns why it ended.
     async fn serve(&mut self, node_id: &str, generation: Generation) -> String {
         let shutdown = self.edge.shutdown_token().clone();
-        let mut ticker = tokio::time::interval(HEARTBEAT_INTERVAL);
-        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut nonce = 0u64;
-        let mut deadline = Instant::now() + HEARTBEAT_TIMEOUT;
+        let mut heartbeat = Heartbeat::new();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return "edge shutting down".into(),
                 _ = self.kick.cancelled() => return "node removed from the edge config".into(),
-                frame = timeout_at(deadline, self.reader.next()) => match frame {
-                    Err(_) => {
-                        return format!(
-                            "heartbeat timeout: nothing received for {}s",
-                            HEARTBEAT_TIMEOUT.as_secs()
-                        );
-                    }
+                frame = timeout_at(heartbeat.deadline(), self.reader.next()) => match frame {
+                    Err(_) => return heartbeat.timeout_reason("node"),
                     Ok(None) => return "connection closed by the node".into(),
                     Ok(Some(Err(err))) => return format!("bad frame: {err}"),
                     Ok(Some(Ok(envelope))) => {
-                        deadline = Instant::now() + HEARTBEAT_TIMEOUT;
+                        heartbeat.seen();
                         self.dispatch(node_id, generation, envelope).await;
                     }
                 },
-                _ = ticker.tick() => {
-                    nonce += 1;
-                    self.outbound.try_send(pb::Ping { nonce });
+                ping = heartbeat.ping() => {
+                    self.outbound.try_send(ping);
                 }
             }
         }

@@ -10,9 +10,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use iop_proto::envelope::kind;
 use iop_proto::pb::{self, envelope::Message};
-use iop_proto::{FrameReader, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Outbound, split_stream};
+use iop_proto::{FrameReader, Heartbeat, Outbound, split_stream};
 use tokio::net::TcpStream;
-use tokio::time::{Instant, MissedTickBehavior, timeout, timeout_at};
+use tokio::time::{Instant, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -245,30 +245,23 @@ impl Session {
     }
 
     async fn serve(&mut self, shutdown: &CancellationToken) -> SessionEnd {
-        let mut ticker = tokio::time::interval(HEARTBEAT_INTERVAL);
-        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut nonce = 0u64;
-        let mut deadline = Instant::now() + HEARTBEAT_TIMEOUT;
+        let mut heartbeat = Heartbeat::new();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return SessionEnd::Shutdown,
-                frame = timeout_at(deadline, self.reader.next()) => match frame {
-                    Err(_) => return retry(format!(
-                        "heartbeat timeout: nothing from the edge for {}s",
-                        HEARTBEAT_TIMEOUT.as_secs()
-                    )),
+                frame = timeout_at(heartbeat.deadline(), self.reader.next()) => match frame {
+                    Err(_) => return retry(heartbeat.timeout_reason("edge")),
                     Ok(None) => return retry("the edge closed the connection"),
                     Ok(Some(Err(e))) => return retry(format!("bad frame from the edge: {e}")),
                     Ok(Some(Ok(envelope))) => {
-                        deadline = Instant::now() + HEARTBEAT_TIMEOUT;
+                        heartbeat.seen();
                         if let Some(end) = self.dispatch(envelope) {
                             return end;
                         }
                     }
                 },
-                _ = ticker.tick() => {
-                    nonce += 1;
-                    self.outbound.try_send(pb::Ping { nonce });
+                ping = heartbeat.ping() => {
+                    self.outbound.try_send(ping);
                 }
             }
         }

@@ -7,6 +7,7 @@
 pub mod codec;
 pub mod connection;
 pub mod envelope;
+pub mod heartbeat;
 
 /// Generated protobuf types of package `iop.runtime.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -16,11 +17,7 @@ pub mod pb {
 
 pub use codec::{DEFAULT_MAX_FRAME_BYTES, EnvelopeCodec, FrameError};
 pub use connection::{FrameReader, Outbound, split_stream};
-
-/// Both sides send a `Ping` this often.
-pub const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
-/// A peer silent this long is gone (power loss, partition, a stopped process).
-pub const HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub use heartbeat::{HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat};
 
 /// The wire contract id this crate implements.
 pub const WIRE_CONTRACT: &str = "iop.edge-node-runtime-wire";
