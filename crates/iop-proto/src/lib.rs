@@ -1,6 +1,7 @@
 //! The Edge–Node wire (`iop.edge-node-runtime-wire`): the protobuf types generated from
 //! `proto/iop/runtime.proto`, the length-prefixed frame codec, and the split connection
-//! (frame reader + batching frame writer) both daemons run over a TCP socket.
+//! (frame reader + batching frame writer) both daemons run over a TCP socket, and the
+//! heartbeat both sides keep on it.
 //!
 //! Nothing above this crate sees bytes: the edge and the node exchange [`pb::Envelope`]s.
 
