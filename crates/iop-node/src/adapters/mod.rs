@@ -45,6 +45,38 @@ impl RunInput {
         }
     }
 
+    /// The chat messages as JSON `{role, content}` objects.
+    pub fn messages_json(&self) -> Vec<serde_json::Value> {
+        self.chat_messages()
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect()
+    }
+
+    /// The generation options that are set, as JSON fields; `max_tokens_key` is the
+    /// backend's name for the length limit.
+    pub fn options_json(&self, max_tokens_key: &str) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::json;
+        let o = &self.options;
+        let mut fields = serde_json::Map::new();
+        if let Some(n) = o.max_tokens {
+            fields.insert(max_tokens_key.into(), json!(n));
+        }
+        if let Some(t) = o.temperature {
+            fields.insert("temperature".into(), json!(t));
+        }
+        if let Some(p) = o.top_p {
+            fields.insert("top_p".into(), json!(p));
+        }
+        if !o.stop.is_empty() {
+            fields.insert("stop".into(), json!(o.stop));
+        }
+        if let Some(s) = o.seed {
+            fields.insert("seed".into(), json!(s));
+        }
+        fields
+    }
+
     /// The text a program-style backend reads: the plain input, or the last user message.
     pub fn prompt_text(&self) -> String {
         if !self.input.is_empty() {
@@ -169,5 +201,31 @@ pub fn kind_name(kind: pb::ProviderKind) -> &'static str {
         pb::ProviderKind::Ollama => "ollama",
         pb::ProviderKind::Cli => "cli",
         pb::ProviderKind::Unspecified => "unspecified",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_set_options_become_fields_under_the_backend_names() {
+        let input = RunInput {
+            input: "hi".into(),
+            options: pb::GenerationOptions {
+                max_tokens: Some(7),
+                seed: Some(3),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let fields = input.options_json("num_predict");
+        assert_eq!(fields.len(), 2);
+        assert_eq!(fields["num_predict"], 7);
+        assert_eq!(fields["seed"], 3);
+        assert_eq!(
+            input.messages_json(),
+            vec![serde_json::json!({"role": "user", "content": "hi"})]
+        );
     }
 }

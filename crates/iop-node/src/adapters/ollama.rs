@@ -21,29 +21,12 @@ impl OllamaAdapter {
     }
 
     fn body(&self, input: &RunInput) -> Value {
-        let messages: Vec<Value> = input
-            .chat_messages()
-            .iter()
-            .map(|m| json!({"role": m.role, "content": m.content}))
-            .collect();
-        let mut options = serde_json::Map::new();
-        let o = &input.options;
-        if let Some(n) = o.max_tokens {
-            options.insert("num_predict".into(), json!(n));
-        }
-        if let Some(t) = o.temperature {
-            options.insert("temperature".into(), json!(t));
-        }
-        if let Some(p) = o.top_p {
-            options.insert("top_p".into(), json!(p));
-        }
-        if !o.stop.is_empty() {
-            options.insert("stop".into(), json!(o.stop));
-        }
-        if let Some(s) = o.seed {
-            options.insert("seed".into(), json!(s));
-        }
-        json!({"model": input.target, "messages": messages, "stream": true, "options": options})
+        json!({
+            "model": input.target,
+            "messages": input.messages_json(),
+            "stream": true,
+            "options": input.options_json("num_predict"),
+        })
     }
 
     /// `GET /api/tags`, `GET /api/ps`, or `POST /api/show {model}`, as JSON.

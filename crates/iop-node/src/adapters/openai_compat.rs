@@ -24,34 +24,12 @@ impl OpenAiCompatAdapter {
     }
 
     fn body(&self, input: &RunInput) -> Value {
-        let messages: Vec<Value> = input
-            .chat_messages()
-            .iter()
-            .map(|m| json!({"role": m.role, "content": m.content}))
-            .collect();
-        let mut body = json!({
-            "model": input.target,
-            "messages": messages,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-        });
-        let o = &input.options;
-        if let Some(n) = o.max_tokens {
-            body["max_tokens"] = json!(n);
-        }
-        if let Some(t) = o.temperature {
-            body["temperature"] = json!(t);
-        }
-        if let Some(p) = o.top_p {
-            body["top_p"] = json!(p);
-        }
-        if !o.stop.is_empty() {
-            body["stop"] = json!(o.stop);
-        }
-        if let Some(s) = o.seed {
-            body["seed"] = json!(s);
-        }
-        body
+        let mut body = input.options_json("max_tokens");
+        body.insert("model".into(), json!(input.target));
+        body.insert("messages".into(), json!(input.messages_json()));
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+        Value::Object(body)
     }
 }
 
