@@ -14,6 +14,9 @@ use crate::pb::Envelope;
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 
 const HEADER_LEN: usize = 4;
+/// Free room kept in the read buffer while a frame is incomplete, so one read takes in
+/// whatever the peer sent (many small frames of a burst) instead of the few bytes left.
+const READ_ROOM: usize = 8 * 1024;
 
 /// Why a frame could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +57,7 @@ impl Decoder for EnvelopeCodec {
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Envelope>, FrameError> {
         if src.len() < HEADER_LEN {
+            src.reserve(READ_ROOM);
             return Ok(None);
         }
         let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
@@ -64,7 +68,7 @@ impl Decoder for EnvelopeCodec {
             });
         }
         if src.len() < HEADER_LEN + len {
-            src.reserve(HEADER_LEN + len - src.len());
+            src.reserve((HEADER_LEN + len - src.len()).max(READ_ROOM));
             return Ok(None);
         }
         src.advance(HEADER_LEN);

@@ -73,7 +73,7 @@ impl FrameWriterTask {
             }
             // Let the tasks that are ready right now add their frames to this write; when
             // nothing else is runnable this returns at once.
-            tokio::task::yield_now().await;
+            crate::yield_once().await;
             while let Ok(next) = self.rx.try_recv() {
                 self.sink.feed(next).await?;
             }

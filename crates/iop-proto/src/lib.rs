@@ -1,7 +1,8 @@
 //! The Edge–Node wire (`iop.edge-node-runtime-wire`): the protobuf types generated from
 //! `proto/iop/runtime.proto`, the length-prefixed frame codec, and the split connection
-//! (frame reader + batching frame writer) both daemons run over a TCP socket, and the
-//! heartbeat both sides keep on it.
+//! (frame reader + batching frame writer) both daemons run over a TCP socket, the
+//! heartbeat both sides keep on it, and the one-scheduler-round yield the relay path uses
+//! to batch what is ready into one write.
 //!
 //! Nothing above this crate sees bytes: the edge and the node exchange [`pb::Envelope`]s.
 
@@ -9,6 +10,7 @@ pub mod codec;
 pub mod connection;
 pub mod envelope;
 pub mod heartbeat;
+pub mod yield_once;
 
 /// Generated protobuf types of package `iop.runtime.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -19,6 +21,7 @@ pub mod pb {
 pub use codec::{DEFAULT_MAX_FRAME_BYTES, EnvelopeCodec, FrameError};
 pub use connection::{FrameReader, Outbound, split_stream};
 pub use heartbeat::{HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat};
+pub use yield_once::yield_once;
 
 /// The wire contract id this crate implements.
 pub const WIRE_CONTRACT: &str = "iop.edge-node-runtime-wire";
