@@ -33,10 +33,18 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
 struct TunnelOut<'a> {
     conn: &'a Connection,
     request_id: &'a str,
+    /// The response head, held back until the first frame after it is ready so that both
+    /// leave in the same write.
+    head: Option<(u32, Vec<pb::Header>)>,
 }
 
 impl TunnelOut<'_> {
-    async fn send(&self, frame: Frame) -> bool {
+    /// Sends one frame, after the held-back head if there is one.
+    async fn send(&mut self, frame: Frame) -> bool {
+        self.flush_head().await && self.frame(frame).await
+    }
+
+    async fn frame(&self, frame: Frame) -> bool {
         self.conn
             .outbound
             .send(pb::ProviderTunnelFrame {
@@ -47,7 +55,20 @@ impl TunnelOut<'_> {
             .is_ok()
     }
 
-    async fn error(&self, code: &str, message: String) {
+    /// Sends the held-back head now.
+    async fn flush_head(&mut self) -> bool {
+        match self.head.take() {
+            Some((status, headers)) => {
+                self.frame(Frame::Status(status)).await
+                    && self
+                        .frame(Frame::Headers(pb::TunnelHeaders { headers }))
+                        .await
+            }
+            None => true,
+        }
+    }
+
+    async fn error(&mut self, code: &str, message: String) {
         tracing::warn!(request_id = self.request_id, code, %message, "tunnel failed");
         self.send(Frame::Error(pb::TunnelError {
             code: code.to_string(),
@@ -67,9 +88,10 @@ impl NodeRuntime {
     }
 
     async fn tunnel(self: Arc<Self>, request: pb::ProviderTunnelRequest, conn: Connection) {
-        let out = TunnelOut {
+        let mut out = TunnelOut {
             conn: &conn,
             request_id: &request.request_id,
+            head: None,
         };
         let Some(instance) = self.adapter(&request.adapter) else {
             out.error(
@@ -139,16 +161,17 @@ impl NodeRuntime {
             Some(Ok(response)) => {
                 let mut observer = UsageObserver::new(response.sse, endpoint.dialect);
                 let mut body = response.body;
-                // When the body is already here (a complete JSON answer), the head and the
-                // body leave together in one write; otherwise the head goes out now.
+                // The head leaves together with the body bytes that came with it (a JSON
+                // answer, an event stream's first events) in one write. The HTTP client
+                // hands the body over only once asked, so give it one scheduler round;
+                // when the body is not there yet, the head goes out alone at once.
                 let mut early = body.next().now_or_never();
-                if !out.send(Frame::Status(response.status as u32)).await
-                    || !out
-                        .send(Frame::Headers(pb::TunnelHeaders {
-                            headers: response.headers,
-                        }))
-                        .await
-                {
+                if early.is_none() {
+                    iop_proto::yield_once().await;
+                    early = body.next().now_or_never();
+                }
+                out.head = Some((response.status as u32, response.headers));
+                if early.is_none() && !out.flush_head().await {
                     return self.end_tunnel(&request.request_id);
                 }
                 let ok = loop {
@@ -174,7 +197,7 @@ impl NodeRuntime {
                             // frame instead of many when it bursts, no wait when it does not.
                             let (bytes, next) =
                                 coalesce(bytes, &mut body, &mut observer, response.sse).await;
-                            if !send_body(&out, &credit, &cancel, bytes).await {
+                            if !send_body(&mut out, &credit, &cancel, bytes).await {
                                 return self.end_tunnel(&request.request_id);
                             }
                             match next {
@@ -244,7 +267,7 @@ where
         let next = match body.next().now_or_never() {
             None if !yielded => {
                 yielded = true;
-                tokio::task::yield_now().await;
+                iop_proto::yield_once().await;
                 continue;
             }
             next => next,
@@ -275,7 +298,7 @@ where
 /// Sends one provider chunk as body frames of at most [`MAX_BODY_FRAME`] bytes, each
 /// spending one frame of credit.
 async fn send_body(
-    out: &TunnelOut<'_>,
+    out: &mut TunnelOut<'_>,
     credit: &crate::stream::Credit,
     cancel: &tokio_util::sync::CancellationToken,
     mut bytes: Bytes,
