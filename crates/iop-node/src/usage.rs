@@ -5,7 +5,11 @@
 //! Only what the provider reports is carried: reasoning and cached-input counts stay
 //! `None` unless the provider sent them. Nothing is estimated.
 
+use std::borrow::Cow;
+
 use iop_proto::pb;
+use serde::Deserialize;
+use serde::de::{Deserializer, IgnoredAny};
 use serde_json::Value;
 
 /// Whose conventions a provider's `usage` follows.
@@ -18,26 +22,88 @@ pub enum UsageDialect {
     Vllm,
 }
 
+/// An OpenAI-style `usage` object: only the fields read, each tolerated when it is not a
+/// count (it then counts as not reported), the rest skipped without being built.
+#[derive(Debug, Default, Deserialize)]
+struct OpenAiUsage {
+    #[serde(default, deserialize_with = "lenient")]
+    prompt_tokens: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
+    completion_tokens: Option<u64>,
+    /// vLLM's older top-level field.
+    #[serde(default, deserialize_with = "lenient")]
+    reasoning_tokens: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
+    completion_tokens_details: Option<CompletionDetails>,
+    #[serde(default, deserialize_with = "lenient")]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionDetails {
+    #[serde(default, deserialize_with = "lenient")]
+    reasoning_tokens: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PromptDetails {
+    #[serde(default, deserialize_with = "lenient")]
+    cached_tokens: Option<u64>,
+}
+
+impl OpenAiUsage {
+    fn into_pb(self, dialect: UsageDialect) -> pb::Usage {
+        let mut reasoning = self
+            .completion_tokens_details
+            .and_then(|d| d.reasoning_tokens);
+        if reasoning.is_none() && dialect == UsageDialect::Vllm {
+            reasoning = self.reasoning_tokens;
+        }
+        pb::Usage {
+            input_tokens: self.prompt_tokens.unwrap_or(0),
+            output_tokens: self.completion_tokens.unwrap_or(0),
+            reasoning_tokens: reasoning,
+            cached_input_tokens: self.prompt_tokens_details.and_then(|d| d.cached_tokens),
+        }
+    }
+}
+
+/// `Some` for a value of the expected shape, `None` for `null` or anything else (a
+/// provider's odd field costs that field, not the whole observation).
+fn lenient<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Shape<T> {
+        Expected(T),
+        Other(IgnoredAny),
+    }
+    Ok(match Option::<Shape<T>>::deserialize(deserializer)? {
+        Some(Shape::Expected(value)) => Some(value),
+        _ => None,
+    })
+}
+
 /// Converts an OpenAI-style `usage` object; `None` if it is absent or null.
 pub fn from_openai(usage: &Value, dialect: UsageDialect) -> Option<pb::Usage> {
-    let obj = usage.as_object()?;
-    let count = |v: Option<&Value>| v.and_then(Value::as_u64);
-    let mut reasoning = count(
-        obj.get("completion_tokens_details")
-            .and_then(|d| d.get("reasoning_tokens")),
-    );
-    if reasoning.is_none() && dialect == UsageDialect::Vllm {
-        reasoning = count(obj.get("reasoning_tokens"));
+    if !usage.is_object() {
+        return None;
     }
-    Some(pb::Usage {
-        input_tokens: count(obj.get("prompt_tokens")).unwrap_or(0),
-        output_tokens: count(obj.get("completion_tokens")).unwrap_or(0),
-        reasoning_tokens: reasoning,
-        cached_input_tokens: count(
-            obj.get("prompt_tokens_details")
-                .and_then(|d| d.get("cached_tokens")),
-        ),
-    })
+    OpenAiUsage::deserialize(usage)
+        .ok()
+        .map(|u| u.into_pb(dialect))
+}
+
+/// What the observer reads of a response document or an SSE event.
+#[derive(Deserialize)]
+struct Observed<'a> {
+    #[serde(borrow, default, deserialize_with = "lenient")]
+    model: Option<Cow<'a, str>>,
+    #[serde(default, deserialize_with = "lenient")]
+    usage: Option<OpenAiUsage>,
 }
 
 /// Largest non-streaming body the observer buffers to look for usage.
@@ -104,42 +170,26 @@ impl UsageObserver {
         if self.model.is_some() && !has_usage_object(data) {
             return;
         }
-        if let Ok(value) = serde_json::from_slice::<Value>(data.trim_ascii()) {
-            self.observe(&value);
+        if let Ok(seen) = serde_json::from_slice::<Observed>(data.trim_ascii()) {
+            self.observe(seen);
         }
     }
 
-    fn observe(&mut self, value: &Value) {
-        if self.model.is_none()
-            && let Some(m) = value.get("model").and_then(Value::as_str)
-        {
-            self.model = Some(m.to_string());
+    fn observe(&mut self, seen: Observed) {
+        if self.model.is_none() {
+            self.model = seen.model.map(Cow::into_owned);
         }
-        if let Some(usage) = value
-            .get("usage")
-            .and_then(|u| from_openai(u, self.dialect))
-        {
-            self.usage = Some(usage);
+        if let Some(usage) = seen.usage {
+            self.usage = Some(usage.into_pb(self.dialect));
         }
     }
 
     /// The last usage the body reported, once it is complete.
     pub fn finish(&mut self) -> Option<pb::Usage> {
         if !self.sse && !self.overflowed && !self.buffer.is_empty() {
-            /// Only the observed fields; the rest of the document is skipped, not built.
-            #[derive(serde::Deserialize)]
-            struct Observed {
-                model: Option<String>,
-                usage: Option<Value>,
-            }
             let body = std::mem::take(&mut self.buffer);
             if let Ok(seen) = serde_json::from_slice::<Observed>(&body) {
-                if self.model.is_none() {
-                    self.model = seen.model;
-                }
-                if let Some(usage) = seen.usage.and_then(|u| from_openai(&u, self.dialect)) {
-                    self.usage = Some(usage);
-                }
+                self.observe(seen);
             }
         }
         self.usage.take()
@@ -223,6 +273,23 @@ mod tests {
                 .reasoning_tokens,
             None
         );
+    }
+
+    #[test]
+    fn odd_fields_cost_only_themselves() {
+        let u = from_openai(
+            &json!({"prompt_tokens": "many", "completion_tokens": 7,
+                    "prompt_tokens_details": "n/a", "completion_tokens_details": {"reasoning_tokens": 2}}),
+            UsageDialect::OpenAi,
+        )
+        .unwrap();
+        assert_eq!((u.input_tokens, u.output_tokens), (0, 7));
+        assert_eq!((u.reasoning_tokens, u.cached_input_tokens), (Some(2), None));
+
+        let mut o = UsageObserver::new(true, UsageDialect::OpenAi);
+        o.feed(b"data: {\"model\":\"m\",\"usage\":5}\n\n");
+        assert_eq!(o.model(), Some("m"));
+        assert!(o.finish().is_none());
     }
 
     #[test]
