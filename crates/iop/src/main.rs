@@ -3,6 +3,7 @@
 
 mod cmd;
 mod logging;
+mod runtime;
 mod signals;
 
 use std::process::ExitCode;
@@ -45,10 +46,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let threads = match &cli.command {
+        Command::Edge(args) => Some(args.runtime.threads),
+        Command::Node(args) => Some(args.runtime.threads),
+        Command::Demo(args) => Some(args.runtime.threads),
+        Command::MockProvider(_) | Command::Status(_) | Command::Bench(_) => None,
+    };
+    let runtime = match runtime::build(threads) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("iop: cannot start the async runtime: {e}");

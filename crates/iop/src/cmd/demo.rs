@@ -26,6 +26,8 @@ pub struct Args {
     /// Delay before each token, in milliseconds (so streaming is visible).
     #[arg(long, default_value_t = 25)]
     token_delay_ms: u32,
+    #[command(flatten)]
+    pub runtime: crate::runtime::ThreadsArg,
 }
 
 pub async fn run(args: Args) -> super::Result {

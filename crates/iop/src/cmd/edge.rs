@@ -24,6 +24,8 @@ pub struct Args {
     /// Serve HTTP here instead of the config's `listen.http`.
     #[arg(long, value_name = "ADDR")]
     listen_http: Option<SocketAddr>,
+    #[command(flatten)]
+    pub runtime: crate::runtime::ThreadsArg,
 }
 
 impl Args {

@@ -30,6 +30,8 @@ pub struct Args {
     /// Run store database: a path or a `file:` URI (overrides the config's `db`).
     #[arg(long)]
     db: Option<String>,
+    #[command(flatten)]
+    pub runtime: crate::runtime::ThreadsArg,
 }
 
 pub async fn run(args: Args) -> super::Result {
