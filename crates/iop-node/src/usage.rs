@@ -6,10 +6,12 @@
 //! `None` unless the provider sent them. Nothing is estimated.
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
 
 use iop_proto::pb;
+use memchr::memmem;
 use serde::Deserialize;
-use serde::de::{Deserializer, IgnoredAny};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 /// Whose conventions a provider's `usage` follows.
@@ -26,12 +28,12 @@ pub enum UsageDialect {
 /// count (it then counts as not reported), the rest skipped without being built.
 #[derive(Debug, Default, Deserialize)]
 struct OpenAiUsage {
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "count")]
     prompt_tokens: Option<u64>,
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "count")]
     completion_tokens: Option<u64>,
     /// vLLM's older top-level field.
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "count")]
     reasoning_tokens: Option<u64>,
     #[serde(default, deserialize_with = "lenient")]
     completion_tokens_details: Option<CompletionDetails>,
@@ -41,13 +43,13 @@ struct OpenAiUsage {
 
 #[derive(Debug, Deserialize)]
 struct CompletionDetails {
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "count")]
     reasoning_tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
 struct PromptDetails {
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "count")]
     cached_tokens: Option<u64>,
 }
 
@@ -85,6 +87,44 @@ where
         Some(Shape::Expected(value)) => Some(value),
         _ => None,
     })
+}
+
+/// A token count: `Some` for a non-negative integer, `None` for anything else (skipped
+/// without being built).
+fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    struct Count;
+    impl<'de> Visitor<'de> for Count {
+        type Value = Option<u64>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a token count")
+        }
+        fn visit_u64<E>(self, n: u64) -> Result<Option<u64>, E> {
+            Ok(Some(n))
+        }
+        fn visit_i64<E>(self, n: i64) -> Result<Option<u64>, E> {
+            Ok(u64::try_from(n).ok())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Option<u64>, A::Error> {
+            IgnoredAny.visit_seq(seq).map(|_| None)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<u64>, A::Error> {
+            IgnoredAny.visit_map(map).map(|_| None)
+        }
+    }
+    deserializer.deserialize_any(Count)
 }
 
 /// Converts an OpenAI-style `usage` object; `None` if it is absent or null.
@@ -144,6 +184,14 @@ impl UsageObserver {
             return;
         }
         let mut rest = chunk;
+        if self.model.is_some() && self.buffer.is_empty() {
+            // Once the model is known only events with a usage object are parsed: the
+            // complete lines of a chunk without one are passed over in one search.
+            match memchr::memrchr(b'\n', chunk) {
+                Some(last) if !has_usage_object(&chunk[..last]) => rest = &chunk[last + 1..],
+                _ => {}
+            }
+        }
         while let Some(pos) = memchr::memchr(b'\n', rest) {
             let (line, tail) = rest.split_at(pos);
             rest = &tail[1..];
@@ -203,10 +251,11 @@ impl UsageObserver {
 
 /// Whether the bytes hold `"usage"` followed (after optional spaces and a colon) by `{`.
 fn has_usage_object(data: &[u8]) -> bool {
-    const KEY: &[u8] = b"\"usage\"";
+    static KEY: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
     let mut rest = data;
-    while let Some(pos) = memchr::memmem::find(rest, KEY) {
-        let after = &rest[pos + KEY.len()..];
+    while let Some(pos) = KEY.find(rest) {
+        let after = &rest[pos + KEY.needle().len()..];
         let value = after
             .iter()
             .find(|b| !b.is_ascii_whitespace() && **b != b':');
@@ -315,6 +364,22 @@ mod tests {
             (u.input_tokens, u.output_tokens, u.cached_input_tokens),
             (3, 2, Some(1))
         );
+    }
+
+    #[test]
+    fn events_arriving_whole_are_skipped_until_one_has_usage() {
+        let mut o = UsageObserver::new(true, UsageDialect::OpenAi);
+        o.feed(b"data: {\"model\":\"m\",\"choices\":[],\"usage\":null}\n\n");
+        o.feed(b"data: {\"model\":\"other\",\"choices\":[],\"usage\":null}\n\n");
+        assert_eq!(o.model(), Some("m"));
+        o.feed(concat!(
+            "data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\": {\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":5}}\n\n",
+            "data: [DO"
+        ).as_bytes());
+        o.feed(b"NE]\n\n");
+        let u = o.finish().unwrap();
+        assert_eq!((u.input_tokens, u.output_tokens), (2, 5));
     }
 
     #[test]
