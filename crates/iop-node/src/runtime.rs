@@ -121,14 +121,7 @@ pub fn http_clients() -> adapters::HttpClients {
         .pool_idle_timeout(Duration::from_secs(90))
         .build()
         .expect("a TLS backend is available");
-    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(10)));
-    let plain = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .build(connector);
-    adapters::HttpClients { reqwest, plain }
+    adapters::HttpClients { reqwest }
 }
 
 impl NodeRuntime {

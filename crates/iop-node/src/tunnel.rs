@@ -160,6 +160,7 @@ impl NodeRuntime {
             Some(Err(err)) => out.error(&err.code, err.message).await,
             Some(Ok(response)) => {
                 let mut observer = UsageObserver::new(response.sse, endpoint.dialect);
+                let yield_for_more = response.sse && !response.read_in_task;
                 let mut body = response.body;
                 // The head leaves together with the body bytes that came with it (a JSON
                 // answer, an event stream's first events) in one write. The HTTP client
@@ -196,7 +197,7 @@ impl NodeRuntime {
                             // Chunks the provider already sent are relayed together: one
                             // frame instead of many when it bursts, no wait when it does not.
                             let (bytes, next) =
-                                coalesce(bytes, &mut body, &mut observer, response.sse).await;
+                                coalesce(bytes, &mut body, &mut observer, yield_for_more).await;
                             if !send_body(&mut out, &credit, &cancel, bytes).await {
                                 return self.end_tunnel(&request.request_id);
                             }
@@ -244,9 +245,10 @@ enum Pending {
 
 /// Appends every chunk the provider already sent (up to one frame's worth) to `first`.
 ///
-/// The HTTP client hands over one chunk at a time and decodes the next only once the
-/// previous one was taken, so for event streams (`yield_for_more`), when nothing is ready,
-/// this yields to the scheduler once and looks again: what already arrived is then ready.
+/// A body read on another task (reqwest's connection tasks) hands over one chunk at a
+/// time and decodes the next only once the previous one was taken, so for its event
+/// streams (`yield_for_more`), when nothing is ready, this yields to the scheduler once and
+/// looks again: what already arrived is then ready.
 /// It stops at the first yield that brought nothing, so a provider that is not bursting
 /// costs one scheduler round, never a wait. A plain body (one JSON document) does not
 /// yield: there is rarely a second chunk.

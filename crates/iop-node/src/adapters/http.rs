@@ -2,32 +2,38 @@
 //! response head, over the node's shared connection pools. Also the mapping from transport
 //! failures and provider statuses to error codes.
 //!
-//! Adapters use reqwest. The raw tunnel — the hot path — sends plain-HTTP requests through
-//! a bare hyper client (no URL parsing, redirect policy or per-request header maps beyond
-//! what the request carries); HTTPS providers go through reqwest there too.
+//! Adapters use reqwest. The raw tunnel — the hot path — sends plain-HTTP requests over
+//! connections its own task drives ([`super::plain`]); HTTPS providers go through reqwest
+//! there too.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use http_body_util::{BodyDataStream, Full};
+use http_body_util::Full;
 use iop_proto::pb;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 
 use super::AdapterError;
+use super::plain::{PlainError, PlainPool};
 
-/// The bare hyper client used for plain-HTTP tunnels.
-pub type PlainClient = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    Full<Bytes>,
->;
-
-/// The node's HTTP clients, shared by every provider (one connection pool each).
+/// The node's HTTP client for adapters and HTTPS providers, shared by every provider (one
+/// connection pool).
 #[derive(Debug, Clone)]
 pub struct HttpClients {
     pub reqwest: reqwest::Client,
-    pub plain: PlainClient,
+}
+
+/// A plain-HTTP provider's connections and where its API root sits on them.
+#[derive(Debug, Clone)]
+struct PlainEndpoint {
+    pool: Arc<PlainPool>,
+    /// The `Host` header: the base URL's authority.
+    host: HeaderValue,
+    /// The base URL's path, prefixed to every request path (`/v1`).
+    path_prefix: String,
 }
 
 /// A provider response as the tunnel relays it.
@@ -36,6 +42,9 @@ pub struct RawResponse {
     pub headers: Vec<pb::Header>,
     /// `content-type: text/event-stream`.
     pub sse: bool,
+    /// The body is read by the task that polls it (plain HTTP): whatever already arrived
+    /// is handed over at once, so a scheduler round never brings more.
+    pub read_in_task: bool,
     pub body: BoxStream<'static, Result<Bytes, AdapterError>>,
 }
 
@@ -50,7 +59,7 @@ pub struct HttpProvider {
     head_timeout: Duration,
     client: reqwest::Client,
     /// Set for `http://` providers.
-    plain: Option<PlainClient>,
+    plain: Option<PlainEndpoint>,
 }
 
 impl HttpProvider {
@@ -98,7 +107,10 @@ impl HttpProvider {
                 DEFAULT_HEAD_TIMEOUT
             },
             client: clients.reqwest.clone(),
-            plain: (parsed.scheme_str() == Some("http")).then(|| clients.plain.clone()),
+            plain: match parsed.scheme_str() {
+                Some("http") => Some(PlainEndpoint::new(&parsed)?),
+                _ => None,
+            },
         })
     }
 
@@ -169,10 +181,12 @@ impl HttpProvider {
                 status,
                 headers: out_headers,
                 sse,
+                read_in_task: false,
                 body,
             });
         };
-        let uri: http::Uri = self.url(path).parse().map_err(|e| {
+        let target = format!("{}{path}", plain.path_prefix);
+        let uri: http::Uri = target.parse().map_err(|e| {
             AdapterError::new(
                 "bad_request",
                 format!("provider {}: bad path {path:?}: {e}", self.id),
@@ -180,6 +194,7 @@ impl HttpProvider {
         })?;
         let mut request = http::Request::builder().method(method).uri(uri);
         let map = request.headers_mut().expect("a fresh builder has headers");
+        map.insert(http::header::HOST, plain.host.clone());
         map.extend(self.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
         for (name, value) in headers {
             if let (Ok(name), Ok(value)) = (
@@ -192,7 +207,8 @@ impl HttpProvider {
         let request = request
             .body(Full::new(body))
             .map_err(|e| AdapterError::new("bad_request", format!("provider {}: {e}", self.id)))?;
-        let response = match tokio::time::timeout(self.head_timeout, plain.request(request)).await {
+        let response = match tokio::time::timeout(self.head_timeout, plain.pool.send(request)).await
+        {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
                 let code = if err.is_connect() {
@@ -206,9 +222,10 @@ impl HttpProvider {
         };
         let (status, out_headers, sse) = head_of(response.status(), response.headers());
         let id = self.id.clone();
-        let body = BodyDataStream::new(response.into_body())
+        let body = response
+            .into_body()
             .map(move |r| {
-                r.map_err(|e| {
+                r.map_err(|e: PlainError| {
                     AdapterError::new("provider_stream_error", format!("provider {id}: {e}"))
                 })
             })
@@ -217,6 +234,7 @@ impl HttpProvider {
             status,
             headers: out_headers,
             sse,
+            read_in_task: true,
             body,
         })
     }
@@ -278,6 +296,22 @@ impl HttpProvider {
             code,
             format!("provider {} returned {status}: {detail}", self.id),
         )
+    }
+}
+
+impl PlainEndpoint {
+    fn new(base: &http::Uri) -> Result<Self, String> {
+        let authority = base
+            .authority()
+            .ok_or_else(|| format!("base_url {base} has no host"))?;
+        let port = authority.port_u16().unwrap_or(80);
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|_| format!("base_url {base}: the host is not a valid header value"))?;
+        Ok(Self {
+            pool: PlainPool::new(format!("{}:{port}", authority.host())),
+            host,
+            path_prefix: base.path().trim_end_matches('/').to_string(),
+        })
     }
 }
 

@@ -11,6 +11,7 @@ pub mod http;
 pub mod mock;
 pub mod ollama;
 pub mod openai_compat;
+pub mod plain;
 
 use std::sync::Arc;
 
