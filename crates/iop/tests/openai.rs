@@ -125,6 +125,50 @@ async fn tunnelled_responses_are_the_providers_bytes() {
     assert_eq!(via, direct);
 }
 
+/// The edge and the node run one event-loop thread by default; with `--threads 2` they
+/// run thread pools, and the relay must answer exactly the same.
+#[tokio::test]
+async fn edge_and_node_on_thread_pools_relay_the_same() {
+    let dir = tempdir();
+    let mock = start_mock(&[]).await;
+    let config = format!(
+        r#"
+nodes:
+  - id: n1
+    token: t1
+    providers:
+      - {{id: oa, kind: openai_compat, base_url: "{a}"}}
+      - {{id: m, kind: mock}}
+model_groups:
+  - {{name: tunnel, members: [{{node: n1, provider: oa, model: mock-model}}]}}
+  - {{name: rendered, members: [{{node: n1, provider: m}}]}}
+"#,
+        a = mock.openai_base(),
+    );
+    let edge = start_edge_with(dir.path(), &config, &["--threads", "2"]).await;
+    let _node = start_node_with("n1", dir.path(), &edge.nodes, "t1", "", &["--threads", "2"]);
+    wait_ready(&edge, "n1").await;
+    for stream in [false, true] {
+        let direct = post(
+            &format!("{}/chat/completions", mock.openai_base()),
+            &chat("mock-model", stream),
+        )
+        .await;
+        let via = post(&edge.url("/v1/chat/completions"), &chat("tunnel", stream)).await;
+        assert_eq!(via.0, 200, "{}", via.2);
+        assert_eq!(via, direct, "stream={stream}");
+        let (status, _, body) =
+            post(&edge.url("/v1/chat/completions"), &chat("rendered", stream)).await;
+        assert_eq!(status, 200, "{body}");
+        if stream {
+            assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+        } else {
+            let v: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["object"], "chat.completion");
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_ollama_member_answers_in_openai_shape() {
     let s = setup().await;

@@ -157,20 +157,28 @@ pub async fn start_edge(dir: &Path, config: &str) -> EdgeProc {
 }
 
 pub async fn start_edge_on(dir: &Path, config: &str, nodes: &str, http: &str) -> EdgeProc {
+    spawn_edge(dir, config, nodes, http, &[]).await
+}
+
+/// An edge on ephemeral ports with `args` added to its command line.
+pub async fn start_edge_with(dir: &Path, config: &str, args: &[&str]) -> EdgeProc {
+    spawn_edge(dir, config, "127.0.0.1:0", "127.0.0.1:0", args).await
+}
+
+async fn spawn_edge(dir: &Path, config: &str, nodes: &str, http: &str, args: &[&str]) -> EdgeProc {
     let path = dir.join("edge.yaml");
     std::fs::write(&path, config).unwrap();
-    let proc = Proc::spawn(
+    let mut all = vec![
         "edge",
-        &[
-            "edge",
-            "--config",
-            path.to_str().unwrap(),
-            "--listen-nodes",
-            nodes,
-            "--listen-http",
-            http,
-        ],
-    );
+        "--config",
+        path.to_str().unwrap(),
+        "--listen-nodes",
+        nodes,
+        "--listen-http",
+        http,
+    ];
+    all.extend_from_slice(args);
+    let proc = Proc::spawn("edge", &all);
     let line = proc
         .wait_line("iop edge listening:", Duration::from_secs(20))
         .await;
@@ -190,6 +198,18 @@ pub async fn start_edge_on(dir: &Path, config: &str, nodes: &str, http: &str) ->
 
 /// Starts `iop node` against `edge` with `token`, writing a node config with `extra` YAML.
 pub fn start_node(name: &str, dir: &Path, edge_nodes: &str, token: &str, extra: &str) -> Proc {
+    start_node_with(name, dir, edge_nodes, token, extra, &[])
+}
+
+/// A node whose config file holds `extra` and whose command line adds `args`.
+pub fn start_node_with(
+    name: &str,
+    dir: &Path,
+    edge_nodes: &str,
+    token: &str,
+    extra: &str,
+    args: &[&str],
+) -> Proc {
     let config = dir.join(format!("{name}.yaml"));
     let db = dir.join(format!("{name}.db"));
     std::fs::write(
@@ -200,7 +220,9 @@ pub fn start_node(name: &str, dir: &Path, edge_nodes: &str, token: &str, extra: 
         ),
     )
     .unwrap();
-    Proc::spawn(name, &["node", "--config", config.to_str().unwrap()])
+    let mut all = vec!["node", "--config", config.to_str().unwrap()];
+    all.extend_from_slice(args);
+    Proc::spawn(name, &all)
 }
 
 /// An `iop mock-provider` process.
