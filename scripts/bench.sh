@@ -3,6 +3,7 @@
 # and through `iop edge` + `iop node` (raw tunnel) in one interleaved run.
 #
 #   scripts/bench.sh [extra iop bench flags, e.g. --requests 5000 --concurrency 8]
+#   MOCK_ARGS="--token-delay-ms 5" scripts/bench.sh --mode stream   # paced tokens
 #
 # Builds release binaries, starts the three processes on loopback ports, prints the
 # table `iop bench` produces and stops everything.
@@ -20,7 +21,8 @@ MOCK_PORT=${MOCK_PORT:-18000}
 NODE_PORT=${NODE_PORT:-17700}
 HTTP_PORT=${HTTP_PORT:-18080}
 
-"$IOP" mock-provider --listen "127.0.0.1:$MOCK_PORT" --tokens 16 >"$WORK/mock.log" 2>&1 &
+# shellcheck disable=SC2086 # MOCK_ARGS is a list of flags
+"$IOP" mock-provider --listen "127.0.0.1:$MOCK_PORT" --tokens 16 ${MOCK_ARGS:-} >"$WORK/mock.log" 2>&1 &
 PIDS+=($!)
 cat >"$WORK/edge.yaml" <<YAML
 listen: {nodes: "127.0.0.1:$NODE_PORT", http: "127.0.0.1:$HTTP_PORT"}
