@@ -163,11 +163,11 @@ impl NodeRuntime {
                 let yield_for_more = response.sse && !response.read_in_task;
                 let mut body = response.body;
                 // The head leaves together with the body bytes that came with it (a JSON
-                // answer, an event stream's first events) in one write. The HTTP client
-                // hands the body over only once asked, so give it one scheduler round;
-                // when the body is not there yet, the head goes out alone at once.
+                // answer, an event stream's first events) in one write; when the body is not
+                // there yet, the head goes out alone at once. A body read on another task
+                // is handed over only once asked, so that one gets a scheduler round.
                 let mut early = body.next().now_or_never();
-                if early.is_none() {
+                if early.is_none() && !response.read_in_task {
                     iop_proto::yield_once().await;
                     early = body.next().now_or_never();
                 }
