@@ -342,15 +342,21 @@ mod tests {
             .unwrap()
     }
 
+    /// One whole exchange through the pool, bounded in time.
     async fn body_of(pool: &Arc<PlainPool>, addr: &str) -> String {
-        let response = pool.send(request(addr)).await.unwrap();
-        assert_eq!(response.status(), 200);
-        let mut body = response.into_body();
-        let mut text = Vec::new();
-        while let Some(chunk) = body.next().await {
-            text.extend_from_slice(&chunk.unwrap());
-        }
-        String::from_utf8(text).unwrap()
+        let exchange = async {
+            let response = pool.send(request(addr)).await.unwrap();
+            assert_eq!(response.status(), 200);
+            let mut body = response.into_body();
+            let mut text = Vec::new();
+            while let Some(chunk) = body.next().await {
+                text.extend_from_slice(&chunk.unwrap());
+            }
+            String::from_utf8(text).unwrap()
+        };
+        tokio::time::timeout(Duration::from_secs(5), exchange)
+            .await
+            .expect("the exchange finishes")
     }
 
     #[tokio::test]
@@ -358,10 +364,7 @@ mod tests {
         let (addr, accepted) = provider(None).await;
         let pool = PlainPool::new(addr.clone());
         for _ in 0..5 {
-            let body = tokio::time::timeout(Duration::from_secs(5), body_of(&pool, &addr))
-                .await
-                .unwrap();
-            assert_eq!(body, BODY);
+            assert_eq!(body_of(&pool, &addr).await, BODY);
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
@@ -371,10 +374,7 @@ mod tests {
         let (addr, accepted) = provider(Some(1)).await;
         let pool = PlainPool::new(addr.clone());
         for _ in 0..3 {
-            let body = tokio::time::timeout(Duration::from_secs(5), body_of(&pool, &addr))
-                .await
-                .unwrap();
-            assert_eq!(body, BODY);
+            assert_eq!(body_of(&pool, &addr).await, BODY);
             // Let the provider's close reach us before the next request.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -388,10 +388,7 @@ mod tests {
         let response = pool.send(request(&addr)).await.unwrap();
         drop(response);
         assert_eq!(pool.idle.lock().len(), 0);
-        let body = tokio::time::timeout(Duration::from_secs(5), body_of(&pool, &addr))
-            .await
-            .unwrap();
-        assert_eq!(body, BODY);
+        assert_eq!(body_of(&pool, &addr).await, BODY);
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
