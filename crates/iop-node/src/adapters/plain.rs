@@ -287,10 +287,20 @@ mod tests {
 
     const BODY: &str = "data: one\n\ndata: two\n\n";
 
+    /// How the test provider ends its connections.
+    #[derive(Clone, Copy)]
+    enum Closing {
+        /// Keeps every connection open.
+        Never,
+        /// Closes after the first response without saying so (as an idle timeout would).
+        Silently,
+        /// Says `connection: close` in the first response and closes after it.
+        Announced,
+    }
+
     /// A provider that answers every request on a connection with a chunked event stream,
-    /// counting connections; with `close_after` it closes each connection after that many
-    /// responses without saying so (as an idle timeout would).
-    async fn provider(close_after: Option<usize>) -> (String, Arc<AtomicUsize>) {
+    /// counting connections.
+    async fn provider(closing: Closing) -> (String, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -301,7 +311,6 @@ mod tests {
                 count.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
-                    let mut served = 0;
                     loop {
                         let mut chunk = [0u8; 4096];
                         let n = match socket.read(&mut chunk).await {
@@ -315,16 +324,19 @@ mod tests {
                                 break;
                             }
                             buf.drain(..end + 4 + 2);
-                            let mut response = String::from(
-                                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+                            let close = match closing {
+                                Closing::Announced => "connection: close\r\n",
+                                _ => "",
+                            };
+                            let mut response = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n{close}transfer-encoding: chunked\r\n\r\n",
                             );
                             for event in ["data: one\n\n", "data: two\n\n"] {
                                 response.push_str(&format!("{:x}\r\n{event}\r\n", event.len()));
                             }
                             response.push_str("0\r\n\r\n");
                             socket.write_all(response.as_bytes()).await.unwrap();
-                            served += 1;
-                            if close_after == Some(served) {
+                            if !matches!(closing, Closing::Never) {
                                 return;
                             }
                         }
@@ -361,7 +373,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_finished_response_leaves_its_connection_for_the_next_request() {
-        let (addr, accepted) = provider(None).await;
+        let (addr, accepted) = provider(Closing::Never).await;
         let pool = PlainPool::new(addr.clone());
         for _ in 0..5 {
             assert_eq!(body_of(&pool, &addr).await, BODY);
@@ -371,7 +383,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_provider_let_go_of_is_replaced() {
-        let (addr, accepted) = provider(Some(1)).await;
+        let (addr, accepted) = provider(Closing::Silently).await;
         let pool = PlainPool::new(addr.clone());
         for _ in 0..3 {
             assert_eq!(body_of(&pool, &addr).await, BODY);
@@ -382,8 +394,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_connection_closed_by_its_response_is_not_reused() {
+        let (addr, accepted) = provider(Closing::Announced).await;
+        let pool = PlainPool::new(addr.clone());
+        for _ in 0..3 {
+            assert_eq!(body_of(&pool, &addr).await, BODY);
+            assert_eq!(pool.idle.lock().len(), 0);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
     async fn a_body_dropped_early_closes_its_connection() {
-        let (addr, accepted) = provider(None).await;
+        let (addr, accepted) = provider(Closing::Never).await;
         let pool = PlainPool::new(addr.clone());
         let response = pool.send(request(&addr)).await.unwrap();
         drop(response);
