@@ -500,10 +500,9 @@ async fn provider_failures_become_useful_errors() {
     assert_eq!(status, 502, "{body}");
     let e = error_of(&body);
     assert_eq!(e["code"], "provider_unreachable");
-    assert!(
-        e["message"].as_str().unwrap().contains("127.0.0.1:9"),
-        "{e}"
-    );
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("127.0.0.1:9"), "{e}");
+    assert_eq!(message.matches("refused").count(), 1, "{e}");
     // Timeout waiting for the provider.
     let (status, _, body) = post(&url, &chat("hang", false)).await;
     assert_eq!(status, 504, "{body}");

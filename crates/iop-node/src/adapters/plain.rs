@@ -44,7 +44,7 @@ type Conn = Connection<TokioIo<TcpStream>, Full<Bytes>>;
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PlainError {
-    #[error("cannot connect to {authority}: {source}")]
+    #[error("cannot connect to {authority}")]
     Connect {
         authority: String,
         source: std::io::Error,
