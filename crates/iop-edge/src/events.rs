@@ -48,6 +48,11 @@ pub struct UsageEvent {
     pub reasoning_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached_input_tokens: Option<u64>,
+    /// The model that served the request as reported from the node's side: the `model`
+    /// of the provider's response on the tunnel path, the run's start event on the run
+    /// path. Absent when nothing was reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_model: Option<String>,
 }
 
 /// A run event as subscribers see it.

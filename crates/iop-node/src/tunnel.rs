@@ -214,14 +214,14 @@ impl NodeRuntime {
                 };
                 if ok {
                     usage_seen = observer.finish();
-                    if let Some(usage) = &usage_seen {
-                        out.send(Frame::Usage(*usage)).await;
-                    }
                     if let Some(model) = observer.model() {
                         out.send(Frame::Metadata(pb::TunnelMetadata {
                             entries: [("model".to_string(), model.to_string())].into(),
                         }))
                         .await;
+                    }
+                    if let Some(usage) = &usage_seen {
+                        out.send(Frame::Usage(*usage)).await;
                     }
                     out.send(Frame::End(pb::TunnelEnd {})).await;
                 }

@@ -323,6 +323,8 @@ async fn usage_events_carry_the_provider_reported_breakdown() {
             (Some("n1"), Some("oa"))
         );
         assert_eq!(by(i)["path"], "tunnel");
+        // The model the provider's response named (the member's upstream model).
+        assert_eq!(by(i)["served_model"], "mock-model", "{}", by(i));
     }
     assert_eq!(by(2)["reasoning_tokens"], 2, "{}", by(2));
     assert!(by(2).get("cached_input_tokens").is_none());
@@ -330,6 +332,8 @@ async fn usage_events_carry_the_provider_reported_breakdown() {
     assert_eq!(by(3)["provider_id"], "oac");
     assert_eq!(by(4)["path"], "run");
     assert_eq!(by(4)["output_tokens"], 16);
+    assert_eq!(by(4)["served_model"], "mock-model", "{}", by(4));
+    assert_eq!(by(2)["served_model"], "reasoning-model", "{}", by(2));
     // The same counts reach /metrics.
     let metrics = get_text(&s.edge.url("/metrics")).await;
     assert!(metrics.contains("iop_usage_tokens_total{model_group=\"cached\",node=\"n1\",provider=\"oac\",kind=\"cached_input\"} 7"), "{metrics}");

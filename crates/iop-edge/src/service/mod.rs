@@ -372,7 +372,13 @@ impl Edge {
     }
 
     /// Publishes one request's provider-reported usage and counts it.
-    pub fn observe_usage(&self, observe: &Observe, path: &'static str, usage: &pb::Usage) {
+    pub fn observe_usage(
+        &self,
+        observe: &Observe,
+        path: &'static str,
+        usage: &pb::Usage,
+        served_model: Option<String>,
+    ) {
         let event = UsageEvent {
             model_group: observe.model_group.clone(),
             node_id: observe.node_id.clone(),
@@ -382,6 +388,7 @@ impl Edge {
             output_tokens: usage.output_tokens,
             reasoning_tokens: usage.reasoning_tokens,
             cached_input_tokens: usage.cached_input_tokens,
+            served_model,
         };
         self.metrics.record_usage(&event);
         self.events.publish(EdgeEvent::Usage(event));

@@ -122,6 +122,7 @@ impl Edge {
                 background: spec.background,
                 lease,
                 observe,
+                served_model: None,
             }),
         })
     }
@@ -144,6 +145,8 @@ struct RunInner {
     background: bool,
     lease: Option<LeaseGuard>,
     observe: Option<Observe>,
+    /// The model the start event named, carried into the usage observation.
+    served_model: Option<String>,
 }
 
 impl RunStream {
@@ -192,8 +195,12 @@ impl RunInner {
                 self.finished = true;
                 self.lease = None;
                 if let (Some(observe), Some(usage)) = (&self.observe, &event.usage) {
-                    self.edge.observe_usage(observe, "run", usage);
+                    let served = self.served_model.take();
+                    self.edge.observe_usage(observe, "run", usage, served);
                 }
+            }
+            pb::RunEventKind::Start if !event.model.is_empty() => {
+                self.served_model = Some(event.model.clone());
             }
             _ => {}
         }

@@ -3,8 +3,9 @@
 //!
 //! A [`TunnelStream`] yields status, headers, body chunks and exactly one ending (end or
 //! error). Usage and metadata frames are observations: they are consumed here and never
-//! reach the body. Dropping the stream early cancels the tunnel on the node, which aborts
-//! the provider request.
+//! reach the body. They may arrive in either order, so the usage is published once the
+//! stream ends, with the served model the metadata named. Dropping the stream early
+//! cancels the tunnel on the node, which aborts the provider request.
 
 use std::sync::Arc;
 
@@ -75,6 +76,8 @@ impl Edge {
             finished: false,
             lease,
             observe,
+            usage: None,
+            served_model: None,
         })
     }
 }
@@ -89,6 +92,10 @@ pub struct TunnelStream {
     finished: bool,
     lease: Option<LeaseGuard>,
     observe: Option<Observe>,
+    /// The provider-reported usage, published when the stream ends.
+    usage: Option<pb::Usage>,
+    /// The metadata's `model`: what the provider said served the request.
+    served_model: Option<String>,
 }
 
 impl TunnelStream {
@@ -129,13 +136,12 @@ impl TunnelStream {
                     self.finish();
                     return Some(TunnelItem::Error(err));
                 }
-                Frame::Usage(usage) => {
-                    if let Some(observe) = &self.observe {
-                        self.edge.observe_usage(observe, "tunnel", &usage);
-                    }
-                }
-                Frame::Metadata(meta) => {
+                Frame::Usage(usage) => self.usage = Some(usage),
+                Frame::Metadata(mut meta) => {
                     tracing::trace!(request_id = %self.request_id, ?meta.entries, "tunnel metadata");
+                    if let Some(model) = meta.entries.remove("model") {
+                        self.served_model = Some(model);
+                    }
                 }
             }
         }
@@ -151,6 +157,15 @@ impl TunnelStream {
     fn finish(&mut self) {
         self.finished = true;
         self.lease = None;
+        self.publish_usage();
+    }
+
+    /// Publishes the usage the provider reported, once.
+    fn publish_usage(&mut self) {
+        if let (Some(observe), Some(usage)) = (&self.observe, self.usage.take()) {
+            let served = self.served_model.take();
+            self.edge.observe_usage(observe, "tunnel", &usage, served);
+        }
     }
 }
 
@@ -159,6 +174,8 @@ impl Drop for TunnelStream {
         if self.finished {
             return;
         }
+        // The provider did the work even if the client left before the end frame.
+        self.publish_usage();
         tracing::info!(node_id = %self.session.node_id, request_id = %self.request_id, "client went away: cancelling tunnel");
         self.session.close_stream(&self.request_id);
         self.edge.send_control(
