@@ -149,6 +149,31 @@ struct Plan {
     finish: &'static str,
 }
 
+impl Plan {
+    /// Appends one event per token, each after the token delay: `token` renders one
+    /// token's text (a word and its trailing space). A model named `error-mid-stream` gets `error()` in place of its middle
+    /// token and nothing after it. Returns whether the stream failed that way.
+    fn token_events(
+        &self,
+        events: &mut Vec<(Duration, String)>,
+        token: impl Fn(&str) -> String,
+        error: impl FnOnce() -> String,
+    ) -> bool {
+        let fail_at = self
+            .model
+            .contains("error-mid-stream")
+            .then_some(self.tokens / 2);
+        for i in 0..self.tokens {
+            if Some(i) == fail_at {
+                events.push((self.delay, error()));
+                return true;
+            }
+            events.push((self.delay, token(&word(i, i + 1 == self.tokens))));
+        }
+        false
+    }
+}
+
 impl Mock {
     /// Parses a request and starts counting it: the body, its tracker and its plan, or why
     /// the body is not JSON.

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::openai::paced;
-use super::{Mock, bad_request, full_text, hang, word};
+use super::{Mock, bad_request, full_text, hang};
 
 pub(crate) async fn ollama_chat(State(mock): State<Mock>, body: Bytes) -> Response {
     ollama(mock, body, true).await
@@ -75,24 +75,12 @@ async fn ollama(mock: Mock, body: Bytes, chat: bool) -> Response {
             format!("{}\n", line("", Some("thinking hard"), false)),
         ));
     }
-    let fail_at = plan
-        .model
-        .contains("error-mid-stream")
-        .then_some(plan.tokens / 2);
-    for i in 0..plan.tokens {
-        if Some(i) == fail_at {
-            events.push((
-                plan.delay,
-                format!("{}\n", json!({"error": "mock provider failed mid-stream"})),
-            ));
-            break;
-        }
-        events.push((
-            plan.delay,
-            format!("{}\n", line(&word(i, i + 1 == plan.tokens), None, false)),
-        ));
-    }
-    if fail_at.is_none() {
+    let failed = plan.token_events(
+        &mut events,
+        |word| format!("{}\n", line(word, None, false)),
+        || format!("{}\n", json!({"error": "mock provider failed mid-stream"})),
+    );
+    if !failed {
         events.push((Duration::ZERO, format!("{}\n", line("", None, true))));
     }
     (

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use futures::stream;
 use serde_json::{Value, json};
 
-use super::{Mock, Tracked, bad_request, full_text, hang, parse, word};
+use super::{Mock, Tracked, bad_request, full_text, hang, parse};
 
 pub(crate) async fn models() -> Response {
     axum::Json(json!({
@@ -147,27 +147,12 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
             ));
         }
     }
-    let fail_at = plan
-        .model
-        .contains("error-mid-stream")
-        .then_some(plan.tokens / 2);
-    for i in 0..plan.tokens {
-        if Some(i) == fail_at {
-            events.push((
-                plan.delay,
-                format!("data: {}\n\n", json!({"error": {"message": "mock provider failed mid-stream", "type": "server_error", "param": null, "code": null}})),
-            ));
-            break;
-        }
-        events.push((
-            plan.delay,
-            chunk(
-                json!({"content": word(i, i + 1 == plan.tokens)}),
-                Value::Null,
-            ),
-        ));
-    }
-    if fail_at.is_none() {
+    let failed = plan.token_events(
+        &mut events,
+        |word| chunk(json!({"content": word}), Value::Null),
+        || format!("data: {}\n\n", json!({"error": {"message": "mock provider failed mid-stream", "type": "server_error", "param": null, "code": null}})),
+    );
+    if !failed {
         events.push((Duration::ZERO, chunk(json!({}), json!(plan.finish))));
         if include_usage {
             let c = json!({"id": id, "object": chunk_object, "created": 1700000000u64, "model": plan.model, "choices": [], "usage": usage});
