@@ -280,7 +280,13 @@ where
                 observer.feed(&more);
                 len += more.len();
                 merged
-                    .get_or_insert_with(|| bytes::BytesMut::from(&first[..]))
+                    .get_or_insert_with(|| {
+                        // Room for a frame's worth up front: a burst of small events
+                        // would otherwise regrow (and copy) the buffer several times.
+                        let mut buf = bytes::BytesMut::with_capacity(MAX_BODY_FRAME);
+                        buf.extend_from_slice(&first);
+                        buf
+                    })
                     .extend_from_slice(&more);
             }
             Some(Some(Err(err))) => {
