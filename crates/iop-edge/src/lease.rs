@@ -7,7 +7,7 @@
 //! account is online only while its node's current generation is dispatch-ready; fencing
 //! that generation takes it offline and returns all of that generation's leases at once.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;

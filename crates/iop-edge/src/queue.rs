@@ -108,7 +108,7 @@ struct Group<W> {
 pub struct Scheduler<W> {
     leases: Leases,
     groups: Vec<Group<W>>,
-    by_name: HashMap<String, usize>,
+    by_name: foldhash::HashMap<String, usize>,
     last_waiter: u64,
 }
 
@@ -126,7 +126,7 @@ impl<W> Scheduler<W> {
         let mut scheduler = Scheduler {
             leases,
             groups: Vec::new(),
-            by_name: HashMap::new(),
+            by_name: foldhash::HashMap::default(),
             last_waiter: 0,
         };
         for spec in groups {

@@ -7,7 +7,7 @@
 //! channel means the node broke flow control and only that stream is cut. Closing the
 //! session drops every route; consumers see their channel end and report the loss.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::time::Instant;
 
 use iop_proto::Outbound;

@@ -5,7 +5,7 @@
 //! gate and CLI sessions) of every provider whose spec did not change, across config
 //! refreshes and reconnects alike.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -129,10 +129,10 @@ impl NodeRuntime {
         Arc::new(Self {
             http: http_clients(),
             store,
-            adapters: RwLock::new(HashMap::new()),
+            adapters: RwLock::new(HashMap::default()),
             node_id: RwLock::new(String::new()),
-            runs: Mutex::new(HashMap::new()),
-            tunnels: Mutex::new(HashMap::new()),
+            runs: Mutex::new(HashMap::default()),
+            tunnels: Mutex::new(HashMap::default()),
             transport: Mutex::new(TransportStatus::default()),
             started: Instant::now(),
         })
@@ -160,7 +160,7 @@ impl NodeRuntime {
     /// instances) or, if any provider is invalid, changes nothing and says which.
     pub fn apply(&self, payload: &pb::NodeConfigPayload) -> Result<(), String> {
         let current = self.adapters.read().clone();
-        let mut next = HashMap::new();
+        let mut next = HashMap::default();
         for (i, spec) in payload.providers.iter().enumerate() {
             if let Some(existing) = current.get(&spec.id)
                 && existing.spec == *spec

@@ -3,7 +3,7 @@
 //! edge returns credit with `StreamCredit` as its client consumes them, so a slow client
 //! slows its own provider stream and nothing else.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;

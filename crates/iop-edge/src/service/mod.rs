@@ -102,7 +102,7 @@ pub struct Edge {
     sent_config: Mutex<HashMap<String, u64>>,
     registry: Mutex<Registry>,
     /// Dispatch-ready sessions by node id (current generation only).
-    sessions: RwLock<HashMap<String, Arc<NodeSession>>>,
+    sessions: RwLock<foldhash::HashMap<String, Arc<NodeSession>>>,
     pub admission: Arc<AdmissionControl>,
     pub events: EventBus,
     pub metrics: Metrics,
@@ -151,7 +151,7 @@ impl Edge {
             config: RwLock::new(Arc::new(config)),
             sent_config: Mutex::new(HashMap::new()),
             registry: Mutex::new(registry),
-            sessions: RwLock::new(HashMap::new()),
+            sessions: RwLock::new(foldhash::HashMap::default()),
             admission: AdmissionControl::new(scheduler, plan.policies),
             events: EventBus::default(),
             tasks: TaskTracker::new(),
