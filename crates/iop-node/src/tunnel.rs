@@ -83,8 +83,10 @@ impl NodeRuntime {
         let runtime = self.clone();
         let conn2 = conn.clone();
         // No span on this hot path: its few log lines carry the request id themselves.
+        // Boxed: the tunnel's state (provider exchange, body, observer) is a few KiB that
+        // the task would otherwise copy when it is spawned and when it completes.
         conn.tasks
-            .spawn(async move { runtime.tunnel(request, conn2).await });
+            .spawn(Box::pin(async move { runtime.tunnel(request, conn2).await }));
     }
 
     async fn tunnel(self: Arc<Self>, request: pb::ProviderTunnelRequest, conn: Connection) {
