@@ -85,8 +85,9 @@ impl NodeRuntime {
         // No span on this hot path: its few log lines carry the request id themselves.
         // Boxed: the tunnel's state (provider exchange, body, observer) is a few KiB that
         // the task would otherwise copy when it is spawned and when it completes.
-        conn.tasks
-            .spawn(Box::pin(async move { runtime.tunnel(request, conn2).await }));
+        conn.tasks.spawn(Box::pin(
+            async move { runtime.tunnel(request, conn2).await },
+        ));
     }
 
     async fn tunnel(self: Arc<Self>, request: pb::ProviderTunnelRequest, conn: Connection) {
@@ -195,11 +196,10 @@ impl NodeRuntime {
                             break false;
                         }
                         Some(Ok(bytes)) => {
-                            observer.feed(&bytes);
                             // Chunks the provider already sent are relayed together: one
                             // frame instead of many when it bursts, no wait when it does not.
-                            let (bytes, next) =
-                                coalesce(bytes, &mut body, &mut observer, yield_for_more).await;
+                            let (bytes, next) = coalesce(bytes, &mut body, yield_for_more).await;
+                            observer.feed(&bytes);
                             if !send_body(&mut out, &credit, &cancel, bytes).await {
                                 return self.end_tunnel(&request.request_id);
                             }
@@ -254,12 +254,7 @@ enum Pending {
 /// It stops at the first yield that brought nothing, so a provider that is not bursting
 /// costs one scheduler round, never a wait. A plain body (one JSON document) does not
 /// yield: there is rarely a second chunk.
-async fn coalesce<S>(
-    first: Bytes,
-    body: &mut S,
-    observer: &mut UsageObserver,
-    yield_for_more: bool,
-) -> (Bytes, Pending)
+async fn coalesce<S>(first: Bytes, body: &mut S, yield_for_more: bool) -> (Bytes, Pending)
 where
     S: futures::Stream<Item = Result<Bytes, crate::adapters::AdapterError>> + Unpin,
 {
@@ -279,7 +274,6 @@ where
         yielded = !yield_for_more;
         match next {
             Some(Some(Ok(more))) => {
-                observer.feed(&more);
                 len += more.len();
                 merged
                     .get_or_insert_with(|| {

@@ -183,28 +183,47 @@ impl UsageObserver {
             }
             return;
         }
-        let mut rest = chunk;
-        if self.model.is_some() && self.buffer.is_empty() {
-            // Once the model is known only events with a usage object are parsed: the
-            // complete lines of a chunk without one are passed over in one search.
-            match memchr::memrchr(b'\n', chunk) {
-                Some(last) if !has_usage_object(&chunk[..last]) => rest = &chunk[last + 1..],
-                _ => {}
-            }
+        let Some(last) = memchr::memrchr(b'\n', chunk) else {
+            self.carry(chunk);
+            return;
+        };
+        let (complete, rest) = chunk.split_at(last + 1);
+        if self.buffer.is_empty() {
+            self.lines(complete);
+        } else {
+            let mut whole = std::mem::take(&mut self.buffer);
+            whole.extend_from_slice(complete);
+            self.lines(&whole);
         }
-        while let Some(pos) = memchr::memchr(b'\n', rest) {
-            let (line, tail) = rest.split_at(pos);
-            rest = &tail[1..];
-            if self.buffer.is_empty() {
-                self.line(line);
-            } else {
-                let mut whole = std::mem::take(&mut self.buffer);
-                whole.extend_from_slice(line);
-                self.line(&whole);
-            }
+        self.carry(rest);
+    }
+
+    /// Keeps an incomplete line for the next chunk.
+    fn carry(&mut self, partial: &[u8]) {
+        if !partial.is_empty() && self.buffer.len() + partial.len() <= MAX_JSON_BODY {
+            self.buffer.extend_from_slice(partial);
         }
-        if !rest.is_empty() && self.buffer.len() + rest.len() <= MAX_JSON_BODY {
-            self.buffer.extend_from_slice(rest);
+    }
+
+    /// Complete lines: every event is parsed until one names the model; after that only
+    /// the lines holding a usage object, found by one search over all of them.
+    fn lines(&mut self, mut text: &[u8]) {
+        while self.model.is_none() {
+            let Some(end) = memchr::memchr(b'\n', text) else {
+                return;
+            };
+            self.line(&text[..end]);
+            text = &text[end + 1..];
+        }
+        let mut parsed_to = 0;
+        for at in usage_objects(text) {
+            if at < parsed_to {
+                continue;
+            }
+            let start = memchr::memrchr(b'\n', &text[..at]).map_or(0, |p| p + 1);
+            let end = memchr::memchr(b'\n', &text[at..]).map_or(text.len(), |p| at + p);
+            self.line(&text[start..end]);
+            parsed_to = end;
         }
     }
 
@@ -213,11 +232,6 @@ impl UsageObserver {
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
-        // Only chunks with a usage object (not `"usage":null`) or the first model name
-        // are parsed.
-        if self.model.is_some() && !has_usage_object(data) {
-            return;
-        }
         if let Ok(seen) = serde_json::from_slice::<Observed>(data.trim_ascii()) {
             self.observe(seen);
         }
@@ -249,22 +263,18 @@ impl UsageObserver {
     }
 }
 
-/// Whether the bytes hold `"usage"` followed (after optional spaces and a colon) by `{`.
-fn has_usage_object(data: &[u8]) -> bool {
+/// Where `"usage"` is followed (after optional spaces and a colon) by `{`: the key of a
+/// usage object, not `"usage":null`. A `"usage"` inside a JSON string is escaped
+/// (`\"usage\"`) and never matches.
+fn usage_objects(text: &[u8]) -> impl Iterator<Item = usize> + '_ {
     static KEY: LazyLock<memmem::Finder<'static>> =
         LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
-    let mut rest = data;
-    while let Some(pos) = KEY.find(rest) {
-        let after = &rest[pos + KEY.needle().len()..];
-        let value = after
+    KEY.find_iter(text).filter(move |&pos| {
+        text[pos + KEY.needle().len()..]
             .iter()
-            .find(|b| !b.is_ascii_whitespace() && **b != b':');
-        if value == Some(&b'{') {
-            return true;
-        }
-        rest = after;
-    }
-    false
+            .find(|b| !b.is_ascii_whitespace() && **b != b':')
+            == Some(&b'{')
+    })
 }
 
 #[cfg(test)]
@@ -364,6 +374,21 @@ mod tests {
             (u.input_tokens, u.output_tokens, u.cached_input_tokens),
             (3, 2, Some(1))
         );
+    }
+
+    #[test]
+    fn a_burst_in_one_chunk_reports_its_last_usage_object() {
+        let burst = concat!(
+            "data: {\"model\":\"m\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\n",
+            "data: {\"choices\":[],\"usage\":null}\n\n",
+            "data: {\"choices\":[],\"usage\" : {\"prompt_tokens\":1,\"completion_tokens\":4}}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}],\"usage\":null}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let mut o = UsageObserver::new(true, UsageDialect::Vllm);
+        o.feed(burst.as_bytes());
+        assert_eq!(o.model(), Some("m"));
+        assert_eq!(o.finish().map(|u| u.output_tokens), Some(4));
     }
 
     #[test]
