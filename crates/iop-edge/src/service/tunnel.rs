@@ -184,3 +184,149 @@ impl Drop for TunnelStream {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use iop_proto::Outbound;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::config::EdgeConfig;
+    use crate::events::{EdgeEvent, UsageEvent};
+    use crate::registry::Generation;
+
+    fn edge_and_session() -> (Arc<Edge>, Arc<NodeSession>, mpsc::Receiver<pb::Envelope>) {
+        let config = EdgeConfig::from_yaml("nodes: []\nmodel_groups: []\n", "test").unwrap();
+        let (outbound, sent) = Outbound::channel(64);
+        let session = NodeSession::new(
+            "n1".into(),
+            Generation(1),
+            "peer".into(),
+            outbound,
+            CancellationToken::new(),
+        );
+        (Edge::new(config), Arc::new(session), sent)
+    }
+
+    fn spec() -> TunnelSpec {
+        TunnelSpec {
+            adapter: "oa".into(),
+            method: "POST".into(),
+            path: "/chat/completions".into(),
+            headers: vec![],
+            body: Bytes::new(),
+        }
+    }
+
+    fn observe() -> Option<Observe> {
+        Some(Observe {
+            model_group: "g".into(),
+            node_id: "n1".into(),
+            provider_id: "oa".into(),
+        })
+    }
+
+    fn frame(stream: &TunnelStream, frame: Frame) -> pb::ProviderTunnelFrame {
+        pb::ProviderTunnelFrame {
+            request_id: stream.request_id().to_string(),
+            frame: Some(frame),
+        }
+    }
+
+    fn usage(output_tokens: u64) -> Frame {
+        Frame::Usage(pb::Usage {
+            input_tokens: 3,
+            output_tokens,
+            ..Default::default()
+        })
+    }
+
+    fn model(name: &str) -> Frame {
+        Frame::Metadata(pb::TunnelMetadata {
+            entries: [("model".to_string(), name.to_string())].into(),
+        })
+    }
+
+    /// The usage events published so far.
+    fn published(events: &mut tokio::sync::broadcast::Receiver<Arc<EdgeEvent>>) -> Vec<UsageEvent> {
+        let mut seen = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            if let EdgeEvent::Usage(u) = &*event {
+                seen.push(u.clone());
+            }
+        }
+        seen
+    }
+
+    #[tokio::test]
+    async fn usage_is_published_once_at_the_end_with_the_served_model_in_either_order() {
+        let (edge, session, _sent) = edge_and_session();
+        let mut events = edge.events.subscribe();
+        let mut stream = edge
+            .start_tunnel(session.clone(), spec(), None, observe())
+            .await
+            .unwrap();
+        // Usage first, then the metadata naming the model: nothing is published before the end.
+        for f in [
+            Frame::Status(200),
+            usage(16),
+            model("served-model"),
+            Frame::End(pb::TunnelEnd {}),
+        ] {
+            assert_eq!(
+                session.deliver_tunnel_frame(frame(&stream, f)),
+                crate::session::Delivery::Delivered
+            );
+        }
+        assert!(matches!(stream.next().await, Some(TunnelItem::Status(200))));
+        assert!(published(&mut events).is_empty());
+        assert!(matches!(stream.next().await, Some(TunnelItem::End)));
+        let seen = published(&mut events);
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].output_tokens, 16);
+        assert_eq!(seen[0].served_model.as_deref(), Some("served-model"));
+        assert_eq!((seen[0].path, seen[0].node_id.as_str()), ("tunnel", "n1"));
+        drop(stream);
+        assert!(published(&mut events).is_empty(), "published twice");
+    }
+
+    #[tokio::test]
+    async fn usage_that_arrived_is_published_when_the_client_leaves_before_the_end() {
+        let (edge, session, mut sent) = edge_and_session();
+        let mut events = edge.events.subscribe();
+        let mut stream = edge
+            .start_tunnel(session.clone(), spec(), None, observe())
+            .await
+            .unwrap();
+        for f in [Frame::Status(200), model("m"), usage(7)] {
+            session.deliver_tunnel_frame(frame(&stream, f));
+        }
+        assert!(matches!(stream.next().await, Some(TunnelItem::Status(200))));
+        // The frames after the status are taken in (observations only), then the client goes.
+        let pending = tokio::time::timeout(Duration::from_millis(50), stream.next()).await;
+        assert!(pending.is_err(), "no client-relevant frame was sent");
+        drop(stream);
+        let seen = published(&mut events);
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(
+            (seen[0].output_tokens, seen[0].served_model.as_deref()),
+            (7, Some("m"))
+        );
+        // The node is told to cancel the tunnel.
+        let cancel = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let envelope = sent.recv().await.expect("outbound open");
+                if matches!(
+                    envelope.message,
+                    Some(pb::envelope::Message::CancelRequest(_))
+                ) {
+                    return envelope;
+                }
+            }
+        })
+        .await;
+        assert!(cancel.is_ok(), "no cancel sent to the node");
+    }
+}
