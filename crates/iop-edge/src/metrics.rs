@@ -40,7 +40,7 @@ struct UsageLabels {
     model_group: String,
     node: String,
     provider: String,
-    kind: String,
+    kind: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -186,16 +186,17 @@ impl Metrics {
             ("reasoning", usage.reasoning_tokens),
             ("cached_input", usage.cached_input_tokens),
         ];
+        // One label set for all kinds: the family copies it only for a new series.
+        let mut labels = UsageLabels {
+            model_group: usage.model_group.clone(),
+            node: usage.node_id.clone(),
+            provider: usage.provider_id.clone(),
+            kind: "",
+        };
         for (kind, value) in counts {
             if let Some(value) = value {
-                self.usage_tokens
-                    .get_or_create(&UsageLabels {
-                        model_group: usage.model_group.clone(),
-                        node: usage.node_id.clone(),
-                        provider: usage.provider_id.clone(),
-                        kind: kind.to_string(),
-                    })
-                    .inc_by(value);
+                labels.kind = kind;
+                self.usage_tokens.get_or_create(&labels).inc_by(value);
             }
         }
     }
