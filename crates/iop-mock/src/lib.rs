@@ -151,8 +151,9 @@ struct Plan {
 
 impl Plan {
     /// Appends one event per token, each after the token delay: `token` renders one
-    /// token's text (a word and its trailing space). A model named `error-mid-stream` gets `error()` in place of its middle
-    /// token and nothing after it. Returns whether the stream failed that way.
+    /// token's text (a word and its trailing space). A model named `error-mid-stream`
+    /// gets `error()` in place of its middle token and nothing after it. Returns whether
+    /// the stream failed that way.
     fn token_events(
         &self,
         events: &mut Vec<(Duration, String)>,
