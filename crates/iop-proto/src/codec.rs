@@ -43,6 +43,12 @@ impl EnvelopeCodec {
     pub fn max_frame_bytes(&self) -> usize {
         self.max_frame_bytes
     }
+
+    /// Changes the limit for the frames decoded from now on: the edge reads a connection's
+    /// first frame under a small limit and raises it once the peer has authenticated.
+    pub fn set_max_frame_bytes(&mut self, max_frame_bytes: usize) {
+        self.max_frame_bytes = max_frame_bytes;
+    }
 }
 
 impl Default for EnvelopeCodec {
@@ -158,6 +164,38 @@ mod tests {
             }) => {}
             other => panic!("expected TooLarge, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_small_first_frame_limit_refuses_a_huge_announcement_without_allocating_it() {
+        let mut codec = EnvelopeCodec::new(64 * 1024);
+        let mut buf = BytesMut::new();
+        buf.put_u32(16 * 1024 * 1024);
+        buf.extend_from_slice(&[0u8; 100]);
+        let err = codec.decode(&mut buf).unwrap_err();
+        assert!(
+            matches!(err, FrameError::TooLarge { max: 65536, .. }),
+            "{err}"
+        );
+        assert!(buf.capacity() < 64 * 1024, "buffered {}", buf.capacity());
+    }
+
+    #[test]
+    fn a_raised_limit_applies_to_the_next_frames() {
+        let big = Envelope {
+            message: Some(M::ProviderTunnelFrame(pb::ProviderTunnelFrame {
+                request_id: "r".into(),
+                frame: Some(pb::provider_tunnel_frame::Frame::Body(
+                    vec![0u8; 4096].into(),
+                )),
+            })),
+        };
+        let mut wire = encoded(ping(1));
+        wire.extend_from_slice(&encoded(big.clone()));
+        let mut codec = EnvelopeCodec::new(1024);
+        assert_eq!(codec.decode(&mut wire).unwrap(), Some(ping(1)));
+        codec.set_max_frame_bytes(8192);
+        assert_eq!(codec.decode(&mut wire).unwrap(), Some(big));
     }
 
     #[test]
