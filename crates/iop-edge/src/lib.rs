@@ -17,6 +17,7 @@ pub mod registry;
 pub mod service;
 pub mod session;
 pub mod status;
+pub mod throttle;
 pub mod transport;
 
 use std::net::SocketAddr;
