@@ -28,7 +28,7 @@ cat >"$WORK/edge.yaml" <<YAML
 listen: {nodes: "127.0.0.1:$NODE_PORT", http: "127.0.0.1:$HTTP_PORT"}
 nodes:
   - id: bench
-    token: bench-token
+    token: bench-token-0123456789
     providers:
       - {id: mock, kind: openai_compat, base_url: "http://127.0.0.1:$MOCK_PORT/v1", capacity: {normal: 64, long: 0}}
 model_groups:
@@ -37,7 +37,7 @@ YAML
 RUST_LOG=warn "$IOP" edge --config "$WORK/edge.yaml" >"$WORK/edge.log" 2>&1 &
 PIDS+=($!)
 sleep 0.5
-RUST_LOG=warn "$IOP" node --edge "127.0.0.1:$NODE_PORT" --token bench-token --db "$WORK/node.db" >"$WORK/node.log" 2>&1 &
+RUST_LOG=warn "$IOP" node --edge "127.0.0.1:$NODE_PORT" --token bench-token-0123456789 --db "$WORK/node.db" >"$WORK/node.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$HTTP_PORT/readyz" >/dev/null && break

@@ -5,7 +5,7 @@
 //! (references, uniqueness, per-kind requirements). Every error names the YAML path of
 //! the offending field, e.g. `nodes[0].providers[1].base_url`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -17,6 +17,13 @@ pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 pub const DEFAULT_QUEUE_MAX_WAITING: usize = 64;
 pub const DEFAULT_QUEUE_TIMEOUT_SEC: u64 = 30;
+/// Bounds of `max_frame_bytes`.
+pub const MIN_MAX_FRAME_BYTES: usize = 64 * 1024;
+pub const MAX_MAX_FRAME_BYTES: usize = 256 * 1024 * 1024;
+/// Shortest inline (or environment) node token accepted.
+pub const MIN_TOKEN_CHARS: usize = 16;
+/// Largest capacity per lane and `max_concurrency` of one provider.
+pub const MAX_CAPACITY: u32 = 10_000;
 
 /// An error in the edge config, naming the file and the YAML path it is about.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +115,9 @@ pub struct LimitsConfig {
     /// Largest HTTP request body accepted; larger ones get 413.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Limits of the node listener.
+    #[serde(default)]
+    pub nodes: NodeLimitsConfig,
 }
 
 fn default_max_body_bytes() -> usize {
@@ -118,9 +128,13 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            nodes: NodeLimitsConfig::default(),
         }
     }
 }
+
+pub mod node_limits;
+pub use node_limits::NodeLimitsConfig;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -332,6 +346,15 @@ impl EdgeConfig {
 
     /// Parses and validates YAML text; `file` names it in errors.
     pub fn from_yaml(text: &str, file: &str) -> Result<Self, ConfigError> {
+        if is_blank_yaml(text) {
+            return Err(ConfigError::Invalid {
+                file: file.to_string(),
+                path: "(top level)".into(),
+                message: "the file is empty: an edge config needs at least nodes[] and \
+                          model_groups[] (configs/edge.yaml is a commented example)"
+                    .into(),
+            });
+        }
         let de = serde_yaml_ng::Deserializer::from_str(text);
         let config: EdgeConfig =
             serde_path_to_error::deserialize(de).map_err(|err| ConfigError::Parse {
@@ -352,12 +375,21 @@ impl EdgeConfig {
     /// Checks references and per-kind requirements; the error is `(yaml path, message)`.
     pub fn validate(&self) -> Result<(), (String, String)> {
         let invalid = |path: String, message: &str| Err((path, message.to_string()));
-        if self.max_frame_bytes < 1024 {
-            return invalid("max_frame_bytes".into(), "must be at least 1024");
+        if !(MIN_MAX_FRAME_BYTES..=MAX_MAX_FRAME_BYTES).contains(&self.max_frame_bytes) {
+            return Err((
+                "max_frame_bytes".into(),
+                format!(
+                    "must be between {MIN_MAX_FRAME_BYTES} (64 KiB) and {MAX_MAX_FRAME_BYTES} (256 MiB)"
+                ),
+            ));
         }
         if self.limits.max_body_bytes == 0 {
             return invalid("limits.max_body_bytes".into(), "must be positive");
         }
+        self.limits
+            .nodes
+            .validate(self.max_frame_bytes)
+            .map_err(|(field, msg)| (format!("limits.nodes.{field}"), msg))?;
         if let Some(var) = &self.auth.api_keys_env
             && std::env::var(var).is_err()
         {
@@ -367,6 +399,7 @@ impl EdgeConfig {
             ));
         }
         let mut node_ids = HashSet::new();
+        let mut token_owners: HashMap<TokenHash, usize> = HashMap::new();
         for (n, node) in self.nodes.iter().enumerate() {
             let at = format!("nodes[{n}]");
             if node.id.trim().is_empty() {
@@ -378,8 +411,20 @@ impl EdgeConfig {
                     &format!("duplicate node id {:?}", node.id),
                 );
             }
-            node.token_hash()
+            let hash = node
+                .token_hash()
                 .map_err(|(field, msg)| (format!("{at}.{field}"), msg))?;
+            if let Some(&first) = token_owners.get(&hash) {
+                return Err((
+                    format!("{at}.{}", node.token_field()),
+                    format!(
+                        "nodes {:?} (nodes[{first}]) and {:?} (nodes[{n}]) have the same token; \
+                         every node needs its own",
+                        self.nodes[first].id, node.id
+                    ),
+                ));
+            }
+            token_owners.insert(hash, n);
             let mut provider_ids = HashSet::new();
             for (p, provider) in node.providers.iter().enumerate() {
                 let at = format!("{at}.providers[{p}]");
@@ -461,6 +506,17 @@ impl EdgeConfig {
 }
 
 impl NodeConfig {
+    /// The field this node's token comes from, for error paths.
+    fn token_field(&self) -> &'static str {
+        if self.token_env.is_some() {
+            "token_env"
+        } else if self.token_sha256.is_some() {
+            "token_sha256"
+        } else {
+            "token"
+        }
+    }
+
     /// The SHA-256 of this node's token from whichever source is configured; the error
     /// is `(field, message)`.
     pub fn token_hash(&self) -> Result<TokenHash, (String, String)> {
@@ -485,14 +541,27 @@ impl NodeConfig {
             }
         }
         if let Some(token) = &self.token {
-            if token.is_empty() {
-                return Err(("token".into(), "must not be empty".into()));
+            if token.chars().count() < MIN_TOKEN_CHARS {
+                return Err((
+                    "token".into(),
+                    format!(
+                        "must be at least {MIN_TOKEN_CHARS} characters (a short token is \
+                         guessable; `openssl rand -hex 24` makes a good one)"
+                    ),
+                ));
             }
             return Ok(hash_token(token));
         }
         if let Some(var) = &self.token_env {
             return match std::env::var(var) {
-                Ok(token) if !token.is_empty() => Ok(hash_token(&token)),
+                Ok(token) if token.chars().count() >= MIN_TOKEN_CHARS => Ok(hash_token(&token)),
+                Ok(token) if !token.is_empty() => Err((
+                    "token_env".into(),
+                    format!(
+                        "the token in environment variable {var} must be at least \
+                         {MIN_TOKEN_CHARS} characters"
+                    ),
+                )),
                 _ => Err((
                     "token_env".into(),
                     format!("environment variable {var} is not set or empty"),
@@ -519,8 +588,20 @@ fn validate_provider(p: &ProviderConfig) -> Result<(), (String, String)> {
             "normal and long capacity cannot both be 0".into(),
         );
     }
-    if p.max_concurrency == Some(0) {
-        return err("max_concurrency", "must be positive".into());
+    for (field, value) in [
+        ("capacity.normal", p.capacity.normal),
+        ("capacity.long", p.capacity.long),
+    ] {
+        if value > MAX_CAPACITY {
+            return err(field, format!("must be at most {MAX_CAPACITY}"));
+        }
+    }
+    match p.max_concurrency {
+        Some(0) => return err("max_concurrency", "must be positive".into()),
+        Some(n) if n > MAX_CAPACITY => {
+            return err("max_concurrency", format!("must be at most {MAX_CAPACITY}"));
+        }
+        _ => {}
     }
     if p.kind.needs_base_url() {
         match p.base_url.as_deref() {
@@ -556,6 +637,14 @@ fn validate_provider(p: &ProviderConfig) -> Result<(), (String, String)> {
         );
     }
     Ok(())
+}
+
+/// Whether a YAML text holds nothing but blank lines, comments and document markers.
+fn is_blank_yaml(text: &str) -> bool {
+    text.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#') || line == "---" || line == "..."
+    })
 }
 
 /// Renders a serde path as `a.b[2].c`.

@@ -87,7 +87,7 @@ mod tests {
             r#"
 nodes:
   - id: n
-    token: t
+    token: node-token-0123456789
     providers:
       - {id: m, kind: mock, mock: {tokens: 3}}
       - {id: off, kind: mock, enabled: false}

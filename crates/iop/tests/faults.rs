@@ -16,7 +16,7 @@ fn config(tokens: u32, delay_ms: u32, normal: u32) -> String {
         r#"
 nodes:
   - id: n1
-    token: t1
+    token: token-n1-0123456789
     providers:
       - {{id: mock, kind: mock, capacity: {{normal: {normal}, long: 0}}, mock: {{tokens: {tokens}, token_delay_ms: {delay_ms}}}}}
 model_groups:
@@ -80,7 +80,13 @@ async fn a_waiter_queued_across_a_reconnect_is_dispatched_exactly_once() {
     let dir = tempdir();
     let edge = start_edge(dir.path(), &config(5, 10, 1)).await;
     let proxy = CuttableProxy::start(&edge.nodes).await;
-    let node = start_node("n1", dir.path(), &proxy.addr, "t1", FAST_RECONNECT);
+    let node = start_node(
+        "n1",
+        dir.path(),
+        &proxy.addr,
+        "token-n1-0123456789",
+        FAST_RECONNECT,
+    );
     wait_ready(&edge, "n1").await;
 
     proxy.cut();
@@ -140,7 +146,7 @@ async fn the_node_cancels_its_runs_when_its_session_drops() {
         r#"
 nodes:
   - id: n1
-    token: t1
+    token: token-n1-0123456789
     providers:
       - {{id: ticker, kind: cli, cli: {{argv: [sh, "{d}/ticker.sh"], env: {{PIDDIR: "{d}"}}}}}}
 "#,
@@ -148,7 +154,13 @@ nodes:
     );
     let edge = start_edge(dir.path(), &config).await;
     let proxy = CuttableProxy::start(&edge.nodes).await;
-    let _node = start_node("n1", dir.path(), &proxy.addr, "t1", FAST_RECONNECT);
+    let _node = start_node(
+        "n1",
+        dir.path(),
+        &proxy.addr,
+        "token-n1-0123456789",
+        FAST_RECONNECT,
+    );
     wait_ready(&edge, "n1").await;
     let mut run = client()
         .post(edge.url("/v1/runs"))
@@ -184,7 +196,7 @@ nodes:
 async fn kill_9_mid_stream_errors_the_client_within_a_second_and_returns_the_lease() {
     let dir = tempdir();
     let edge = start_edge(dir.path(), &config(200, 20, 2)).await;
-    let mut node = start_node("n1", dir.path(), &edge.nodes, "t1", "");
+    let mut node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
     wait_ready(&edge, "n1").await;
     let mut response = streaming(&edge, "pool").send().await.unwrap();
     let mut seen = String::new();
@@ -216,7 +228,13 @@ async fn kill_9_mid_stream_errors_the_client_within_a_second_and_returns_the_lea
 async fn sigstop_mid_stream_errors_within_the_heartbeat_and_the_node_returns_as_a_new_generation() {
     let dir = tempdir();
     let edge = start_edge(dir.path(), &config(400, 25, 2)).await;
-    let node = start_node("n1", dir.path(), &edge.nodes, "t1", FAST_RECONNECT);
+    let node = start_node(
+        "n1",
+        dir.path(),
+        &edge.nodes,
+        "token-n1-0123456789",
+        FAST_RECONNECT,
+    );
     wait_ready(&edge, "n1").await;
     let mut response = streaming(&edge, "pool").send().await.unwrap();
     let mut seen = String::new();
@@ -257,7 +275,13 @@ async fn sigstop_mid_stream_errors_within_the_heartbeat_and_the_node_returns_as_
 async fn after_an_edge_restart_every_node_is_ready_again_within_its_interval() {
     let dir = tempdir();
     let mut edge = start_edge(dir.path(), &config(3, 0, 2)).await;
-    let _node = start_node("n1", dir.path(), &edge.nodes, "t1", FAST_RECONNECT);
+    let _node = start_node(
+        "n1",
+        dir.path(),
+        &edge.nodes,
+        "token-n1-0123456789",
+        FAST_RECONNECT,
+    );
     wait_ready(&edge, "n1").await;
     let (nodes, http) = (edge.nodes.clone(), edge.http.clone());
     edge.proc.kill9();
@@ -289,7 +313,7 @@ async fn a_node_started_before_its_edge_retries_until_the_edge_is_up() {
         "n1",
         dir.path(),
         &nodes,
-        "t1",
+        "token-n1-0123456789",
         "reconnect: {max_attempts: 0, interval_sec: 0.5}",
     );
     node.wait_line("connection attempt failed", Duration::from_secs(5))
@@ -308,7 +332,7 @@ async fn a_finite_retry_budget_ends_the_node_non_zero() {
         "n1",
         dir.path(),
         &free_port(),
-        "t1",
+        "token-n1-0123456789",
         "reconnect: {max_attempts: 2, interval_sec: 0.2}",
     );
     let status = node.wait_exit(Duration::from_secs(10)).await;
@@ -325,7 +349,7 @@ async fn a_finite_retry_budget_ends_the_node_non_zero() {
 async fn sigterm_ends_the_node_cleanly_after_closing_its_runs() {
     let dir = tempdir();
     let edge = start_edge(dir.path(), &config(400, 25, 2)).await;
-    let mut node = start_node("n1", dir.path(), &edge.nodes, "t1", "");
+    let mut node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
     wait_ready(&edge, "n1").await;
     let mut response = streaming(&edge, "pool").send().await.unwrap();
     let mut seen = String::new();
@@ -366,7 +390,7 @@ enum Outcome {
 async fn two_hundred_requests_with_aborts_and_a_node_restart_leave_nothing_behind() {
     let dir = tempdir();
     let edge = Arc::new(start_edge(dir.path(), &config(8, 5, 4)).await);
-    let mut node = start_node("n1", dir.path(), &edge.nodes, "t1", "");
+    let mut node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
     wait_ready(&edge, "n1").await;
     let mut rng = Lcg(0x1f0b);
     let mut tasks = tokio::task::JoinSet::new();
@@ -376,7 +400,13 @@ async fn two_hundred_requests_with_aborts_and_a_node_restart_leave_nothing_behin
         if i == 100 {
             // Mid-way: the node dies and a new node process takes its place.
             node.kill9();
-            node = start_node("n1-again", dir.path(), &edge.nodes, "t1", "");
+            node = start_node(
+                "n1-again",
+                dir.path(),
+                &edge.nodes,
+                "token-n1-0123456789",
+                "",
+            );
             restarted = Some(Instant::now());
         }
         let stream = rng.next().is_multiple_of(2);
@@ -455,7 +485,7 @@ async fn reaching_ready_resets_the_retry_budget() {
         "n1",
         dir.path(),
         &proxy.addr,
-        "t1",
+        "token-n1-0123456789",
         "reconnect: {max_attempts: 2, interval_sec: 0.3}",
     );
     wait_ready(&edge, "n1").await;

@@ -12,11 +12,11 @@ use nix::sys::signal::Signal;
 const CONFIG: &str = r#"
 nodes:
   - id: n1
-    token: token-one
+    token: token-one-0123456789
     providers:
       - {id: mock, kind: mock, capacity: {normal: 2, long: 1}}
   - id: n2
-    token: token-two
+    token: token-two-0123456789
     providers:
       - {id: mock, kind: mock}
 "#;
@@ -44,7 +44,7 @@ async fn register_then_ready_shows_in_status_and_offline_nodes_stay_listed() {
         assert_eq!(p["capacity"], serde_json::json!({"normal": 0, "long": 0}));
         assert_eq!(p["in_flight"], serde_json::json!({"normal": 0, "long": 0}));
     }
-    let _node = start_node("n1", dir.path(), &edge.nodes, "token-one", "");
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-one-0123456789", "");
     wait_ready(&edge, "n1").await;
     let s = status(&edge).await;
     let p = provider(&s, "n1", "mock");
@@ -103,13 +103,13 @@ async fn a_wrong_token_is_fatal_for_the_node_and_an_event_on_the_edge() {
 async fn a_second_connection_for_a_live_node_is_rejected_as_duplicate() {
     let dir = tempdir();
     let edge = start_edge(dir.path(), CONFIG).await;
-    let _first = start_node("first", dir.path(), &edge.nodes, "token-one", "");
+    let _first = start_node("first", dir.path(), &edge.nodes, "token-one-0123456789", "");
     wait_ready(&edge, "n1").await;
     let mut second = start_node(
         "second",
         dir.path(),
         &edge.nodes,
-        "token-one",
+        "token-one-0123456789",
         "reconnect: {max_attempts: 1, interval_sec: 0.1}",
     );
     let status = second.wait_exit(Duration::from_secs(15)).await;
@@ -127,7 +127,7 @@ async fn a_second_connection_for_a_live_node_is_rejected_as_duplicate() {
 async fn kill_9_of_the_node_shows_disconnected_within_a_second() {
     let dir = tempdir();
     let edge = start_edge(dir.path(), CONFIG).await;
-    let mut node = start_node("n1", dir.path(), &edge.nodes, "token-one", "");
+    let mut node = start_node("n1", dir.path(), &edge.nodes, "token-one-0123456789", "");
     wait_ready(&edge, "n1").await;
     node.kill9();
     let took = wait_status(&edge, Duration::from_secs(1), "n1 disconnected", |s| {
@@ -143,7 +143,7 @@ async fn kill_9_of_the_node_shows_disconnected_within_a_second() {
 async fn a_stopped_node_is_detected_by_heartbeat_timeout() {
     let dir = tempdir();
     let edge = start_edge(dir.path(), CONFIG).await;
-    let node = start_node("n1", dir.path(), &edge.nodes, "token-one", "");
+    let node = start_node("n1", dir.path(), &edge.nodes, "token-one-0123456789", "");
     wait_ready(&edge, "n1").await;
     node.signal(Signal::SIGSTOP);
     let took = wait_status(&edge, Duration::from_secs(6), "n1 disconnected", |s| {
@@ -180,7 +180,7 @@ fn edge_closes_after(addr: &str, bytes: &[u8]) -> bool {
 async fn garbage_and_oversized_frames_close_only_their_connection() {
     let dir = tempdir();
     let edge = start_edge(dir.path(), CONFIG).await;
-    let _node = start_node("n1", dir.path(), &edge.nodes, "token-one", "");
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-one-0123456789", "");
     wait_ready(&edge, "n1").await;
 
     let mut garbage = 6u32.to_be_bytes().to_vec();

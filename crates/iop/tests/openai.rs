@@ -27,7 +27,7 @@ async fn setup_with(auth: &str) -> Setup {
 limits: {{max_body_bytes: 4096}}
 nodes:
   - id: n1
-    token: t1
+    token: token-n1-0123456789
     providers:
       - {{id: oa, kind: openai_compat, base_url: "{a}"}}
       - {{id: oac, kind: vllm, base_url: "{c}"}}
@@ -53,7 +53,7 @@ model_groups:
         o = plain.ollama_base(),
     );
     let edge = start_edge(dir.path(), &config).await;
-    let node = start_node("n1", dir.path(), &edge.nodes, "t1", "");
+    let node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
     wait_ready(&edge, "n1").await;
     Setup {
         _dir: dir,
@@ -135,7 +135,7 @@ async fn edge_and_node_on_thread_pools_relay_the_same() {
         r#"
 nodes:
   - id: n1
-    token: t1
+    token: token-n1-0123456789
     providers:
       - {{id: oa, kind: openai_compat, base_url: "{a}"}}
       - {{id: m, kind: mock}}
@@ -146,7 +146,14 @@ model_groups:
         a = mock.openai_base(),
     );
     let edge = start_edge_with(dir.path(), &config, &["--threads", "2"]).await;
-    let _node = start_node_with("n1", dir.path(), &edge.nodes, "t1", "", &["--threads", "2"]);
+    let _node = start_node_with(
+        "n1",
+        dir.path(),
+        &edge.nodes,
+        "token-n1-0123456789",
+        "",
+        &["--threads", "2"],
+    );
     wait_ready(&edge, "n1").await;
     for stream in [false, true] {
         let direct = post(

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 const CONFIG: &str = r#"
 nodes:
   - id: n1
-    token: t1
+    token: token-n1-0123456789
     providers:
       - {id: shared, kind: mock, capacity: {normal: 1, long: 0}, mock: {tokens: 10, token_delay_ms: 40}}
       - {id: lanes, kind: mock, capacity: {normal: 1, long: 1}, mock: {tokens: 10, token_delay_ms: 40}}
@@ -26,7 +26,7 @@ model_groups:
 async fn setup() -> (tempfile::TempDir, EdgeProc, Proc) {
     let dir = tempdir();
     let edge = start_edge(dir.path(), CONFIG).await;
-    let node = start_node("n1", dir.path(), &edge.nodes, "t1", "");
+    let node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
     wait_ready(&edge, "n1").await;
     (dir, edge, node)
 }

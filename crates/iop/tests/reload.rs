@@ -14,7 +14,7 @@ fn config(capacity: u32, extra: bool) -> String {
         r#"
 nodes:
   - id: n1
-    token: t1
+    token: token-n1-0123456789
     providers:
       - {{id: mock, kind: mock, capacity: {{normal: {capacity}, long: 0}}, mock: {{tokens: 20, token_delay_ms: 50}}}}
 "#
@@ -33,7 +33,7 @@ nodes:
 async fn sighup_applies_new_capacity_groups_and_providers_without_dropping_anyone() {
     let dir = tempdir();
     let edge = Arc::new(start_edge(dir.path(), &config(1, false)).await);
-    let _node = start_node("n1", dir.path(), &edge.nodes, "t1", "");
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
     wait_ready(&edge, "n1").await;
     let first = {
         let edge = edge.clone();

@@ -72,7 +72,7 @@ async fn setup() -> Setup {
         r#"
 nodes:
   - id: n1
-    token: t1
+    token: token-n1-0123456789
     providers:
       - {{id: mock, kind: mock, mock: {{tokens: 5, reasoning: true}}}}
       - {{id: slowmock, kind: mock, max_concurrency: 1, mock: {{tokens: 40, token_delay_ms: 25}}}}
@@ -89,7 +89,7 @@ nodes:
         ol = mock.ollama_base(),
     );
     let edge = start_edge(&path, &config).await;
-    let node = start_node("n1", &path, &edge.nodes, "t1", "");
+    let node = start_node("n1", &path, &edge.nodes, "token-n1-0123456789", "");
     wait_ready(&edge, "n1").await;
     Setup {
         dir: path,

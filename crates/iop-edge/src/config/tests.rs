@@ -12,7 +12,7 @@ fn err_text(yaml: &str) -> String {
 const GOOD: &str = r#"
 nodes:
   - id: gpu
-    token: secret
+    token: secret-token-0123456789
     providers:
       - id: vllm
         kind: vllm
@@ -38,7 +38,10 @@ fn a_good_config_parses_with_defaults() {
         c.model_groups[0].queue.max_waiting,
         DEFAULT_QUEUE_MAX_WAITING
     );
-    assert_eq!(c.nodes[0].token_hash().unwrap(), hash_token("secret"));
+    assert_eq!(
+        c.nodes[0].token_hash().unwrap(),
+        hash_token("secret-token-0123456789")
+    );
 }
 
 #[test]
@@ -80,29 +83,42 @@ fn bad_base_url_is_named() {
 
 #[test]
 fn missing_token_is_named() {
-    let text = err_text(&GOOD.replace("token: secret", ""));
+    let text = err_text(&GOOD.replace("token: secret-token-0123456789", ""));
     assert!(text.contains("nodes[0].token: one of token"), "{text}");
 }
 
 #[test]
 fn two_token_sources_are_refused() {
-    let text = err_text(&GOOD.replace("token: secret", "token: a\n    token_env: B"));
+    let text = err_text(&GOOD.replace(
+        "token: secret-token-0123456789",
+        "token: a\n    token_env: B",
+    ));
     assert!(text.contains("nodes[0].token: give only one"), "{text}");
 }
 
 #[test]
 fn unset_token_env_is_named() {
-    let text = err_text(&GOOD.replace("token: secret", "token_env: IOP_TEST_SURELY_UNSET_VAR"));
+    let text = err_text(&GOOD.replace(
+        "token: secret-token-0123456789",
+        "token_env: IOP_TEST_SURELY_UNSET_VAR",
+    ));
     assert!(text.contains("nodes[0].token_env"), "{text}");
     assert!(text.contains("IOP_TEST_SURELY_UNSET_VAR"), "{text}");
 }
 
 #[test]
 fn token_sha256_is_accepted_and_checked() {
-    let hex_hash = hex::encode(hash_token("secret"));
-    let c = parse(&GOOD.replace("token: secret", &format!("token_sha256: {hex_hash}"))).unwrap();
-    assert_eq!(c.nodes[0].token_hash().unwrap(), hash_token("secret"));
-    let text = err_text(&GOOD.replace("token: secret", "token_sha256: abc"));
+    let hex_hash = hex::encode(hash_token("secret-token-0123456789"));
+    let c = parse(&GOOD.replace(
+        "token: secret-token-0123456789",
+        &format!("token_sha256: {hex_hash}"),
+    ))
+    .unwrap();
+    assert_eq!(
+        c.nodes[0].token_hash().unwrap(),
+        hash_token("secret-token-0123456789")
+    );
+    let text = err_text(&GOOD.replace("token: secret-token-0123456789", "token_sha256: abc"));
     assert!(text.contains("nodes[0].token_sha256"), "{text}");
 }
 
@@ -162,4 +178,125 @@ fn bad_listen_address_is_named() {
 fn zero_queue_timeout_is_named() {
     let text = err_text(&format!("{GOOD}    queue: {{timeout_sec: 0}}\n"));
     assert!(text.contains("model_groups[0].queue.timeout_sec"), "{text}");
+}
+
+#[test]
+fn an_empty_file_is_a_clear_error() {
+    for text in ["", "\n\n", "# only a comment\n---\n"] {
+        let text = err_text(text);
+        assert!(
+            text.contains("edge.yaml: (top level): the file is empty"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn a_short_inline_token_is_refused() {
+    let text = err_text(&GOOD.replace("token: secret-token-0123456789", "token: fifteen-chars-x"));
+    assert!(
+        text.contains("nodes[0].token: must be at least 16 characters"),
+        "{text}"
+    );
+    parse(&GOOD.replace("token: secret-token-0123456789", "token: sixteen-chars-xy")).unwrap();
+}
+
+#[test]
+fn the_same_token_on_two_nodes_names_both() {
+    let two = GOOD.replace(
+        "model_groups:",
+        "  - id: cpu\n    token: secret-token-0123456789\nmodel_groups:",
+    );
+    let text = err_text(&two);
+    assert!(text.contains("nodes[1].token:"), "{text}");
+    assert!(
+        text.contains("\"gpu\"") && text.contains("\"cpu\""),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_same_token_as_a_hash_on_another_node_is_refused() {
+    let hex_hash = hex::encode(hash_token("secret-token-0123456789"));
+    let two = GOOD.replace(
+        "model_groups:",
+        &format!("  - id: cpu\n    token_sha256: {hex_hash}\nmodel_groups:"),
+    );
+    let text = err_text(&two);
+    assert!(text.contains("nodes[1].token_sha256:"), "{text}");
+    assert!(
+        text.contains("\"gpu\"") && text.contains("\"cpu\""),
+        "{text}"
+    );
+}
+
+#[test]
+fn capacities_are_bounded() {
+    let text = err_text(&GOOD.replace("{normal: 2, long: 1}", "{normal: 4294967295, long: 1}"));
+    assert!(
+        text.contains("nodes[0].providers[0].capacity.normal: must be at most 10000"),
+        "{text}"
+    );
+    let text = err_text(&GOOD.replace(
+        "{normal: 2, long: 1}",
+        "{normal: 2, long: 1}\n        max_concurrency: 20000",
+    ));
+    assert!(
+        text.contains("nodes[0].providers[0].max_concurrency"),
+        "{text}"
+    );
+}
+
+#[test]
+fn max_frame_bytes_is_bounded() {
+    for bad in ["1000", "1073741824"] {
+        let text = err_text(&format!("max_frame_bytes: {bad}\n{GOOD}"));
+        assert!(
+            text.contains("max_frame_bytes: must be between 65536"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn node_limits_have_defaults_and_bounds() {
+    let c = parse(GOOD).unwrap();
+    let l = &c.limits.nodes;
+    assert_eq!(l.first_frame_bytes, 64 * 1024);
+    assert_eq!(l.register_timeout(), std::time::Duration::from_secs(5));
+    assert_eq!(l.ready_timeout(), std::time::Duration::from_secs(30));
+    assert_eq!(
+        (l.max_unauthenticated, l.max_unauthenticated_per_address),
+        (256, 16)
+    );
+    assert_eq!(l.stream_buffer_bytes, 8 * 1024 * 1024);
+    for (yaml, path) in [
+        ("first_frame_bytes: 100", "limits.nodes.first_frame_bytes"),
+        (
+            "first_frame_bytes: 33554432",
+            "limits.nodes.first_frame_bytes",
+        ),
+        (
+            "register_timeout_sec: 0",
+            "limits.nodes.register_timeout_sec",
+        ),
+        ("ready_timeout_sec: -1", "limits.nodes.ready_timeout_sec"),
+        ("max_unauthenticated: 0", "limits.nodes.max_unauthenticated"),
+        (
+            "max_unauthenticated_per_address: 300",
+            "limits.nodes.max_unauthenticated_per_address",
+        ),
+        (
+            "stream_buffer_bytes: 10",
+            "limits.nodes.stream_buffer_bytes",
+        ),
+        (
+            "summary_interval_sec: 0",
+            "limits.nodes.summary_interval_sec",
+        ),
+        ("nope: 1", "limits.nodes"),
+    ] {
+        let text = err_text(&format!("limits:\n  nodes: {{{yaml}}}\n{GOOD}"));
+        assert!(text.contains(path), "{yaml}: {text}");
+    }
 }

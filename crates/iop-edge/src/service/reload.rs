@@ -135,6 +135,11 @@ impl Edge {
         if new.limits.max_body_bytes != old.limits.max_body_bytes {
             report.needs_restart.push("limits.max_body_bytes");
         }
+        if new.limits.nodes.summary_interval_sec != old.limits.nodes.summary_interval_sec {
+            report
+                .needs_restart
+                .push("limits.nodes.summary_interval_sec");
+        }
         // Nodes that left the config lose their connection through the usual loss path.
         for node in &old.nodes {
             if !new.nodes.iter().any(|n| n.id == node.id) {
