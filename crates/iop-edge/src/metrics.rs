@@ -55,6 +55,11 @@ struct NodeLabels {
     node: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    reason: &'static str,
+}
+
 pub struct Metrics {
     registry: Mutex<Registry>,
     requests: Family<RequestLabels, Counter>,
@@ -67,6 +72,7 @@ pub struct Metrics {
     leases_acquired: Counter,
     leases_released: Counter,
     leases_live: Gauge,
+    node_connections_refused: Family<RefusalLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -146,6 +152,12 @@ impl Metrics {
             "Provider leases held now",
             leases_live.clone(),
         );
+        let node_connections_refused = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "node_connections_refused",
+            "Node-listener connections refused or closed before registering, by reason",
+            node_connections_refused.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             requests,
@@ -158,7 +170,16 @@ impl Metrics {
             leases_acquired,
             leases_released,
             leases_live,
+            node_connections_refused,
         }
+    }
+
+    /// Counts one node-listener connection refused before it registered (`reason` is one
+    /// of a fixed set of labels).
+    pub fn count_node_refusal(&self, reason: &'static str) {
+        self.node_connections_refused
+            .get_or_create(&RefusalLabels { reason })
+            .inc();
     }
 
     pub fn count_request(&self, model_group: &str, path: &str, outcome: &str) {

@@ -3,11 +3,15 @@
 //! command replies), correlated by id.
 //!
 //! The transport's reader delivers frames here without ever waiting: each stream's channel
-//! holds at most the credit window the edge granted plus a few control frames, so a full
-//! channel means the node broke flow control and only that stream is cut. Closing the
-//! session drops every route; consumers see their channel end and report the loss.
+//! holds at most the credit window the edge granted plus a few control frames, and at most
+//! the session's byte budget per stream (`limits.nodes.stream_buffer_bytes`), so a full
+//! channel or an exhausted budget means the node broke flow control (or sent frames far
+//! larger than it should) and only that stream is cut. Closing the session drops every
+//! route; consumers see their channel end and report the loss.
 
 use foldhash::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use iop_proto::Outbound;
@@ -34,8 +38,71 @@ pub enum CommandReply {
 
 #[derive(Debug)]
 enum Route {
-    Run(mpsc::Sender<pb::RunEvent>),
-    Tunnel(mpsc::Sender<Frame>),
+    Run(StreamSender<pb::RunEvent>),
+    Tunnel(StreamSender<Frame>),
+}
+
+/// The delivering half of one stream: its channel and the bytes queued in it.
+#[derive(Debug)]
+struct StreamSender<T> {
+    tx: mpsc::Sender<(T, usize)>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl<T> StreamSender<T> {
+    /// Queues `item` (of `size` bytes) unless that would take the stream over `budget`
+    /// bytes; a stream with nothing queued always takes one frame (frames are bounded by
+    /// `max_frame_bytes` anyway), so the budget never stalls a stream that is being read.
+    fn deliver(&self, item: T, size: usize, budget: usize) -> Delivery {
+        let queued = self.queued.load(Ordering::Acquire);
+        if queued > 0 && queued.saturating_add(size) > budget {
+            return Delivery::OverBudget;
+        }
+        self.queued.fetch_add(size, Ordering::AcqRel);
+        match self.tx.try_send((item, size)) {
+            Ok(()) => Delivery::Delivered,
+            Err(err) => {
+                self.queued.fetch_sub(size, Ordering::AcqRel);
+                match err {
+                    mpsc::error::TrySendError::Closed(_) => Delivery::NoRoute,
+                    mpsc::error::TrySendError::Full(_) => Delivery::Overflow,
+                }
+            }
+        }
+    }
+}
+
+/// The consuming half of one stream: what the node sent on it, in order.
+#[derive(Debug)]
+pub struct StreamReceiver<T> {
+    rx: mpsc::Receiver<(T, usize)>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl<T> StreamReceiver<T> {
+    /// The next frame; `None` once the route is gone (stream cut, session closed).
+    pub async fn recv(&mut self) -> Option<T> {
+        let (item, size) = self.rx.recv().await?;
+        self.queued.fetch_sub(size, Ordering::AcqRel);
+        Some(item)
+    }
+
+    /// Bytes delivered to this stream and not taken yet.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+}
+
+fn stream_channel<T>() -> (StreamSender<T>, StreamReceiver<T>) {
+    let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
+    let queued = Arc::new(AtomicUsize::new(0));
+    (
+        StreamSender {
+            tx,
+            queued: queued.clone(),
+        },
+        StreamReceiver { rx, queued },
+    )
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +126,15 @@ pub enum Delivery {
     NoRoute,
     /// The stream's channel was full: the node ignored flow control; the stream is cut.
     Overflow,
+    /// The stream's queued bytes would exceed the byte budget; the stream is cut.
+    OverBudget,
+}
+
+impl Delivery {
+    /// Whether the node broke this stream's limits (and the stream was cut).
+    pub fn is_overrun(&self) -> bool {
+        matches!(self, Delivery::Overflow | Delivery::OverBudget)
+    }
 }
 
 #[derive(Debug)]
@@ -70,6 +146,8 @@ pub struct NodeSession {
     pub outbound: Outbound,
     /// Cancelling it makes the transport drop this connection (node removed by a reload).
     pub kick: CancellationToken,
+    /// Bytes one stream may hold waiting for its consumer.
+    stream_budget: usize,
     routes: Mutex<Routes>,
 }
 
@@ -88,18 +166,25 @@ impl NodeSession {
             connected_at: Instant::now(),
             outbound,
             kick,
+            stream_budget: crate::config::node_limits::DEFAULT_STREAM_BUFFER_BYTES,
             routes: Mutex::new(Routes::default()),
         }
     }
 
-    pub fn open_run(&self, run_id: &str) -> Result<mpsc::Receiver<pb::RunEvent>, SessionClosed> {
-        let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
+    /// Sets the bytes one stream may hold waiting for its consumer.
+    pub fn with_stream_budget(mut self, bytes: usize) -> Self {
+        self.stream_budget = bytes;
+        self
+    }
+
+    pub fn open_run(&self, run_id: &str) -> Result<StreamReceiver<pb::RunEvent>, SessionClosed> {
+        let (tx, rx) = stream_channel();
         self.open(run_id, Route::Run(tx))?;
         Ok(rx)
     }
 
-    pub fn open_tunnel(&self, request_id: &str) -> Result<mpsc::Receiver<Frame>, SessionClosed> {
-        let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
+    pub fn open_tunnel(&self, request_id: &str) -> Result<StreamReceiver<Frame>, SessionClosed> {
+        let (tx, rx) = stream_channel();
         self.open(request_id, Route::Tunnel(tx))?;
         Ok(rx)
     }
@@ -149,11 +234,8 @@ impl NodeSession {
             return Delivery::NoRoute;
         };
         let run_id = event.run_id.clone();
-        let delivery = match tx.try_send(event) {
-            Ok(()) => Delivery::Delivered,
-            Err(mpsc::error::TrySendError::Closed(_)) => Delivery::NoRoute,
-            Err(mpsc::error::TrySendError::Full(_)) => Delivery::Overflow,
-        };
+        let size = prost::Message::encoded_len(&event);
+        let delivery = tx.deliver(event, size, self.stream_budget);
         if terminal || delivery != Delivery::Delivered {
             routes.streams.remove(&run_id);
         }
@@ -169,11 +251,8 @@ impl NodeSession {
         let Some(Route::Tunnel(tx)) = routes.streams.get(&frame.request_id) else {
             return Delivery::NoRoute;
         };
-        let delivery = match tx.try_send(inner) {
-            Ok(()) => Delivery::Delivered,
-            Err(mpsc::error::TrySendError::Closed(_)) => Delivery::NoRoute,
-            Err(mpsc::error::TrySendError::Full(_)) => Delivery::Overflow,
-        };
+        let size = inner.encoded_len();
+        let delivery = tx.deliver(inner, size, self.stream_budget);
         if terminal || delivery != Delivery::Delivered {
             routes.streams.remove(&frame.request_id);
         }
@@ -273,6 +352,54 @@ mod tests {
             Delivery::Delivered
         );
         assert!(calm.recv().await.is_some());
+    }
+
+    fn body(request_id: &str, bytes: usize) -> pb::ProviderTunnelFrame {
+        pb::ProviderTunnelFrame {
+            request_id: request_id.into(),
+            frame: Some(Frame::Body(vec![b'x'; bytes].into())),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_over_its_byte_budget_is_cut_alone() {
+        let s = session().with_stream_budget(64 * 1024);
+        let _flooded = s.open_tunnel("flood").unwrap();
+        let mut calm = s.open_tunnel("calm").unwrap();
+        // One oversized frame is taken by an empty stream; the next is over the budget.
+        assert_eq!(
+            s.deliver_tunnel_frame(body("flood", 1024 * 1024)),
+            Delivery::Delivered
+        );
+        assert_eq!(
+            s.deliver_tunnel_frame(body("flood", 16)),
+            Delivery::OverBudget
+        );
+        assert!(!s.has_stream("flood"));
+        assert_eq!(
+            s.deliver_tunnel_frame(body("calm", 16)),
+            Delivery::Delivered
+        );
+        assert!(calm.recv().await.is_some());
+    }
+
+    #[tokio::test]
+    async fn what_the_consumer_takes_frees_the_budget() {
+        let s = session().with_stream_budget(64 * 1024);
+        let mut rx = s.open_tunnel("t").unwrap();
+        for _ in 0..100 {
+            for _ in 0..3 {
+                assert_eq!(
+                    s.deliver_tunnel_frame(body("t", 16 * 1024)),
+                    Delivery::Delivered
+                );
+            }
+            assert!(rx.queued_bytes() >= 3 * 16 * 1024);
+            for _ in 0..3 {
+                rx.recv().await.unwrap();
+            }
+            assert_eq!(rx.queued_bytes(), 0);
+        }
     }
 
     #[tokio::test]

@@ -1,18 +1,28 @@
 //! The edge's node listener: accepts TCP connections from nodes and runs one handler per
 //! connection through register → ready → serve, with heartbeats both ways.
 //!
+//! Until a connection has registered it is untrusted (`limits.nodes`): it counts against
+//! the caps on unauthenticated connections ([`gate`]), its first frame may be at most
+//! `first_frame_bytes` (refused from the announced length, before anything is buffered),
+//! it must register within `register_timeout_sec`, and bad tokens from its address are
+//! throttled. Those refusals are counted and summarized in one log line per interval, not
+//! a line each. A registered connection gets `max_frame_bytes` and must send ready within
+//! `ready_timeout_sec`, or it is closed and its claim on the node id released.
+//!
 //! A connection that sends a bad frame (undecodable, oversized) or stays silent past the
 //! heartbeat timeout is closed with a logged reason; every other connection keeps going.
 //! All state changes go through [`Edge`]; this module only moves frames.
 
-use std::net::SocketAddr;
+pub mod gate;
+
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use iop_proto::envelope::kind;
 use iop_proto::pb::{self, envelope::Message};
-use iop_proto::{FrameReader, Heartbeat, Outbound, split_stream};
+use iop_proto::{FrameError, FrameReader, Heartbeat, Outbound, split_stream};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -21,10 +31,10 @@ use tokio_util::task::TaskTracker;
 use crate::registry::{Generation, ReadyOutcome};
 use crate::service::{Edge, Rejection};
 use crate::session::{CommandReply, Delivery, NodeSession};
+use gate::{NodeGate, Notice, UnauthenticatedSlot};
 
-/// A new connection must register within this time.
-pub const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 const WINDOW_OVERRUN: &str = "stream window overrun";
+const BUDGET_OVERRUN: &str = "stream byte budget overrun (limits.nodes.stream_buffer_bytes)";
 /// Time given to the writer to flush a last frame (a rejection) before the socket closes.
 const FLUSH_GRACE: Duration = Duration::from_millis(500);
 
@@ -32,12 +42,39 @@ const FLUSH_GRACE: Duration = Duration::from_millis(500);
 pub async fn serve_nodes(edge: Arc<Edge>, listener: TcpListener) {
     let connections = TaskTracker::new();
     let shutdown = edge.shutdown_token().clone();
+    let gate = NodeGate::new(Instant::now());
+    let period = edge.config().limits.nodes.summary_interval();
+    let mut summary = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    summary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
+            _ = summary.tick() => {
+                if let Some(line) = gate.take_summary(Instant::now()) {
+                    tracing::warn!("{line}");
+                }
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    connections.spawn(handle_connection(edge.clone(), stream, peer));
+                    let limits = &edge.config().limits.nodes;
+                    match gate.admit(peer.ip(), limits) {
+                        Ok(slot) => {
+                            connections.spawn(handle_connection(
+                                edge.clone(),
+                                gate.clone(),
+                                slot,
+                                stream,
+                                peer,
+                            ));
+                        }
+                        Err((notice, log)) => {
+                            edge.metrics.count_node_refusal(notice.label());
+                            if log {
+                                tracing::warn!(%peer, reason = notice.label(), unauthenticated = gate.unauthenticated(), "node connection closed at once: over the cap on unauthenticated connections (further ones are summarized)");
+                            }
+                            drop(stream);
+                        }
+                    }
                 }
                 Err(err) => {
                     tracing::warn!(%err, "accepting a node connection failed");
@@ -50,18 +87,30 @@ pub async fn serve_nodes(edge: Arc<Edge>, listener: TcpListener) {
     connections.wait().await;
 }
 
-async fn handle_connection(edge: Arc<Edge>, stream: TcpStream, peer: SocketAddr) {
-    let (reader, outbound, writer) = split_stream(stream, edge.config().max_frame_bytes);
+async fn handle_connection(
+    edge: Arc<Edge>,
+    gate: Arc<NodeGate>,
+    slot: UnauthenticatedSlot,
+    stream: TcpStream,
+    peer: SocketAddr,
+) {
+    let (mut reader, outbound, writer) = split_stream(stream, edge.config().max_frame_bytes);
+    // Until the peer has registered, only a frame the size of a RegisterRequest is read.
+    reader
+        .decoder_mut()
+        .set_max_frame_bytes(edge.config().limits.nodes.first_frame_bytes);
     let mut writer = tokio::spawn(writer.run());
     let mut connection = Connection {
         edge,
+        gate,
         reader,
         outbound,
+        ip: peer.ip(),
         peer: peer.to_string(),
         session: None,
         kick: CancellationToken::new(),
     };
-    connection.run().await;
+    connection.run(slot).await;
     drop(connection);
     if timeout(FLUSH_GRACE, &mut writer).await.is_err() {
         writer.abort();
@@ -70,8 +119,10 @@ async fn handle_connection(edge: Arc<Edge>, stream: TcpStream, peer: SocketAddr)
 
 struct Connection {
     edge: Arc<Edge>,
+    gate: Arc<NodeGate>,
     reader: FrameReader,
     outbound: Outbound,
+    ip: IpAddr,
     peer: String,
     session: Option<Arc<NodeSession>>,
     /// Cancelled by the edge to drop this connection.
@@ -79,15 +130,33 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(&mut self) {
-        let first = match timeout(REGISTER_TIMEOUT, self.reader.next()).await {
+    /// Counts a refusal before registration; true when it should be logged on its own.
+    fn notice(&self, notice: Notice) -> bool {
+        self.edge.metrics.count_node_refusal(notice.label());
+        self.gate.note(notice)
+    }
+
+    async fn run(&mut self, slot: UnauthenticatedSlot) {
+        let (limits, max_frame_bytes) = {
+            let config = self.edge.config();
+            (config.limits.nodes.clone(), config.max_frame_bytes)
+        };
+        let first = match timeout(limits.register_timeout(), self.reader.next()).await {
             Err(_) => {
-                tracing::warn!(peer = %self.peer, "closing connection: no RegisterRequest within {}s", REGISTER_TIMEOUT.as_secs());
+                if self.notice(Notice::RegisterTimeout) {
+                    tracing::warn!(peer = %self.peer, "closing connection: no RegisterRequest within {}s (limits.nodes.register_timeout_sec; further ones are summarized)", limits.register_timeout_sec);
+                }
                 return;
             }
             Ok(None) => return,
             Ok(Some(Err(err))) => {
-                tracing::warn!(peer = %self.peer, %err, "closing connection: bad first frame");
+                let notice = match err {
+                    FrameError::TooLarge { .. } => Notice::OversizedFirstFrame,
+                    _ => Notice::UndecodableFirstFrame,
+                };
+                if self.notice(notice) {
+                    tracing::warn!(peer = %self.peer, %err, "closing connection: bad first frame (limits.nodes.first_frame_bytes; further ones are summarized)");
+                }
                 return;
             }
             Ok(Some(Ok(envelope))) => envelope,
@@ -99,19 +168,50 @@ impl Connection {
                     "the first frame must be a register_request, got {}",
                     kind(&first)
                 ));
-                self.edge.rejected(&rejection, &self.peer);
+                if self.notice(Notice::NotRegister) {
+                    self.edge.rejected(&rejection, &self.peer);
+                }
                 self.reject(&rejection).await;
                 return;
             }
         };
+        let now = Instant::now();
+        if let Err((retry_after, log)) = self.gate.check_token_attempt(self.ip, now) {
+            self.edge
+                .metrics
+                .count_node_refusal(Notice::Throttled.label());
+            let rejection = Rejection::Throttled { retry_after };
+            if log {
+                tracing::warn!(peer = %self.peer, reason = %rejection, "node registration refused (further ones are summarized)");
+            }
+            self.reject(&rejection).await;
+            return;
+        }
         let generation = self.edge.next_generation();
         let registered = match self.edge.register(&request.token, generation, &self.peer) {
             Ok(registered) => registered,
             Err(rejection) => {
+                if rejection == Rejection::UnknownToken {
+                    self.edge
+                        .metrics
+                        .count_node_refusal(Notice::BadToken.label());
+                    if self.gate.bad_token(self.ip, now) {
+                        self.edge.rejected(&rejection, &self.peer);
+                    }
+                } else {
+                    // The token was right (a duplicate, or a config that cannot be built).
+                    self.gate.good_token(self.ip);
+                }
                 self.reject(&rejection).await;
                 return;
             }
         };
+        self.gate.good_token(self.ip);
+        slot.authenticated();
+        self.reader
+            .decoder_mut()
+            .set_max_frame_bytes(max_frame_bytes);
+        let ready_deadline = tokio::time::Instant::now() + limits.ready_timeout();
         let node_id = registered.node_id.clone();
         let response = pb::RegisterResponse {
             accepted: true,
@@ -122,7 +222,13 @@ impl Connection {
         let reason = if self.outbound.send(response).await.is_err() {
             "could not send the register response".to_string()
         } else {
-            self.serve(&node_id, generation).await
+            self.serve(
+                &node_id,
+                generation,
+                ready_deadline,
+                limits.ready_timeout_sec,
+            )
+            .await
         };
         self.edge.connection_lost(&node_id, generation, &reason);
     }
@@ -140,14 +246,24 @@ impl Connection {
             .await;
     }
 
-    /// Serves a registered connection until it ends; returns why it ended.
-    async fn serve(&mut self, node_id: &str, generation: Generation) -> String {
+    /// Serves a registered connection until it ends; returns why it ended. Until the
+    /// connection is dispatch-ready it must become so by `ready_deadline`.
+    async fn serve(
+        &mut self,
+        node_id: &str,
+        generation: Generation,
+        ready_deadline: tokio::time::Instant,
+        ready_timeout_sec: f64,
+    ) -> String {
         let shutdown = self.edge.shutdown_token().clone();
         let mut heartbeat = Heartbeat::new();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return "edge shutting down".into(),
                 _ = self.kick.cancelled() => return "node removed from the edge config".into(),
+                _ = tokio::time::sleep_until(ready_deadline), if self.session.is_none() => {
+                    return format!("no accepted NodeReadyRequest within {ready_timeout_sec}s of registering (limits.nodes.ready_timeout_sec): claim released");
+                }
                 frame = timeout_at(heartbeat.deadline(), self.reader.next()) => match frame {
                     Err(_) => return heartbeat.timeout_reason("node"),
                     Ok(None) => return "connection closed by the node".into(),
@@ -164,9 +280,10 @@ impl Connection {
         }
     }
 
-    /// Cuts one stream whose node ignored its credit window: the rest of the connection goes on.
+    /// Cuts one stream whose node ignored its credit window or byte budget: the rest of
+    /// the connection goes on.
     fn cut(&self, node_id: &str, cancel: pb::CancelRequest) {
-        tracing::warn!(node_id, run_id = %cancel.run_id, request_id = %cancel.request_id, "node overran the stream window: stream cut");
+        tracing::warn!(node_id, run_id = %cancel.run_id, request_id = %cancel.request_id, reason = %cancel.reason, "node overran a stream's limits: stream cut");
         self.edge.send_control(&self.outbound, cancel.into());
     }
 
@@ -211,8 +328,9 @@ impl Connection {
                     return;
                 };
                 let run_id = event.run_id.clone();
-                if session.deliver_run_event(event) == Delivery::Overflow {
-                    self.cut(node_id, pb::CancelRequest::run(&run_id, WINDOW_OVERRUN));
+                let delivery = session.deliver_run_event(event);
+                if delivery.is_overrun() {
+                    self.cut(node_id, pb::CancelRequest::run(&run_id, overrun(&delivery)));
                 }
             }
             Message::ProviderTunnelFrame(frame) => {
@@ -221,10 +339,11 @@ impl Connection {
                     return;
                 };
                 let request_id = frame.request_id.clone();
-                if session.deliver_tunnel_frame(frame) == Delivery::Overflow {
+                let delivery = session.deliver_tunnel_frame(frame);
+                if delivery.is_overrun() {
                     self.cut(
                         node_id,
-                        pb::CancelRequest::tunnel(&request_id, WINDOW_OVERRUN),
+                        pb::CancelRequest::tunnel(&request_id, overrun(&delivery)),
                     );
                 }
             }
@@ -242,5 +361,13 @@ impl Connection {
             }
             _ => tracing::warn!(node_id, kind = name, "unexpected frame from node ignored"),
         }
+    }
+}
+
+/// Why an overrun stream was cut, as told to the node.
+fn overrun(delivery: &Delivery) -> &'static str {
+    match delivery {
+        Delivery::OverBudget => BUDGET_OVERRUN,
+        _ => WINDOW_OVERRUN,
     }
 }

@@ -40,9 +40,18 @@ pub use tunnel::{TunnelItem, TunnelSpec, TunnelStream};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rejection {
     UnknownToken,
-    Duplicate { node_id: String },
-    ConfigBuild { node_id: String, message: String },
+    Duplicate {
+        node_id: String,
+    },
+    ConfigBuild {
+        node_id: String,
+        message: String,
+    },
     Protocol(String),
+    /// Too many bad tokens from the connection's address lately.
+    Throttled {
+        retry_after: std::time::Duration,
+    },
 }
 
 impl Rejection {
@@ -52,6 +61,7 @@ impl Rejection {
             Rejection::Duplicate { .. } => pb::RegisterRejectReason::DuplicateConnection,
             Rejection::ConfigBuild { .. } => pb::RegisterRejectReason::ConfigBuildFailed,
             Rejection::Protocol(_) => pb::RegisterRejectReason::Protocol,
+            Rejection::Throttled { .. } => pb::RegisterRejectReason::Throttled,
         }
     }
 
@@ -75,6 +85,11 @@ impl std::fmt::Display for Rejection {
                 write!(f, "config payload build failed: {message}")
             }
             Rejection::Protocol(message) => write!(f, "protocol error: {message}"),
+            Rejection::Throttled { retry_after } => write!(
+                f,
+                "too many bad node tokens from this address: retry in {:.1}s",
+                retry_after.as_secs_f64()
+            ),
         }
     }
 }
@@ -193,7 +208,8 @@ impl Edge {
     }
 
     /// Handles a `RegisterRequest`: authenticates the token, claims pending ownership and
-    /// builds the node's config payload. Publishes registered / rejected.
+    /// builds the node's config payload. Publishes registered / rejected, except for an
+    /// unknown token: the transport reports those, summarized (they come in floods).
     pub fn register(
         &self,
         token: &str,
@@ -207,6 +223,7 @@ impl Edge {
                 self.events
                     .node_event(&r.node_id, NodeEventKind::Registered, "", peer);
             }
+            Err(Rejection::UnknownToken) => {}
             Err(rejection) => self.rejected(rejection, peer),
         }
         result
@@ -263,13 +280,16 @@ impl Edge {
             let mut registry = self.registry.lock();
             let outcome = registry.ready(node_id, generation);
             if outcome == ReadyOutcome::Activated {
-                let session = Arc::new(NodeSession::new(
-                    node_id.to_string(),
-                    generation,
-                    peer.to_string(),
-                    outbound.clone(),
-                    kick.clone(),
-                ));
+                let session = Arc::new(
+                    NodeSession::new(
+                        node_id.to_string(),
+                        generation,
+                        peer.to_string(),
+                        outbound.clone(),
+                        kick.clone(),
+                    )
+                    .with_stream_budget(self.config().limits.nodes.stream_buffer_bytes),
+                );
                 self.sessions.write().insert(node_id.to_string(), session);
             }
             outcome

@@ -8,12 +8,11 @@
 use std::sync::Arc;
 
 use iop_proto::pb;
-use tokio::sync::mpsc;
 
 use super::admission::{AdmitError, LeaseGuard};
 use super::{CreditReturn, Edge, Observe};
 use crate::events::{EdgeEvent, RunEventNotice};
-use crate::session::{NodeSession, STREAM_WINDOW};
+use crate::session::{NodeSession, STREAM_WINDOW, StreamReceiver};
 
 /// A surface-neutral run submission.
 #[derive(Debug, Clone, Default)]
@@ -139,7 +138,7 @@ struct RunInner {
     edge: Arc<Edge>,
     session: Arc<NodeSession>,
     run_id: String,
-    rx: mpsc::Receiver<pb::RunEvent>,
+    rx: StreamReceiver<pb::RunEvent>,
     credit: CreditReturn,
     finished: bool,
     background: bool,

@@ -11,12 +11,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use iop_proto::pb::{self, provider_tunnel_frame::Frame};
-use tokio::sync::mpsc;
 
 use super::admission::LeaseGuard;
 use super::run::SubmitError;
 use super::{CreditReturn, Edge, Observe};
-use crate::session::{NodeSession, STREAM_WINDOW};
+use crate::session::{NodeSession, STREAM_WINDOW, StreamReceiver};
 
 /// One HTTP request for a provider, relative to its API root.
 #[derive(Debug, Clone)]
@@ -87,7 +86,7 @@ pub struct TunnelStream {
     edge: Arc<Edge>,
     session: Arc<NodeSession>,
     request_id: String,
-    rx: mpsc::Receiver<Frame>,
+    rx: StreamReceiver<Frame>,
     credit: CreditReturn,
     finished: bool,
     lease: Option<LeaseGuard>,
@@ -190,6 +189,7 @@ mod tests {
     use std::time::Duration;
 
     use iop_proto::Outbound;
+    use tokio::sync::mpsc;
     use tokio_util::sync::CancellationToken;
 
     use super::*;
