@@ -1,31 +1,27 @@
 //! Writes a provider tunnel's frames to the client: the provider's status, its end-to-end
 //! headers, and its body bytes untouched, chunk by chunk as they arrive (SSE included).
 //!
-//! An error before the response head becomes an OpenAI error with a status saying where
-//! it failed; an error after the body began ends an SSE stream with an error event, and
-//! aborts any other body (the client sees a truncated response, never a wrong one).
+//! The head is checked first ([`head`]): a status or headers a client should never see
+//! become a 502. An error before the response head becomes an OpenAI error with a status
+//! saying where it failed; an error after the body began ends an SSE stream with an error
+//! event on its own event boundary ([`sse`]: an incomplete provider event is held back
+//! and dropped), and aborts any other body (the client sees a truncated response, never a
+//! wrong one).
+
+pub mod head;
+pub mod sse;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures::stream;
 use iop_proto::pb;
 
 use super::error::ApiError;
 use crate::service::{TunnelItem, TunnelStream};
+use sse::EventBoundary;
 
-/// Connection-level headers that describe one hop, never forwarded.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
+/// Most body bytes already arrived that are merged into one write to the client.
+const MAX_MERGE: usize = 256 * 1024;
 
 /// Waits for the response head, then streams the body.
 pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
@@ -43,30 +39,19 @@ pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
             }
         }
     };
-    let status = status
-        .and_then(|s| StatusCode::from_u16(s).ok())
-        .unwrap_or(StatusCode::BAD_GATEWAY);
-    let mut builder = Response::builder().status(status);
-    let mut is_sse = false;
-    for h in &headers {
-        let name = h.name.to_ascii_lowercase();
-        if HOP_BY_HOP.contains(&name.as_str()) {
-            continue;
-        }
-        if name == "content-type" && h.value.starts_with(b"text/event-stream") {
-            is_sse = true;
-        }
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(&h.value),
-        ) {
-            builder = builder.header(name, value);
-        }
-    }
+    let head = status
+        .ok_or_else(|| "the provider response came without a status".to_string())
+        .and_then(|status| head::relay_head(status, &headers))
+        .map_err(|message| {
+            tracing::warn!(node_id = tunnel.node_id(), request_id = tunnel.request_id(), %message, "provider response refused");
+            // Dropping the unfinished tunnel cancels it on the node.
+            ApiError::upstream("bad_upstream_response", &message)
+        })?;
     let state = BodyState {
         tunnel,
-        is_sse,
-        remaining: content_length(&headers),
+        is_sse: head.is_sse,
+        events: (head.is_sse && head.content_length.is_none()).then(EventBoundary::default),
+        remaining: head.content_length,
         failed: None,
     };
     let body = stream::unfold(Some(state), |state| async move {
@@ -77,7 +62,7 @@ pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
         let first = match state.tunnel.next().await {
             Some(TunnelItem::Body(bytes)) => bytes,
             Some(TunnelItem::Error(e)) => return state.fail(Bytes::new(), e),
-            Some(TunnelItem::End) | None => return None,
+            Some(TunnelItem::End) | None => return state.end(Bytes::new()),
             // Status and headers come once, before the body.
             Some(_) => return Some((Ok(Bytes::new()), Some(state))),
         };
@@ -96,10 +81,13 @@ pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
             }
             return Some((Ok(bytes), Some(state)));
         }
-        // Relay what already arrived in one write.
+        // Relay what already arrived in one write (up to MAX_MERGE: a node racing the
+        // merge must not grow it without end).
         let mut merged: Option<bytes::BytesMut> = None;
         let mut ending = None;
-        while let Some(item) = state.tunnel.next_ready() {
+        while merged.as_ref().map_or(bytes.len(), |m| m.len()) < MAX_MERGE
+            && let Some(item) = state.tunnel.next_ready()
+        {
             match item {
                 TunnelItem::Body(more) => merged
                     .get_or_insert_with(|| bytes::BytesMut::from(&bytes[..]))
@@ -113,20 +101,26 @@ pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
         if let Some(m) = merged {
             bytes = m.freeze();
         }
+        if let Some(events) = state.events.as_mut() {
+            bytes = events.push(bytes);
+        }
         match ending {
-            Some(TunnelItem::End) => Some((Ok(bytes), None)),
+            Some(TunnelItem::End) => state.end(bytes),
             Some(TunnelItem::Error(e)) => state.fail(bytes, e),
             _ => Some((Ok(bytes), Some(state))),
         }
     });
-    Ok(builder
-        .body(Body::from_stream(body))
-        .expect("status and validated headers build a response"))
+    let mut response = Response::new(Body::from_stream(body));
+    *response.status_mut() = head.status;
+    *response.headers_mut() = head.headers;
+    Ok(response)
 }
 
 struct BodyState {
     tunnel: TunnelStream,
     is_sse: bool,
+    /// Event boundaries of an event stream without a Content-Length.
+    events: Option<EventBoundary>,
     /// Body bytes still expected when the provider sent a Content-Length.
     remaining: Option<u64>,
     /// A failure to report after the bytes before it went out.
@@ -136,12 +130,43 @@ struct BodyState {
 type BodyStep = Option<(Result<Bytes, std::io::Error>, Option<BodyState>)>;
 
 impl BodyState {
+    /// Ends the body normally after `bytes` and whatever the event stream held back (the
+    /// provider's bytes go out as they are).
+    fn end(mut self, bytes: Bytes) -> BodyStep {
+        let held = self
+            .events
+            .as_mut()
+            .map(EventBoundary::take_held)
+            .unwrap_or_default();
+        let out = if held.is_empty() {
+            bytes
+        } else {
+            let mut out = bytes::BytesMut::from(&bytes[..]);
+            out.extend_from_slice(&held);
+            out.freeze()
+        };
+        (!out.is_empty()).then_some((Ok(out), None))
+    }
+
     /// Ends the body after `bytes`: an SSE error event for event streams, an aborted
     /// body (the client sees a truncated response) otherwise.
     fn fail(mut self, bytes: Bytes, e: pb::TunnelError) -> BodyStep {
         tracing::warn!(request_id = self.tunnel.request_id(), code = %e.code, message = %e.message, "tunnel failed mid-body");
         if self.is_sse {
             let mut out = bytes::BytesMut::from(&bytes[..]);
+            if let Some(events) = self.events.as_mut() {
+                if events.discard_held() {
+                    tracing::debug!(
+                        request_id = self.tunnel.request_id(),
+                        "incomplete provider event dropped before the error event"
+                    );
+                }
+                if events.mid_event() {
+                    // An oversized fragment already went out: end it so the error event is
+                    // at least an event of its own.
+                    out.extend_from_slice(b"\n\n");
+                }
+            }
             out.extend_from_slice(&sse_error(&e));
             return Some((Ok(out.freeze()), None));
         }
@@ -151,13 +176,6 @@ impl BodyState {
         self.failed = Some(e.message);
         Some((Ok(bytes), Some(self)))
     }
-}
-
-fn content_length(headers: &[pb::Header]) -> Option<u64> {
-    headers
-        .iter()
-        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-        .and_then(|h| std::str::from_utf8(&h.value).ok()?.trim().parse().ok())
 }
 
 fn sse_error(e: &pb::TunnelError) -> Bytes {

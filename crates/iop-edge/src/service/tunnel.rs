@@ -30,7 +30,8 @@ pub struct TunnelSpec {
 /// What the client-facing side needs of the tunnel's frames.
 #[derive(Debug)]
 pub enum TunnelItem {
-    Status(u16),
+    /// The provider's status as the node sent it (checked by the HTTP layer).
+    Status(u32),
     Headers(Vec<pb::Header>),
     Body(Bytes),
     End,
@@ -121,7 +122,7 @@ impl TunnelStream {
                 }));
             };
             match frame {
-                Frame::Status(status) => return Some(TunnelItem::Status(status as u16)),
+                Frame::Status(status) => return Some(TunnelItem::Status(status)),
                 Frame::Headers(h) => return Some(TunnelItem::Headers(h.headers)),
                 Frame::Body(bytes) => {
                     self.credit.consumed_one(&self.edge, &self.session);
