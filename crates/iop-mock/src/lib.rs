@@ -6,6 +6,8 @@
 //! It misbehaves on purpose by model name, for fault tests:
 //! - `fail-500`: answers 500 with an OpenAI error body;
 //! - `error-mid-stream`: fails halfway through (an SSE error event / a broken NDJSON line);
+//! - `torn-mid-stream`: streams half its events and half of the next one (cut inside its
+//!   JSON), then breaks the connection (OpenAI API, streaming);
 //! - `hang`: never answers until the client goes away;
 //! - `slow`: at least 400 tokens, 25 ms apart;
 //! - `reasoning`: emits reasoning deltas (also on for every model with `--reasoning`).

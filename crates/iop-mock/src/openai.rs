@@ -7,7 +7,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures::stream;
+use futures::{StreamExt, stream};
 use serde_json::{Value, json};
 
 use super::{Mock, Tracked, bad_request, full_text, hang, parse};
@@ -160,32 +160,57 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
         }
         events.push((Duration::ZERO, "data: [DONE]\n\n".to_string()));
     }
+    if plan.model.contains("torn-mid-stream") {
+        return sse_response(torn(events, tracked));
+    }
     sse_response(paced(events, tracked))
+}
+
+/// The first half of the events, then half of the next one (cut inside its JSON), then a
+/// broken connection: a backend that died mid-line.
+fn torn(mut events: Vec<(Duration, String)>, tracked: Tracked) -> Body {
+    let keep = events.len() / 2;
+    let (delay, next) = events[keep].clone();
+    events.truncate(keep);
+    events.push((delay, next[..next.len() / 2].to_string()));
+    let broken = stream::once(async {
+        // Let what was written reach the client first: an error in the body drops the
+        // connection with whatever is still buffered.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Err(std::io::Error::other(
+            "mock provider died mid-event (model torn-mid-stream)",
+        ))
+    });
+    Body::from_stream(paced_stream(events, tracked).chain(broken))
 }
 
 /// A body that sends each event after its delay and counts the response when it ends.
 pub(crate) fn paced(events: Vec<(Duration, String)>, tracked: Tracked) -> Body {
+    Body::from_stream(paced_stream(events, tracked))
+}
+
+fn paced_stream(
+    events: Vec<(Duration, String)>,
+    tracked: Tracked,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
     let state = (events.into_iter(), tracked);
-    Body::from_stream(stream::unfold(
-        state,
-        |(mut events, mut tracked)| async move {
-            match events.next() {
-                Some((delay, text)) => {
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
-                    Some((
-                        Ok::<_, std::io::Error>(Bytes::from(text)),
-                        (events, tracked),
-                    ))
+    stream::unfold(state, |(mut events, mut tracked)| async move {
+        match events.next() {
+            Some((delay, text)) => {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
                 }
-                None => {
-                    tracked.finish();
-                    None
-                }
+                Some((
+                    Ok::<_, std::io::Error>(Bytes::from(text)),
+                    (events, tracked),
+                ))
             }
-        },
-    ))
+            None => {
+                tracked.finish();
+                None
+            }
+        }
+    })
 }
 
 pub(crate) async fn embeddings(State(mock): State<Mock>, body: Bytes) -> Response {
