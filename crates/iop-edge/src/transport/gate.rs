@@ -395,7 +395,7 @@ mod tests {
         for _ in 0..999 {
             assert!(!gate.bad_token(ip("10.0.0.1"), start));
         }
-        assert!(gate.bad_token(ip("10.0.0.2"), start) == false);
+        assert!(!gate.bad_token(ip("10.0.0.2"), start));
         let (wait, log) = gate.check_token_attempt(ip("10.0.0.1"), start).unwrap_err();
         assert!(log && wait > Duration::ZERO);
         assert!(gate.note(Notice::RegisterTimeout));

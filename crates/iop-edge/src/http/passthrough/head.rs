@@ -116,7 +116,7 @@ mod tests {
     fn h(name: &str, value: &str) -> pb::Header {
         pb::Header {
             name: name.into(),
-            value: value.as_bytes().to_vec().into(),
+            value: value.as_bytes().to_vec(),
         }
     }
 
