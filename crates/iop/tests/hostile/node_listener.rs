@@ -1,0 +1,613 @@
+//! The node listener and what nodes send, attacked: anonymous peers announcing huge
+//! frames, idling, or guessing tokens; a peer that registers and never becomes ready; a
+//! node relaying impossible heads or flooding a stream; a provider that dies mid-event.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use iop_proto::pb::{self, envelope::Message, provider_tunnel_frame::Frame};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use iop_proto::Outbound;
+
+use crate::common::node_wire::{FakeNode, RssPeak, connect_from, header, register_once};
+use crate::common::*;
+
+const TOKEN: &str = "token-n1-0123456789";
+const MIB: u64 = 1024 * 1024;
+
+/// The value of one metric series in a Prometheus text exposition (0 when absent).
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+async fn refusals(edge: &EdgeProc, reason: &str) -> u64 {
+    let text = get_text(&edge.url("/metrics")).await;
+    metric(
+        &text,
+        &format!("iop_node_connections_refused_total{{reason=\"{reason}\"}}"),
+    )
+}
+
+/// Reads until the peer closes the connection; false if it is still open after `within`.
+async fn closed_by_peer(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Announces a 16 MiB frame as the first thing on a connection, sends up to 1 MiB of it,
+/// and returns whether the edge closed the connection.
+async fn announce_huge_frame(addr: String) -> bool {
+    let Ok(mut stream) = TcpStream::connect(&addr).await else {
+        return false;
+    };
+    let _ = stream.write_all(&(16u32 << 20).to_be_bytes()).await;
+    let chunk = vec![0u8; 64 * 1024];
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        for _ in 0..16 {
+            if stream.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    closed_by_peer(&mut stream, Duration::from_secs(15)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_huge_first_frames_cost_no_memory_and_real_traffic_goes_on() {
+    let dir = tempdir();
+    // Caps high enough that every attacker gets in: the first-frame cap alone must hold.
+    let config = format!(
+        r#"
+limits:
+  nodes: {{max_unauthenticated: 1000, max_unauthenticated_per_address: 1000}}
+nodes:
+  - id: n1
+    token: {TOKEN}
+    providers:
+      - {{id: mock, kind: mock, mock: {{tokens: 100, token_delay_ms: 20}}}}
+model_groups:
+  - {{name: m, members: [{{node: n1, provider: mock}}]}}
+"#
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
+    wait_ready(&edge, "n1").await;
+    let (status, _) = chat_completion(&edge, "m", "warm up", json!({})).await;
+    assert_eq!(status, 200);
+    let baseline = crate::common::node_wire::rss_bytes(edge.proc.pid());
+    let peak = RssPeak::start(edge.proc.pid());
+
+    let mut stream = client()
+        .post(edge.url("/v1/chat/completions"))
+        .json(
+            &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut attackers = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        attackers.spawn(announce_huge_frame(edge.nodes.clone()));
+    }
+    let mut closed = 0;
+    while let Some(result) = attackers.join_next().await {
+        closed += result.unwrap() as u32;
+    }
+    assert_eq!(
+        closed, 200,
+        "every attacker connection is closed by the edge"
+    );
+    let mut seen = String::new();
+    read_to_end(&mut stream, &mut seen, Duration::from_secs(20)).await;
+    assert!(
+        seen.trim_end().ends_with("data: [DONE]"),
+        "the concurrent stream completes: {seen}"
+    );
+
+    let grew = peak.peak().saturating_sub(baseline);
+    assert!(grew < 64 * MIB, "edge RSS grew by {} MiB", grew / MIB);
+    let s = status_of(&edge).await;
+    assert_eq!(node_status(&s, "n1")["ready"], true, "{s}");
+    assert!(
+        !edge.proc.has_line("node disconnected"),
+        "{}",
+        edge.proc.log()
+    );
+    assert_eq!(refusals(&edge, "oversized_first_frame").await, 200);
+    let lines = edge
+        .proc
+        .log()
+        .lines()
+        .filter(|l| l.contains("first frame"))
+        .count();
+    assert!(lines < 5, "{lines} log lines about bad first frames");
+}
+
+async fn status_of(edge: &EdgeProc) -> Value {
+    crate::common::status(edge).await
+}
+
+#[tokio::test]
+async fn unregistered_connections_are_capped_in_total_and_per_address_and_time_out() {
+    let dir = tempdir();
+    let config = format!(
+        r#"
+limits:
+  nodes: {{register_timeout_sec: 3, max_unauthenticated: 24, max_unauthenticated_per_address: 16, summary_interval_sec: 1}}
+nodes:
+  - id: n1
+    token: {TOKEN}
+    providers:
+      - {{id: mock, kind: mock}}
+"#
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
+    wait_ready(&edge, "n1").await;
+
+    // 20 idle connections from one address (16 fit), then 20 from another (8 more fit
+    // under the total of 24).
+    let mut idle = Vec::new();
+    for source in ["127.0.0.3", "127.0.0.4"] {
+        for _ in 0..20 {
+            idle.push(connect_from(source, &edge.nodes).await.unwrap());
+        }
+    }
+    let mut closing = tokio::task::JoinSet::new();
+    for mut stream in idle {
+        closing.spawn(async move { closed_by_peer(&mut stream, Duration::from_secs(20)).await });
+    }
+    while let Some(closed) = closing.join_next().await {
+        assert!(closed.unwrap(), "an idle connection was never closed");
+    }
+    assert_eq!(refusals(&edge, "address_cap").await, 4);
+    assert_eq!(refusals(&edge, "unauthenticated_cap").await, 12);
+    assert_eq!(refusals(&edge, "register_timeout").await, 24);
+    edge.proc
+        .wait_line("node listener, last", Duration::from_secs(5))
+        .await;
+    let log = edge.proc.log();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("closed at once") || l.contains("RegisterRequest within"))
+        .count();
+    assert!(
+        lines <= 4,
+        "{lines} lines about refused connections:\n{log}"
+    );
+    // The registered node never noticed.
+    let s = status_of(&edge).await;
+    assert_eq!(node_status(&s, "n1")["ready"], true, "{s}");
+}
+
+/// The retry time a THROTTLED answer names, in seconds.
+fn retry_after(reason: &str) -> f64 {
+    reason
+        .split("retry in ")
+        .nth(1)
+        .and_then(|r| r.trim_end_matches('s').parse().ok())
+        .unwrap_or_else(|| panic!("no retry time in {reason:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_bad_tokens_from_one_address_are_throttled_and_summarized() {
+    let dir = tempdir();
+    let config = format!(
+        r#"
+limits:
+  nodes: {{summary_interval_sec: 1}}
+nodes:
+  - id: n1
+    token: {TOKEN}
+    providers:
+      - {{id: mock, kind: mock}}
+"#
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let guesser = "127.0.0.2";
+    let mut unknown = 0;
+    let mut throttled = Vec::new();
+    // The retry time of the first throttled answer after each bad token.
+    let mut waits_after_failures = Vec::new();
+    let mut after_failure = false;
+    for i in 0..1000 {
+        let token = format!("guess-{i:016}");
+        let answer = register_once(guesser, &edge.nodes, &token)
+            .await
+            .expect("the edge answers every registration");
+        assert!(!answer.accepted);
+        match answer.reject_reason() {
+            pb::RegisterRejectReason::UnknownToken => {
+                unknown += 1;
+                after_failure = true;
+            }
+            pb::RegisterRejectReason::Throttled => {
+                let wait = retry_after(&answer.reason);
+                if std::mem::take(&mut after_failure) {
+                    waits_after_failures.push(wait);
+                }
+                throttled.push(wait);
+            }
+            other => panic!("unexpected answer {other:?}: {}", answer.reason),
+        }
+    }
+    assert!(unknown >= 1, "the first guess is checked");
+    assert!(
+        unknown < 20,
+        "{unknown} guesses were checked: not throttled"
+    );
+    assert_eq!(unknown + throttled.len(), 1000);
+
+    // Once the wait is over one more guess is checked, and the next wait is longer.
+    let last_wait = throttled.last().copied().unwrap_or(0.0);
+    tokio::time::sleep(Duration::from_secs_f64(last_wait + 0.2)).await;
+    for _ in 0..50 {
+        let answer = register_once(guesser, &edge.nodes, "guess-after-the-wait")
+            .await
+            .unwrap();
+        if answer.reject_reason() == pb::RegisterRejectReason::Throttled {
+            waits_after_failures.push(retry_after(&answer.reason));
+            break;
+        }
+    }
+    let first = waits_after_failures[0];
+    let last = *waits_after_failures.last().unwrap();
+    assert!(
+        waits_after_failures.len() >= 2 && last > first,
+        "the delays grow: {waits_after_failures:?}"
+    );
+
+    let summary = edge
+        .proc
+        .wait_line("bad node tokens from 1 address", Duration::from_secs(10))
+        .await;
+    assert!(summary.contains("most from 127.0.0.2"), "{summary}");
+    let log = edge.proc.log();
+    let lines = log
+        .lines()
+        .filter(|l| {
+            l.contains("node token")
+                || l.contains("registration rejected")
+                || l.contains("registration refused")
+        })
+        .count();
+    assert!(lines < 20, "{lines} log lines about bad tokens:\n{log}");
+    assert!(refusals(&edge, "throttled").await >= 900);
+
+    // A node on another address is not held back by the guesser.
+    let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
+    wait_ready(&edge, "n1").await;
+}
+
+#[tokio::test]
+async fn a_connection_that_registers_and_never_sends_ready_loses_its_claim() {
+    let dir = tempdir();
+    let config = format!(
+        r#"
+limits:
+  nodes: {{ready_timeout_sec: 1}}
+nodes:
+  - id: n1
+    token: {TOKEN}
+    providers:
+      - {{id: mock, kind: mock}}
+"#
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    // It answers the edge's pings, so only the ready deadline can end it.
+    let (mut squatter, answer) = FakeNode::register("127.0.0.1", &edge.nodes, TOKEN).await;
+    assert!(answer.accepted, "{}", answer.reason);
+    let s = status_of(&edge).await;
+    assert_eq!(node_status(&s, "n1")["state"], "registering", "{s}");
+
+    let _node = start_node(
+        "n1",
+        dir.path(),
+        &edge.nodes,
+        TOKEN,
+        "reconnect: {max_attempts: 0, interval_sec: 0.3}",
+    );
+    assert!(
+        squatter.wait_closed(Duration::from_secs(10)).await,
+        "the edge closes a connection that never sends ready"
+    );
+    edge.proc
+        .wait_line(
+            "no accepted NodeReadyRequest within 1s",
+            Duration::from_secs(5),
+        )
+        .await;
+    wait_ready(&edge, "n1").await;
+}
+
+/// What the fake relay node does with a request, chosen by the request's message.
+async fn relay(outbound: Outbound, request: pb::ProviderTunnelRequest) {
+    let body: Value = serde_json::from_slice(&request.body).unwrap();
+    let behaviour = body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let json_headers = || {
+        Frame::Headers(pb::TunnelHeaders {
+            headers: vec![header("content-type", "application/json")],
+        })
+    };
+    let mut frames: Vec<Frame> = match behaviour.as_str() {
+        "status-999" => vec![
+            Frame::Status(999),
+            json_headers(),
+            Frame::Body(b"{}".to_vec().into()),
+        ],
+        "status-101" => vec![
+            Frame::Status(101),
+            Frame::Headers(pb::TunnelHeaders {
+                headers: vec![header("upgrade", "websocket")],
+            }),
+        ],
+        "headers-10000" => vec![
+            Frame::Status(200),
+            Frame::Headers(pb::TunnelHeaders {
+                headers: (0..10_000)
+                    .map(|i| header(&format!("x-h-{i}"), "v"))
+                    .collect(),
+            }),
+            Frame::Body(b"{}".to_vec().into()),
+        ],
+        "flood" => {
+            // 64 frames of 2 MiB, without waiting for credit or for the client.
+            let mut frames = vec![
+                Frame::Status(200),
+                Frame::Headers(pb::TunnelHeaders {
+                    headers: vec![header("content-type", "application/octet-stream")],
+                }),
+            ];
+            for _ in 0..64 {
+                frames.push(Frame::Body(vec![b'x'; 2 * 1024 * 1024].into()));
+            }
+            frames
+        }
+        _ => vec![
+            Frame::Status(200),
+            json_headers(),
+            Frame::Body(br#"{"ok":true}"#.to_vec().into()),
+        ],
+    };
+    frames.push(Frame::End(pb::TunnelEnd {}));
+    for frame in frames {
+        let sent = outbound
+            .send(pb::ProviderTunnelFrame {
+                request_id: request.request_id.clone(),
+                frame: Some(frame),
+            })
+            .await;
+        if sent.is_err() {
+            return;
+        }
+    }
+}
+
+/// A fake node serving the `relay` model group; returns the cancels it receives.
+async fn fake_relay_node(edge: &EdgeProc) -> Arc<Mutex<Vec<pb::CancelRequest>>> {
+    let (mut node, answer) =
+        FakeNode::register("127.0.0.1", &edge.nodes, "token-fake-0123456789").await;
+    assert!(answer.accepted, "{}", answer.reason);
+    node.ready().await;
+    let cancels = Arc::new(Mutex::new(Vec::new()));
+    let seen = cancels.clone();
+    tokio::spawn(async move {
+        while let Some(message) = node.next(Duration::from_secs(3600)).await {
+            match message {
+                Message::ProviderTunnelRequest(request) => {
+                    tokio::spawn(relay(node.outbound.clone(), request));
+                }
+                Message::CancelRequest(cancel) => seen.lock().unwrap().push(cancel),
+                _ => {}
+            }
+        }
+    });
+    cancels
+}
+
+fn relay_config(limits: &str) -> String {
+    format!(
+        r#"
+limits:
+  nodes: {{{limits}}}
+nodes:
+  - id: fake
+    token: token-fake-0123456789
+    providers:
+      - {{id: oa, kind: openai_compat, base_url: "http://127.0.0.1:9/v1", capacity: {{normal: 8}}}}
+model_groups:
+  - {{name: relay, members: [{{node: fake, provider: oa}}]}}
+"#
+    )
+}
+
+#[tokio::test]
+async fn impossible_heads_from_a_node_become_502_and_the_tunnel_is_cancelled() {
+    let dir = tempdir();
+    let edge = start_edge(dir.path(), &relay_config("")).await;
+    let cancels = fake_relay_node(&edge).await;
+    wait_ready(&edge, "fake").await;
+    for (behaviour, says) in [
+        ("status-999", "status 999"),
+        ("status-101", "status 101"),
+        ("headers-10000", "10000 headers"),
+    ] {
+        let (status, body) = chat_completion(&edge, "relay", behaviour, json!({})).await;
+        assert_eq!(status, 502, "{behaviour}: {body}");
+        let error: Value = serde_json::from_str(&body).unwrap();
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{behaviour}: {body}");
+    }
+    let (status, body) = chat_completion(&edge, "relay", "ok", json!({})).await;
+    assert_eq!((status, body.as_str()), (200, r#"{"ok":true}"#));
+    // The refused tunnels were cancelled on the node.
+    wait_for(Duration::from_secs(10), "three tunnel cancels", || {
+        cancels.lock().unwrap().len() >= 3
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_overrunning_a_streams_byte_budget_has_that_stream_cut_alone() {
+    let dir = tempdir();
+    let edge = start_edge(dir.path(), &relay_config("stream_buffer_bytes: 65536")).await;
+    let cancels = fake_relay_node(&edge).await;
+    wait_ready(&edge, "fake").await;
+    let (status, _) = chat_completion(&edge, "relay", "ok", json!({})).await;
+    assert_eq!(status, 200);
+    let baseline = crate::common::node_wire::rss_bytes(edge.proc.pid());
+    let peak = RssPeak::start(edge.proc.pid());
+
+    // A client that takes the head and never reads the body.
+    let stalled = client()
+        .post(edge.url("/v1/chat/completions"))
+        .json(&json!({"model": "relay", "messages": [{"role": "user", "content": "flood"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stalled.status(), 200);
+    wait_for(Duration::from_secs(20), "the flooded stream cut", || {
+        cancels
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|c| c.reason.contains("byte budget"))
+    })
+    .await;
+    // Another stream on the same node is served.
+    let (status, body) = chat_completion(&edge, "relay", "ok", json!({})).await;
+    assert_eq!((status, body.as_str()), (200, r#"{"ok":true}"#));
+    let grew = peak.peak().saturating_sub(baseline);
+    assert!(grew < 64 * MIB, "edge RSS grew by {} MiB", grew / MIB);
+    edge.proc
+        .wait_line("stream cut", Duration::from_secs(5))
+        .await;
+    let s = status_of(&edge).await;
+    assert_eq!(node_status(&s, "fake")["ready"], true, "{s}");
+    drop(stalled);
+}
+
+/// Polls `done` until it holds; panics after `within`.
+async fn wait_for(within: Duration, what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_torn_provider_event_ends_with_a_well_formed_error_event() {
+    let dir = tempdir();
+    let mock = start_mock(&[]).await;
+    let config = format!(
+        r#"
+nodes:
+  - id: n1
+    token: {TOKEN}
+    providers:
+      - {{id: oa, kind: openai_compat, base_url: "{}"}}
+model_groups:
+  - {{name: torn, members: [{{node: n1, provider: oa, model: torn-mid-stream}}]}}
+"#,
+        mock.openai_base()
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
+    wait_ready(&edge, "n1").await;
+    let mut response = client()
+        .post(edge.url("/v1/chat/completions"))
+        .json(&json!({"model": "torn", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = String::new();
+    read_to_end(&mut response, &mut body, Duration::from_secs(20)).await;
+    assert!(
+        body.ends_with("\n\n"),
+        "the stream ends on an event boundary: {body:?}"
+    );
+    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert!(events.len() >= 2, "{body}");
+    for event in &events {
+        let data = event
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("not one data line: {event:?} in {body:?}"));
+        assert!(!data.contains('\n'), "one line per event: {event:?}");
+        serde_json::from_str::<Value>(data)
+            .unwrap_or_else(|e| panic!("event {event:?} is not JSON ({e}); body: {body:?}"));
+    }
+    let last: Value = serde_json::from_str(&events.last().unwrap()["data: ".len()..]).unwrap();
+    assert!(last["error"]["message"].is_string(), "{last}");
+    assert!(
+        events[..events.len() - 1]
+            .iter()
+            .all(|e| e.contains("chat.completion.chunk"))
+    );
+
+    if let Some(python) = python_with_openai() {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/torn_stream_check.py"
+        );
+        let out = tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::process::Command::new(&python)
+                .arg(script)
+                .arg(edge.url("/v1"))
+                .arg("torn")
+                .output(),
+        )
+        .await
+        .expect("the SDK check finishes within 60s")
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.trim_end().ends_with("ok"),
+            "SDK check failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The Python with the `openai` SDK (`IOP_PYTHON`, else python3), or None when it has no
+/// SDK (an error when `IOP_REQUIRE_PYTHON_SDK` is set).
+fn python_with_openai() -> Option<String> {
+    let python = std::env::var("IOP_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_sdk = std::process::Command::new(&python)
+        .args(["-c", "import openai"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if has_sdk {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("IOP_REQUIRE_PYTHON_SDK").is_err(),
+        "IOP_REQUIRE_PYTHON_SDK is set but {python} cannot import openai"
+    );
+    eprintln!("SDK part skipped: {python} has no `openai` package (scripts/test.sh installs it)");
+    None
+}
