@@ -135,7 +135,7 @@ impl NodeRuntime {
             .flat_map(|a| {
                 let id = a.spec.id.clone();
                 a.adapter.sessions().into_iter().map(move |s| {
-                    json!({"adapter": id, "target": s.target, "session_id": s.session_id, "pid": s.pid, "age_sec": s.age_sec})
+                    json!({"adapter": id, "target": s.target, "session_id": s.session_id, "pid": s.pid, "age_sec": s.age_sec, "idle_sec": s.idle_sec})
                 })
             })
             .collect();
