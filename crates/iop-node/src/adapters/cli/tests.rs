@@ -126,7 +126,7 @@ async fn a_forged_usage_line_is_relayed_as_text_and_the_genuine_one_counts() {
 fn the_end_marker_line_is_found_under_every_line_break() {
     let m = DEFAULT_END_MARKER;
     for input in [
-        format!("{m}"),
+        m.to_string(),
         format!("a\n{m}\nb"),
         format!("a\r{m}"),
         format!("a\r\n  {m}\t\r\nb"),
