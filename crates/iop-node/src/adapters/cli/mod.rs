@@ -121,14 +121,23 @@ impl Drop for SessionProcess {
     }
 }
 
-/// Ends a process from synchronous code: waited for on a task when a runtime is there,
-/// else killed (and reaped by the runtime's orphan queue).
-fn end_soon(process: SessionProcess) {
+/// Ends a session's process taken out of the table, then frees its place under the cap.
+async fn end_session(process: SessionProcess, shared: &Shared) {
+    process.end().await;
+    shared.table.lock().ended();
+}
+
+/// [`end_session`] from synchronous code: on a task when a runtime is there, else the
+/// process is killed (and reaped by the runtime's orphan queue).
+fn end_soon(process: SessionProcess, shared: Arc<Shared>) {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
-            handle.spawn(process.end());
+            handle.spawn(async move { end_session(process, &shared).await });
         }
-        Err(_) => drop(process),
+        Err(_) => {
+            drop(process);
+            shared.table.lock().ended();
+        }
     }
 }
 
@@ -352,7 +361,7 @@ impl CliAdapter {
         let checked = self.checkout(&key, &input)?;
         // If this turn does not finish (cancel, error), the process is mid-answer: end it.
         let mut turn = SessionTurn {
-            shared: &self.shared,
+            shared: self.shared.clone(),
             key,
             id: checked.id,
             process: Some(checked.process),
@@ -411,7 +420,7 @@ impl CliAdapter {
         let mut table = self.shared.table.lock();
         let limits = table.limits();
         let result = table.checkout(key, Instant::now(), || self.spawn_session(input));
-        let live = table.len();
+        let live = table.live();
         drop(table);
         match result {
             Ok(checked) => {
@@ -496,14 +505,15 @@ async fn reap_idle(shared: Arc<Shared>, cancel: CancellationToken) {
                 "cli session process ended: idle for cli.session_idle_sec"
             );
             if let Some(process) = session.process {
-                process.end().await;
+                end_session(process, &shared).await;
             }
         }
     }
     let all = shared.table.lock().drain(Instant::now());
     for session in all {
         match session.process {
-            Some(process) => process.end().await,
+            Some(process) => end_session(process, &shared).await,
+            // Mid-turn: the turn sees its process die and ends it.
             None => kill_group(session.pid),
         }
     }
@@ -511,14 +521,14 @@ async fn reap_idle(shared: Arc<Shared>, cancel: CancellationToken) {
 
 /// One turn's hold on its session's process: `finish` checks it back in; dropped before
 /// that (cancel, error), the session is forgotten and its process ended.
-struct SessionTurn<'a> {
-    shared: &'a Shared,
+struct SessionTurn {
+    shared: Arc<Shared>,
     key: SessionKey,
     id: u64,
     process: Option<SessionProcess>,
 }
 
-impl SessionTurn<'_> {
+impl SessionTurn {
     fn finish(&mut self) {
         let Some(process) = self.process.take() else {
             return;
@@ -531,17 +541,17 @@ impl SessionTurn<'_> {
         match back {
             Ok(()) => self.shared.changed.notify_one(),
             // Terminated during the turn.
-            Err(process) => end_soon(process),
+            Err(process) => end_soon(process, self.shared.clone()),
         }
     }
 }
 
-impl Drop for SessionTurn<'_> {
+impl Drop for SessionTurn {
     fn drop(&mut self) {
         if let Some(process) = self.process.take() {
             self.shared.table.lock().discard(&self.key, self.id);
             tracing::info!(target = %self.key.0, session_id = %self.key.1, pid = process.pid, "cli session process ended: its turn did not finish");
-            end_soon(process);
+            end_soon(process, self.shared.clone());
         }
     }
 }
@@ -586,7 +596,7 @@ impl Adapter for CliAdapter {
         };
         let pid = session.pid;
         match session.process {
-            Some(process) => process.end().await,
+            Some(process) => end_session(process, &self.shared).await,
             // Mid-turn: the turn sees its process die and ends it.
             None => kill_group(pid),
         }

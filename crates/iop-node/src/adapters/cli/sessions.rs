@@ -3,7 +3,9 @@
 //! most `max_sessions` live processes, and none idle for longer than `idle`.
 //!
 //! Pure state: no processes, no clock. The adapter checks a process out for a turn and
-//! checks it back in after; the reaper asks for the expired ones. A session over the cap
+//! checks it back in after; the reaper asks for the expired ones. A session taken out of
+//! the table still counts against the cap until its process has been waited for
+//! ([`SessionTable::ended`]), so the cap bounds live processes, not table rows. A session over the cap
 //! is refused rather than evicting an idle one: eviction would silently throw away another
 //! conversation's state, while a refusal tells the client what happened and what to do.
 
@@ -75,6 +77,8 @@ struct Slot<P> {
 pub struct SessionTable<P> {
     limits: SessionLimits,
     slots: HashMap<SessionKey, Slot<P>>,
+    /// Sessions taken out whose process is not yet waited for.
+    ending: usize,
     next_id: u64,
 }
 
@@ -83,6 +87,7 @@ impl<P> SessionTable<P> {
         Self {
             limits,
             slots: HashMap::new(),
+            ending: 0,
             next_id: 0,
         }
     }
@@ -93,6 +98,17 @@ impl<P> SessionTable<P> {
 
     pub fn len(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Processes counted against the cap: the sessions, and those still ending.
+    pub fn live(&self) -> usize {
+        self.slots.len() + self.ending
+    }
+
+    /// A process of a session taken out (reaped, removed, discarded, drained) has been
+    /// waited for: its place under the cap is free.
+    pub fn ended(&mut self) {
+        self.ending = self.ending.saturating_sub(1);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -116,7 +132,7 @@ impl<P> SessionTable<P> {
                 fresh: false,
             });
         }
-        if self.slots.len() >= self.limits.max_sessions {
+        if self.live() >= self.limits.max_sessions {
             return Err(CheckoutError::Full {
                 max_sessions: self.limits.max_sessions,
             });
@@ -161,16 +177,20 @@ impl<P> SessionTable<P> {
     }
 
     /// Forgets the slot of a turn that did not complete (its process is ended by the
-    /// caller). A slot that was replaced meanwhile is left alone.
+    /// caller, who then calls [`ended`](Self::ended)). A slot that was replaced or removed
+    /// meanwhile is left alone (its removal already counted the process as ending).
     pub fn discard(&mut self, key: &SessionKey, id: u64) {
         if self.slots.get(key).is_some_and(|s| s.id == id) {
             self.slots.remove(key);
+            self.ending += 1;
         }
     }
 
-    /// Takes a session out (terminate).
+    /// Takes a session out (terminate); its process counts as ending until
+    /// [`ended`](Self::ended).
     pub fn remove(&mut self, key: &SessionKey, now: Instant) -> Option<Removed<P>> {
         let slot = self.slots.remove(key)?;
+        self.ending += 1;
         Some(Removed {
             key: key.clone(),
             pid: slot.pid,
@@ -279,10 +299,37 @@ mod tests {
             refused.unwrap_err(),
             CheckoutError::Full { max_sessions: 2 }
         );
-        // Existing sessions still work; a freed slot admits a new one.
+        // Existing sessions still work; a freed slot admits a new one once the removed
+        // session's process has ended.
         assert!(t.checkout(&key("a"), now, spawn("x")).is_ok());
         assert!(t.remove(&key("b"), now).is_some());
+        assert_eq!(
+            t.checkout(&key("c"), now, spawn("pc")).unwrap_err(),
+            CheckoutError::Full { max_sessions: 2 }
+        );
+        t.ended();
         assert!(t.checkout(&key("c"), now, spawn("pc")).unwrap().fresh);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reaped_sessions_hold_their_place_until_their_process_is_waited_for() {
+        let mut t = table(2, 10);
+        for s in ["a", "b"] {
+            let c = t.checkout(&key(s), Instant::now(), spawn("p")).unwrap();
+            t.check_in(&key(s), c.id, c.process, Instant::now())
+                .unwrap();
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(t.reap(Instant::now()).len(), 2);
+        assert_eq!((t.len(), t.live()), (0, 2));
+        let full = t.checkout(&key("c"), Instant::now(), spawn("pc"));
+        assert_eq!(full.unwrap_err(), CheckoutError::Full { max_sessions: 2 });
+        t.ended();
+        assert!(t.checkout(&key("c"), Instant::now(), spawn("pc")).is_ok());
+        assert!(t.checkout(&key("d"), Instant::now(), spawn("pd")).is_err());
+        t.ended();
+        t.ended();
+        assert_eq!(t.live(), 1, "ending never goes below zero");
     }
 
     #[test]
@@ -355,7 +402,7 @@ mod tests {
         // The old turn finishing late neither replaces nor discards the new session.
         assert_eq!(t.check_in(&key("a"), old.id, old.process, now), Err("old"));
         t.discard(&key("a"), old.id);
-        assert_eq!(t.len(), 1);
+        assert_eq!((t.len(), t.live()), (1, 2), "the old process counts once");
         t.check_in(&key("a"), new.id, new.process, now).unwrap();
         assert_eq!(
             t.checkout(&key("a"), now, spawn("x")).unwrap().process,
@@ -370,6 +417,11 @@ mod tests {
         let c = t.checkout(&key("a"), now, spawn("p")).unwrap();
         t.discard(&key("a"), c.id);
         assert!(t.is_empty());
+        assert!(
+            t.checkout(&key("b"), now, spawn("q")).is_err(),
+            "still ending"
+        );
+        t.ended();
         assert!(t.checkout(&key("b"), now, spawn("q")).is_ok());
     }
 

@@ -1,0 +1,4 @@
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cli;
