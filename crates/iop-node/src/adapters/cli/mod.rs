@@ -92,6 +92,10 @@ struct SessionProcess {
     nonce: UsageNonce,
     stdin: ChildStdin,
     stdout: Lines<BufReader<ChildStdout>>,
+    /// The last [`STDERR_TAIL`] bytes the process wrote to stderr.
+    stderr: Arc<Mutex<Vec<u8>>>,
+    /// Reads stderr until every process of the group has closed it.
+    stderr_task: tokio::task::JoinHandle<()>,
     /// Waited for: its pid may belong to someone else now, never signal it again.
     waited: bool,
 }
@@ -99,7 +103,9 @@ struct SessionProcess {
 impl SessionProcess {
     /// Kills the process group and waits for the process.
     async fn end(mut self) {
-        kill_group(self.pid);
+        if !self.waited {
+            kill_group(self.pid);
+        }
         match tokio::time::timeout(END_WAIT, self.child.wait()).await {
             Ok(Ok(_)) => self.waited = true,
             Ok(Err(e)) => {
@@ -110,6 +116,18 @@ impl SessionProcess {
                 "a killed cli session process did not exit in time"
             ),
         }
+    }
+}
+
+impl SessionProcess {
+    /// The process stopped answering: kill its group (its pid is still ours until it is
+    /// waited for), wait for it, and let the stderr reader take the last words.
+    async fn finish_stderr(&mut self) {
+        kill_group(self.pid);
+        if let Ok(Ok(_)) = tokio::time::timeout(END_WAIT, self.child.wait()).await {
+            self.waited = true;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(500), &mut self.stderr_task).await;
     }
 }
 
@@ -394,11 +412,13 @@ impl CliAdapter {
                         .await?
                 }
                 Ok(None) | Err(_) => {
+                    process.finish_stderr().await;
                     return Err(AdapterError::new(
                         "cli_exit",
                         format!(
-                            "session {} process exited before its end marker",
-                            input.session_id
+                            "session {} process exited before its end marker{}",
+                            input.session_id,
+                            tail(&process.stderr.lock())
                         ),
                     ));
                 }
@@ -460,7 +480,23 @@ impl CliAdapter {
                 format!("{:?} exited as soon as it started", self.spec.argv[0]),
             )
         })?;
+        // Read stderr all along (a full pipe would stall the program), keeping its tail
+        // for the error of a turn whose process dies. The task ends with the process.
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut pipe = child.stderr.take().expect("piped stderr");
+        let tail_buf = stderr.clone();
+        let stderr_task = tokio::spawn(async move {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
+                let mut tail = tail_buf.lock();
+                tail.extend_from_slice(&chunk[..n]);
+                let excess = tail.len().saturating_sub(STDERR_TAIL);
+                tail.drain(..excess);
+            }
+        });
         let process = SessionProcess {
+            stderr,
+            stderr_task,
             stdin: child.stdin.take().expect("piped stdin"),
             stdout: BufReader::new(child.stdout.take().expect("piped stdout")).lines(),
             pid,

@@ -241,3 +241,35 @@ fn unset_limits_take_the_defaults() {
     });
     assert_eq!((l.max_sessions, l.idle), (3, Duration::from_secs(7)));
 }
+
+/// Writes 200 KiB to stderr per turn (more than a pipe holds), then answers; dies with
+/// a last word on the input `die`.
+const NOISY_SESSION: &str = r#"while IFS= read -r line; do
+  if [ "$line" = "<<<IOP-END>>>" ]; then
+    head -c 204800 /dev/zero >&2
+    echo "ok"
+    echo "<<<IOP-END>>>"
+  elif [ "$line" = "die" ]; then
+    echo "out of cheese" >&2
+    exit 3
+  fi
+done
+"#;
+
+#[tokio::test]
+async fn a_session_program_writing_much_to_stderr_is_not_stalled_and_its_death_is_explained() {
+    let session = adapter(NOISY_SESSION, limits(2, Duration::from_secs(60)));
+    for _ in 0..2 {
+        assert_eq!(run(&session, "s", "x").await.text, "ok\n");
+    }
+    let pid = session.sessions()[0].pid.unwrap();
+    let died = run(&session, "s", "die").await;
+    assert_eq!(error_code(&died), "cli_exit");
+    let message = &died.terminal.error.as_ref().unwrap().message;
+    assert!(message.contains("out of cheese"), "{message}");
+    assert!(session.sessions().is_empty());
+    eventually("the dead session's process waited for", || reaped(pid)).await;
+    // Its place under the cap is free again: two new sessions fit.
+    assert_eq!(run(&session, "a", "x").await.text, "ok\n");
+    assert_eq!(run(&session, "b", "x").await.text, "ok\n");
+}
