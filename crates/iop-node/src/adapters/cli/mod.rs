@@ -17,6 +17,8 @@
 //! `IOP_USAGE_NONCE` (see [`usage_line`]). The program also sees `IOP_RUN_ID`,
 //! `IOP_TARGET`, `IOP_SESSION_ID`.
 
+mod end_marker;
+mod process;
 pub mod sessions;
 pub mod usage_line;
 
@@ -27,17 +29,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use iop_proto::pb;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use parking_lot::Mutex;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Adapter, AdapterError, RunInput, SessionInfo};
 use crate::sink::{RunSink, SinkClosed};
+use end_marker::refuse_end_marker;
+use process::{GroupKill, SessionProcess, kill_group, tail};
 use sessions::{CheckedOut, CheckoutError, SessionKey, SessionLimits, SessionTable};
 use usage_line::{Line, NONCE_ENV, UsageNonce, classify};
 
@@ -46,9 +48,6 @@ pub const DEFAULT_END_MARKER: &str = "<<<IOP-END>>>";
 pub const DEFAULT_MAX_SESSIONS: u32 = 32;
 /// Seconds a session process may sit idle when the config does not say.
 pub const DEFAULT_SESSION_IDLE_SEC: u32 = 900;
-const STDERR_TAIL: usize = 2048;
-/// How long an ended process gets to be waited for after SIGKILL.
-const END_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
 pub struct CliAdapter {
@@ -84,61 +83,6 @@ impl Drop for CliAdapter {
     }
 }
 
-/// A live session process.
-#[derive(Debug)]
-struct SessionProcess {
-    child: Child,
-    pid: u32,
-    nonce: UsageNonce,
-    stdin: ChildStdin,
-    stdout: Lines<BufReader<ChildStdout>>,
-    /// The last [`STDERR_TAIL`] bytes the process wrote to stderr.
-    stderr: Arc<Mutex<Vec<u8>>>,
-    /// Reads stderr until every process of the group has closed it.
-    stderr_task: tokio::task::JoinHandle<()>,
-    /// Waited for: its pid may belong to someone else now, never signal it again.
-    waited: bool,
-}
-
-impl SessionProcess {
-    /// Kills the process group and waits for the process.
-    async fn end(mut self) {
-        if !self.waited {
-            kill_group(self.pid);
-        }
-        match tokio::time::timeout(END_WAIT, self.child.wait()).await {
-            Ok(Ok(_)) => self.waited = true,
-            Ok(Err(e)) => {
-                tracing::warn!(pid = self.pid, error = %e, "waiting for a cli session process failed")
-            }
-            Err(_) => tracing::warn!(
-                pid = self.pid,
-                "a killed cli session process did not exit in time"
-            ),
-        }
-    }
-}
-
-impl SessionProcess {
-    /// The process stopped answering: kill its group (its pid is still ours until it is
-    /// waited for), wait for it, and let the stderr reader take the last words.
-    async fn finish_stderr(&mut self) {
-        kill_group(self.pid);
-        if let Ok(Ok(_)) = tokio::time::timeout(END_WAIT, self.child.wait()).await {
-            self.waited = true;
-        }
-        let _ = tokio::time::timeout(Duration::from_millis(500), &mut self.stderr_task).await;
-    }
-}
-
-impl Drop for SessionProcess {
-    fn drop(&mut self) {
-        if !self.waited {
-            kill_group(self.pid);
-        }
-    }
-}
-
 /// Ends a session's process taken out of the table, then frees its place under the cap.
 async fn end_session(process: SessionProcess, shared: &Shared) {
     process.end().await;
@@ -159,24 +103,6 @@ fn end_soon(process: SessionProcess, shared: Arc<Shared>) {
     }
 }
 
-/// Kills a process group when dropped, unless disarmed (the process exited by itself).
-struct GroupKill(Option<u32>);
-
-impl Drop for GroupKill {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0 {
-            kill_group(pid);
-        }
-    }
-}
-
-fn kill_group(pid: u32) {
-    // Pid 0 would mean our own process group.
-    if pid != 0 {
-        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-    }
-}
-
 /// The session limits a spec asks for, 0 meaning the defaults.
 pub fn session_limits(spec: &pb::CliSpec) -> SessionLimits {
     let or = |v: u32, default: u32| if v == 0 { default } else { v };
@@ -184,41 +110,6 @@ pub fn session_limits(spec: &pb::CliSpec) -> SessionLimits {
         max_sessions: or(spec.max_sessions, DEFAULT_MAX_SESSIONS) as usize,
         idle: Duration::from_secs(or(spec.session_idle_sec, DEFAULT_SESSION_IDLE_SEC).into()),
     }
-}
-
-fn is_line_break(c: char) -> bool {
-    matches!(
-        c,
-        '\n' | '\r'
-            | '\u{0b}'
-            | '\u{0c}'
-            | '\u{1c}'
-            | '\u{1d}'
-            | '\u{1e}'
-            | '\u{85}'
-            | '\u{2028}'
-            | '\u{2029}'
-    )
-}
-
-/// Refuses an input holding the end-marker line: the program would take it as the end of
-/// the input and the session would answer out of step from then on. Lines are split at
-/// every line break a program's reader may honour and compared without surrounding
-/// whitespace, so no program's reading of the input can see the marker.
-fn refuse_end_marker(prompt: &str, marker: &str) -> Result<(), AdapterError> {
-    let marker = marker.trim();
-    if prompt
-        .split(is_line_break)
-        .any(|line| line.trim() == marker)
-    {
-        return Err(AdapterError::new(
-            "bad_request",
-            format!(
-                "the input holds a line {marker:?}, the session's end marker (cli.end_marker): it would end the input early, so the run is refused; remove or change that line"
-            ),
-        ));
-    }
-    Ok(())
 }
 
 impl CliAdapter {
@@ -412,7 +303,7 @@ impl CliAdapter {
                         .await?
                 }
                 Ok(None) | Err(_) => {
-                    process.finish_stderr().await;
+                    process.kill_and_collect().await;
                     return Err(AdapterError::new(
                         "cli_exit",
                         format!(
@@ -470,7 +361,7 @@ impl CliAdapter {
 
     fn spawn_session(&self, input: &RunInput) -> Result<(u32, SessionProcess), AdapterError> {
         let nonce = UsageNonce::random();
-        let mut child = self
+        let child = self
             .command(input, &nonce)
             .spawn()
             .map_err(|e| self.spawn_error(e))?;
@@ -480,30 +371,7 @@ impl CliAdapter {
                 format!("{:?} exited as soon as it started", self.spec.argv[0]),
             )
         })?;
-        // Read stderr all along (a full pipe would stall the program), keeping its tail
-        // for the error of a turn whose process dies. The task ends with the process.
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let tail_buf = stderr.clone();
-        let stderr_task = tokio::spawn(async move {
-            let mut chunk = [0u8; 4096];
-            while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
-                let mut tail = tail_buf.lock();
-                tail.extend_from_slice(&chunk[..n]);
-                let excess = tail.len().saturating_sub(STDERR_TAIL);
-                tail.drain(..excess);
-            }
-        });
-        let process = SessionProcess {
-            stderr,
-            stderr_task,
-            stdin: child.stdin.take().expect("piped stdin"),
-            stdout: BufReader::new(child.stdout.take().expect("piped stdout")).lines(),
-            pid,
-            nonce,
-            child,
-            waited: false,
-        };
+        let process = SessionProcess::new(child, pid, nonce);
         Ok((pid, process))
     }
 
@@ -590,21 +458,6 @@ impl Drop for SessionTurn {
             end_soon(process, self.shared.clone());
         }
     }
-}
-
-fn tail(stderr: &[u8]) -> String {
-    let text = String::from_utf8_lossy(stderr);
-    let text = text.trim();
-    if text.is_empty() {
-        return String::new();
-    }
-    let start = text
-        .char_indices()
-        .rev()
-        .nth(STDERR_TAIL)
-        .map(|(i, _)| i)
-        .unwrap_or(0);
-    format!(": {}", &text[start..])
 }
 
 #[async_trait]

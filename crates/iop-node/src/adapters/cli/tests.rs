@@ -160,7 +160,7 @@ async fn input_holding_the_end_marker_is_refused_and_the_session_goes_on() {
 
 fn reaped(pid: u32) -> bool {
     // A process not yet waited for is a zombie and still answers signal 0.
-    nix::sys::signal::kill(Pid::from_raw(pid as i32), None).is_err()
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_err()
 }
 
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
