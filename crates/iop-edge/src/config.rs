@@ -262,6 +262,51 @@ pub struct CliConfig {
     /// Line that ends each input and each answer of a session process.
     #[serde(default)]
     pub end_marker: Option<String>,
+    /// Live session processes the adapter keeps at most (node default 32); a new session
+    /// over the cap is refused.
+    #[serde(default)]
+    pub max_sessions: Option<u32>,
+    /// Seconds a session process may sit idle before the node ends it (node default 900).
+    #[serde(default)]
+    pub session_idle_sec: Option<u32>,
+}
+
+/// Upper bounds of the CLI session settings.
+pub const MAX_CLI_SESSIONS: u32 = 10_000;
+pub const MAX_CLI_SESSION_IDLE_SEC: u32 = 7 * 24 * 3600;
+
+impl CliConfig {
+    /// The session settings' bounds; the error names the field under `cli`.
+    fn validate(&self) -> Result<(), (String, String)> {
+        if self.argv.is_empty() || self.argv[0].is_empty() {
+            return Err((
+                "cli.argv".into(),
+                "needs at least the program to run".into(),
+            ));
+        }
+        if let Some(n) = self.max_sessions
+            && !(1..=MAX_CLI_SESSIONS).contains(&n)
+        {
+            return Err((
+                "cli.max_sessions".into(),
+                format!("{n} is out of range: give 1 to {MAX_CLI_SESSIONS}"),
+            ));
+        }
+        if let Some(n) = self.session_idle_sec
+            && !(1..=MAX_CLI_SESSION_IDLE_SEC).contains(&n)
+        {
+            return Err((
+                "cli.session_idle_sec".into(),
+                format!("{n} is out of range: give 1 to {MAX_CLI_SESSION_IDLE_SEC} seconds"),
+            ));
+        }
+        if let Some(marker) = &self.end_marker
+            && (marker.trim().is_empty() || marker.contains(['\n', '\r']))
+        {
+            return Err(("cli.end_marker".into(), "must be one non-blank line".into()));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -622,10 +667,11 @@ fn validate_provider(p: &ProviderConfig) -> Result<(), (String, String)> {
     if p.kind == ProviderKind::Cli {
         match &p.cli {
             None => return err("cli", "required for kind cli (cli.argv)".into()),
-            Some(cli) if cli.argv.is_empty() || cli.argv[0].is_empty() => {
-                return err("cli.argv", "needs at least the program to run".into());
+            Some(cli) => {
+                if let Err((field, message)) = cli.validate() {
+                    return err(&field, message);
+                }
             }
-            Some(_) => {}
         }
     } else if p.cli.is_some() {
         return err("cli", format!("only for kind cli, not {}", p.kind.as_str()));

@@ -39,6 +39,8 @@ fn provider_spec(p: &ProviderConfig) -> pb::ProviderSpec {
             env: c.env.clone().into_iter().collect(),
             working_dir: c.working_dir.clone().unwrap_or_default(),
             end_marker: c.end_marker.clone().unwrap_or_default(),
+            max_sessions: c.max_sessions.unwrap_or(0),
+            session_idle_sec: c.session_idle_sec.unwrap_or(0),
         }),
         mock: p.mock.as_ref().map(|m| pb::MockSpec {
             tokens: m.tokens.unwrap_or(0),

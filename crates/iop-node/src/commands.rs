@@ -1,12 +1,16 @@
 //! Node commands, handled apart from runs: `capabilities`, `transport`, `usage`,
-//! `sessions`, `runs` (recent rows of the run store) and, for ollama adapters,
-//! `ollama.tags`, `ollama.ps` and `ollama.show` (arg `model`).
+//! `sessions`, `runs` (recent rows of the run store, at most [`MAX_RUNS_LISTED`], and the
+//! store's counters) and, for ollama adapters, `ollama.tags`, `ollama.ps` and
+//! `ollama.show` (arg `model`).
 
 use iop_proto::pb;
 use serde_json::{Value, json};
 
 use crate::adapters::AdapterError;
 use crate::runtime::NodeRuntime;
+
+/// Rows the `runs` command returns at most (its `limit` is clamped to this).
+pub const MAX_RUNS_LISTED: usize = 1000;
 
 impl NodeRuntime {
     pub async fn command(&self, request: &pb::NodeCommandRequest) -> pb::NodeCommandResponse {
@@ -40,13 +44,14 @@ impl NodeRuntime {
                 let limit = request
                     .args
                     .get("limit")
-                    .and_then(|l| l.parse().ok())
-                    .unwrap_or(50);
-                let rows = match &self.store {
-                    Some(store) => store.recent(limit).await,
-                    None => Vec::new(),
+                    .and_then(|l| l.parse::<usize>().ok())
+                    .unwrap_or(50)
+                    .clamp(1, MAX_RUNS_LISTED);
+                let (rows, stats) = match &self.store {
+                    Some(store) => (store.recent(limit).await, Some(store.stats())),
+                    None => (Vec::new(), None),
                 };
-                Ok(json!({"runs": rows}))
+                Ok(json!({"runs": rows, "store": stats}))
             }
             name if name.starts_with("ollama.") => {
                 let what = &name["ollama.".len()..];
@@ -135,7 +140,7 @@ impl NodeRuntime {
             .flat_map(|a| {
                 let id = a.spec.id.clone();
                 a.adapter.sessions().into_iter().map(move |s| {
-                    json!({"adapter": id, "target": s.target, "session_id": s.session_id, "pid": s.pid, "age_sec": s.age_sec})
+                    json!({"adapter": id, "target": s.target, "session_id": s.session_id, "pid": s.pid, "age_sec": s.age_sec, "idle_sec": s.idle_sec})
                 })
             })
             .collect();

@@ -38,19 +38,27 @@ impl NodeRuntime {
             credit,
             cancel.clone(),
         );
+        let stored = self.store.as_ref().map(|store| {
+            store.started(
+                &request.run_id,
+                &request.adapter,
+                &request.target,
+                &request.session_id,
+                request.background,
+            )
+        });
         let Some(instance) = self.adapter(&request.adapter) else {
             let known = self.adapter_ids().join(", ");
             tracing::warn!("run for an unknown adapter refused");
-            let _ = sink
-                .error(
-                    "unknown_adapter",
-                    &format!(
-                        "node {} has no adapter {:?} (it has: {known})",
-                        self.node_id(),
-                        request.adapter
-                    ),
-                )
-                .await;
+            let message = format!(
+                "node {} has no adapter {:?} (it has: {known})",
+                self.node_id(),
+                request.adapter
+            );
+            let _ = sink.error("unknown_adapter", &message).await;
+            if let (Some(store), Some(row)) = (&self.store, stored) {
+                store.finished(row, RunStatus::Failed, Some(message));
+            }
             return;
         };
         let reason = Arc::new(Mutex::new(None));
@@ -61,15 +69,6 @@ impl NodeRuntime {
                 reason: reason.clone(),
             },
         );
-        if let Some(store) = &self.store {
-            store.started(
-                &request.run_id,
-                &request.adapter,
-                &request.target,
-                &request.session_id,
-                request.background,
-            );
-        }
         let input = RunInput {
             run_id: request.run_id.clone(),
             target: request.target.clone(),
@@ -125,8 +124,8 @@ impl NodeRuntime {
             },
         };
         instance.record_usage(sink.usage(), false);
-        if let Some(store) = &self.store {
-            store.finished(&request.run_id, status, error);
+        if let (Some(store), Some(row)) = (&self.store, stored) {
+            store.finished(row, status, error);
         }
         self.runs.lock().remove(&request.run_id);
     }

@@ -45,18 +45,7 @@ impl AdapterInstance {
     }
 
     pub fn record_usage(&self, usage: Option<&pb::Usage>, tunnel: bool) {
-        let mut totals = self.usage.lock();
-        if tunnel {
-            totals.tunnels += 1;
-        } else {
-            totals.runs += 1;
-        }
-        if let Some(u) = usage {
-            totals.input_tokens += u.input_tokens;
-            totals.output_tokens += u.output_tokens;
-            totals.reasoning_tokens += u.reasoning_tokens.unwrap_or(0);
-            totals.cached_input_tokens += u.cached_input_tokens.unwrap_or(0);
-        }
+        self.usage.lock().record(usage, tunnel);
     }
 }
 
@@ -69,6 +58,29 @@ pub struct UsageTotals {
     pub output_tokens: u64,
     pub reasoning_tokens: u64,
     pub cached_input_tokens: u64,
+}
+
+impl UsageTotals {
+    /// Counts one run or tunnel and its usage. Every sum saturates: a backend reporting
+    /// `u64::MAX` pins a total at the maximum instead of wrapping it to a small number.
+    pub fn record(&mut self, usage: Option<&pb::Usage>, tunnel: bool) {
+        let count = if tunnel {
+            &mut self.tunnels
+        } else {
+            &mut self.runs
+        };
+        *count = count.saturating_add(1);
+        if let Some(u) = usage {
+            let add = |total: &mut u64, n: u64| *total = total.saturating_add(n);
+            add(&mut self.input_tokens, u.input_tokens);
+            add(&mut self.output_tokens, u.output_tokens);
+            add(&mut self.reasoning_tokens, u.reasoning_tokens.unwrap_or(0));
+            add(
+                &mut self.cached_input_tokens,
+                u.cached_input_tokens.unwrap_or(0),
+            );
+        }
+    }
 }
 
 /// What the `transport` command reports.
@@ -210,5 +222,66 @@ impl NodeRuntime {
 
     pub fn active_runs(&self) -> usize {
         self.runs.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_totals_saturate_instead_of_wrapping() {
+        let mut totals = UsageTotals::default();
+        let huge = pb::Usage {
+            input_tokens: u64::MAX,
+            output_tokens: u64::MAX - 1,
+            reasoning_tokens: Some(u64::MAX),
+            cached_input_tokens: Some(3),
+        };
+        totals.record(Some(&huge), false);
+        totals.record(
+            Some(&pb::Usage {
+                input_tokens: 5,
+                output_tokens: 5,
+                reasoning_tokens: Some(5),
+                cached_input_tokens: Some(u64::MAX),
+            }),
+            false,
+        );
+        assert_eq!(totals.input_tokens, u64::MAX, "MAX + 5 stays MAX");
+        assert_eq!(totals.output_tokens, u64::MAX);
+        assert_eq!(totals.reasoning_tokens, u64::MAX);
+        assert_eq!(totals.cached_input_tokens, u64::MAX);
+        assert_eq!(totals.runs, 2);
+        totals.tunnels = u64::MAX;
+        totals.record(None, true);
+        assert_eq!(totals.tunnels, u64::MAX);
+        // Ordinary sums are exact.
+        let mut small = UsageTotals::default();
+        small.record(
+            Some(&pb::Usage {
+                input_tokens: 2,
+                output_tokens: 3,
+                ..Default::default()
+            }),
+            false,
+        );
+        small.record(
+            Some(&pb::Usage {
+                input_tokens: 4,
+                output_tokens: 1,
+                ..Default::default()
+            }),
+            true,
+        );
+        assert_eq!(
+            (
+                small.input_tokens,
+                small.output_tokens,
+                small.runs,
+                small.tunnels
+            ),
+            (6, 4, 1, 1)
+        );
     }
 }

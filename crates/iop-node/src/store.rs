@@ -2,18 +2,36 @@
 //! background flag, status, start/finish timestamps, error).
 //!
 //! A dedicated thread owns the connection and applies writes from a bounded queue, so no
-//! write ever sits on the event relay path. When the queue is full or SQLite fails, the
-//! failure is logged and the run goes on; the store is a record, not a dependency.
+//! write ever sits on the event relay path. It takes everything queued (up to
+//! [`MAX_BATCH`]) and writes it in one transaction, so a storm of runs costs one commit
+//! per batch, not one per record. The queue holds [`STORE_QUEUE`] records, far more than
+//! a storm queues while one batch commits; if it is full anyway (or SQLite fails), the
+//! record is counted (`dropped`, `failed` in [`StoreStats`]) and a summary is logged at
+//! most every [`REPORT_EVERY`] — the run goes on; the store is a record, not a dependency.
+//!
+//! Every write is an upsert of the whole row, so a finished record lands even when its
+//! start was lost. On open, rows a previous process left `running` (it was killed or
+//! crashed) become `interrupted`, with the time they were found and why. One database
+//! belongs to one node process.
 
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags, params};
 use serde::Serialize;
 
-/// Writes queued before new ones are dropped (with a warning).
-const STORE_QUEUE: usize = 4096;
+/// Records queued before new ones are dropped (and counted). Queued records are boxed: a
+/// slot costs a pointer until it is used.
+pub const STORE_QUEUE: usize = 65_536;
+/// Records written per transaction at most.
+pub const MAX_BATCH: usize = 2048;
+/// Dropped or failed records are summarised in the log at most this often.
+pub const REPORT_EVERY: Duration = Duration::from_secs(10);
+/// The error stored on runs found `running` when the store opens.
+pub const INTERRUPTED_REASON: &str = "interrupted: the node process running it ended before the run finished (found when the node started again)";
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -28,7 +46,14 @@ CREATE TABLE IF NOT EXISTS runs (
     error       TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_started_at ON runs(started_at);
+CREATE INDEX IF NOT EXISTS runs_running ON runs(run_id) WHERE status = 'running';
 ";
+
+const UPSERT: &str = "
+INSERT INTO runs (run_id, adapter, target, session_id, background, status, started_at, finished_at, error)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+ON CONFLICT(run_id) DO UPDATE SET
+    status = excluded.status, finished_at = excluded.finished_at, error = excluded.error";
 
 /// How a run ended, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +62,8 @@ pub enum RunStatus {
     Completed,
     Failed,
     Cancelled,
+    /// Found `running` when the store opened: its process died under it.
+    Interrupted,
 }
 
 impl RunStatus {
@@ -46,6 +73,7 @@ impl RunStatus {
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",
+            RunStatus::Interrupted => "interrupted",
         }
     }
 }
@@ -64,13 +92,7 @@ pub struct RunRecord {
 }
 
 enum Op {
-    Started(RunRecord),
-    Finished {
-        run_id: String,
-        status: RunStatus,
-        error: Option<String>,
-        at_ms: i64,
-    },
+    Write(Box<RunRecord>),
     Recent {
         limit: usize,
         reply: tokio::sync::oneshot::Sender<Vec<RunRecord>>,
@@ -85,11 +107,49 @@ pub struct StoreError {
     source: rusqlite::Error,
 }
 
+/// What the store did since the node started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StoreStats {
+    /// Records written.
+    pub written: u64,
+    /// Records not queued: the queue was full or the store closed.
+    pub dropped: u64,
+    /// Records SQLite refused.
+    pub failed: u64,
+    /// Transactions committed.
+    pub batches: u64,
+    /// Runs a previous process left `running`, marked `interrupted` at open.
+    pub interrupted_at_start: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    written: AtomicU64,
+    dropped: AtomicU64,
+    failed: AtomicU64,
+    batches: AtomicU64,
+    interrupted_at_start: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> StoreStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StoreStats {
+            written: get(&self.written),
+            dropped: get(&self.dropped),
+            failed: get(&self.failed),
+            batches: get(&self.batches),
+            interrupted_at_start: get(&self.interrupted_at_start),
+        }
+    }
+}
+
 /// Handle to the store's writer thread. Dropping the last handle lets the thread finish
 /// the queued writes and exit.
 #[derive(Debug, Clone)]
 pub struct RunStore {
     tx: SyncSender<Op>,
+    counters: Arc<Counters>,
 }
 
 /// Owns the store's thread; join it at shutdown so queued writes land.
@@ -112,8 +172,13 @@ pub fn now_ms() -> i64 {
 }
 
 impl RunStore {
-    /// Opens (creating if needed) the database at `db`, a path or a `file:` URI.
+    /// Opens (creating if needed) the database at `db`, a path or a `file:` URI, and marks
+    /// the runs a previous process left `running` as `interrupted`.
     pub fn open(db: &str) -> Result<(Self, StoreThread), StoreError> {
+        Self::open_with_queue(db, STORE_QUEUE)
+    }
+
+    fn open_with_queue(db: &str, queue: usize) -> Result<(Self, StoreThread), StoreError> {
         let err = |source| StoreError {
             db: db.to_string(),
             source,
@@ -123,29 +188,45 @@ impl RunStore {
             | OpenFlags::SQLITE_OPEN_URI
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(db, flags).map_err(err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(err)?;
+        conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
-        let (tx, rx) = mpsc::sync_channel(STORE_QUEUE);
+        let interrupted = conn
+            .execute(
+                "UPDATE runs SET status = ?1, finished_at = ?2, error = ?3 WHERE status = 'running'",
+                params![
+                    RunStatus::Interrupted.as_str(),
+                    now_ms(),
+                    INTERRUPTED_REASON
+                ],
+            )
+            .map_err(err)?;
+        if interrupted > 0 {
+            tracing::warn!(
+                runs = interrupted,
+                "runs a previous node process left running are marked interrupted"
+            );
+        }
+        let counters = Arc::new(Counters::default());
+        counters
+            .interrupted_at_start
+            .store(interrupted as u64, Ordering::Relaxed);
+        let (tx, rx) = mpsc::sync_channel(queue);
+        let thread_counters = counters.clone();
         let handle = std::thread::Builder::new()
             .name("iop-run-store".into())
-            .spawn(move || writer(conn, rx))
+            .spawn(move || Writer::new(conn, thread_counters).run(rx))
             .expect("spawn the run store thread");
-        Ok((Self { tx }, StoreThread(Some(handle))))
+        Ok((Self { tx, counters }, StoreThread(Some(handle))))
     }
 
-    fn submit(&self, op: Op) {
-        match self.tx.try_send(op) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                tracing::warn!("run store queue full: a run record was dropped");
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                tracing::warn!("run store is closed: a run record was dropped");
-            }
+    fn submit(&self, record: RunRecord) {
+        if self.tx.try_send(Op::Write(Box::new(record))).is_err() {
+            // Full or closed: counted here, summarised by the writer's report.
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 
+    /// Records a run as started; keep the returned row for [`RunStore::finished`].
     pub fn started(
         &self,
         run_id: &str,
@@ -153,8 +234,8 @@ impl RunStore {
         target: &str,
         session_id: &str,
         background: bool,
-    ) {
-        self.submit(Op::Started(RunRecord {
+    ) -> RunRecord {
+        let row = RunRecord {
             run_id: run_id.to_string(),
             adapter: adapter.to_string(),
             target: target.to_string(),
@@ -164,129 +245,206 @@ impl RunStore {
             started_at_ms: now_ms(),
             finished_at_ms: None,
             error: None,
-        }));
+        };
+        self.submit(row.clone());
+        row
     }
 
-    pub fn finished(&self, run_id: &str, status: RunStatus, error: Option<String>) {
-        self.submit(Op::Finished {
-            run_id: run_id.to_string(),
-            status,
-            error,
-            at_ms: now_ms(),
-        });
+    /// Records how a run ended: the whole row, so it lands even if its start was lost.
+    pub fn finished(&self, mut row: RunRecord, status: RunStatus, error: Option<String>) {
+        row.status = status.as_str().to_string();
+        row.finished_at_ms = Some(now_ms());
+        row.error = error;
+        self.submit(row);
     }
 
-    /// The most recent runs, newest first.
+    /// The most recent runs, newest first (empty if the store cannot answer).
     pub async fn recent(&self, limit: usize) -> Vec<RunRecord> {
         let (reply, rx) = tokio::sync::oneshot::channel();
-        self.submit(Op::Recent { limit, reply });
-        rx.await.unwrap_or_default()
+        match self.tx.try_send(Op::Recent { limit, reply }) {
+            Ok(()) => rx.await.unwrap_or_default(),
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => Vec::new(),
+        }
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        self.counters.snapshot()
     }
 }
 
-fn writer(conn: Connection, rx: Receiver<Op>) {
-    while let Ok(op) = rx.recv() {
-        if let Err(err) = apply(&conn, op) {
-            tracing::warn!(%err, "run store write failed");
+/// The writer thread: batches, one transaction each, and the periodic loss report.
+struct Writer {
+    conn: Connection,
+    counters: Arc<Counters>,
+    /// Losses already reported, and when.
+    reported: (u64, u64),
+    last_report: Option<Instant>,
+    last_error: Option<String>,
+}
+
+impl Writer {
+    fn new(conn: Connection, counters: Arc<Counters>) -> Self {
+        Self {
+            conn,
+            counters,
+            reported: (0, 0),
+            last_report: None,
+            last_error: None,
         }
+    }
+
+    fn run(mut self, rx: Receiver<Op>) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        loop {
+            match rx.recv_timeout(REPORT_EVERY) {
+                Ok(op) => batch.push(op),
+                Err(RecvTimeoutError::Timeout) => {
+                    self.report(false);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            self.apply(&mut batch);
+            self.report(false);
+        }
+        self.report(true);
+    }
+
+    /// Writes the batch's records in order, answering queries where they were queued.
+    fn apply(&mut self, batch: &mut Vec<Op>) {
+        let mut rows = Vec::new();
+        for op in batch.drain(..) {
+            match op {
+                Op::Write(row) => rows.push(*row),
+                Op::Recent { limit, reply } => {
+                    self.write(&mut rows);
+                    match recent(&self.conn, limit) {
+                        Ok(found) => {
+                            let _ = reply.send(found);
+                        }
+                        Err(e) => self.last_error = Some(e.to_string()),
+                    }
+                }
+            }
+        }
+        self.write(&mut rows);
+    }
+
+    fn write(&mut self, rows: &mut Vec<RunRecord>) {
+        if rows.is_empty() {
+            return;
+        }
+        match write_batch(&mut self.conn, rows) {
+            Ok(()) => {
+                self.counters
+                    .written
+                    .fetch_add(rows.len() as u64, Ordering::Relaxed);
+                self.counters.batches.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // One bad record must not cost the batch: retry them one by one.
+                self.last_error = Some(e.to_string());
+                for row in rows.iter() {
+                    match upsert(&self.conn, row) {
+                        Ok(()) => self.counters.written.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            self.last_error = Some(e.to_string());
+                            self.counters.failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            }
+        }
+        rows.clear();
+    }
+
+    /// Logs what was lost since the last report: the first loss at once, then at most
+    /// every [`REPORT_EVERY`]; `last` reports whatever is left.
+    fn report(&mut self, last: bool) {
+        let stats = self.counters.snapshot();
+        let (dropped, failed) = (
+            stats.dropped - self.reported.0,
+            stats.failed - self.reported.1,
+        );
+        if dropped == 0 && failed == 0 {
+            return;
+        }
+        let due = self
+            .last_report
+            .is_none_or(|at| at.elapsed() >= REPORT_EVERY);
+        if !due && !last {
+            return;
+        }
+        if failed > 0 {
+            tracing::warn!(
+                failed,
+                total_failed = stats.failed,
+                error = self.last_error.as_deref().unwrap_or(""),
+                "run store write failed: records not written since the last report"
+            );
+        }
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                total_dropped = stats.dropped,
+                queue = STORE_QUEUE,
+                "run store queue full: records dropped since the last report"
+            );
+        }
+        self.reported = (stats.dropped, stats.failed);
+        self.last_report = Some(Instant::now());
     }
 }
 
-fn apply(conn: &Connection, op: Op) -> rusqlite::Result<()> {
-    match op {
-        Op::Started(r) => {
-            conn.execute(
-                "INSERT OR REPLACE INTO runs (run_id, adapter, target, session_id, background, status, started_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![r.run_id, r.adapter, r.target, r.session_id, r.background, r.status, r.started_at_ms],
-            )?;
-        }
-        Op::Finished {
-            run_id,
-            status,
-            error,
-            at_ms,
-        } => {
-            conn.execute(
-                "UPDATE runs SET status = ?2, finished_at = ?3, error = ?4 WHERE run_id = ?1",
-                params![run_id, status.as_str(), at_ms, error],
-            )?;
-        }
-        Op::Recent { limit, reply } => {
-            let mut stmt = conn.prepare(
-                "SELECT run_id, adapter, target, session_id, background, status, started_at, finished_at, error
-                 FROM runs ORDER BY started_at DESC, rowid DESC LIMIT ?1",
-            )?;
-            let rows = stmt
-                .query_map(params![limit as i64], |row| {
-                    Ok(RunRecord {
-                        run_id: row.get(0)?,
-                        adapter: row.get(1)?,
-                        target: row.get(2)?,
-                        session_id: row.get(3)?,
-                        background: row.get(4)?,
-                        status: row.get(5)?,
-                        started_at_ms: row.get(6)?,
-                        finished_at_ms: row.get(7)?,
-                        error: row.get(8)?,
-                    })
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let _ = reply.send(rows);
-        }
+fn write_batch(conn: &mut Connection, rows: &[RunRecord]) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    for row in rows {
+        upsert(&tx, row)?;
     }
+    tx.commit()
+}
+
+fn upsert(conn: &Connection, r: &RunRecord) -> rusqlite::Result<()> {
+    conn.prepare_cached(UPSERT)?.execute(params![
+        r.run_id,
+        r.adapter,
+        r.target,
+        r.session_id,
+        r.background,
+        r.status,
+        r.started_at_ms,
+        r.finished_at_ms,
+        r.error
+    ])?;
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn one_row_per_run_with_its_final_status() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("runs.db");
-        let (store, thread) = RunStore::open(db.to_str().unwrap()).unwrap();
-        store.started("r1", "mock", "m", "", false);
-        store.started("r2", "cli", "t", "s1", true);
-        store.finished("r1", RunStatus::Completed, None);
-        store.finished("r2", RunStatus::Failed, Some("exit 3".into()));
-        let rows = store.recent(10).await;
-        assert_eq!(rows.len(), 2);
-        let r1 = rows.iter().find(|r| r.run_id == "r1").unwrap();
-        assert_eq!(r1.status, "completed");
-        assert!(r1.finished_at_ms.is_some());
-        let r2 = rows.iter().find(|r| r.run_id == "r2").unwrap();
-        assert_eq!(
-            (r2.status.as_str(), r2.error.as_deref()),
-            ("failed", Some("exit 3"))
-        );
-        assert!(r2.background);
-        assert_eq!(r2.session_id, "s1");
-        drop(store);
-        thread.join();
-    }
-
-    #[tokio::test]
-    async fn the_spec_default_uri_form_opens() {
-        let dir = tempfile::tempdir().unwrap();
-        let uri = format!(
-            "file:{}?cache=shared&mode=rwc",
-            dir.path().join("iop.db").display()
-        );
-        let (store, thread) = RunStore::open(&uri).unwrap();
-        store.started("r", "mock", "m", "", false);
-        assert_eq!(store.recent(1).await.len(), 1);
-        drop(store);
-        thread.join();
-        assert!(dir.path().join("iop.db").exists());
-    }
-
-    #[test]
-    fn an_unopenable_database_names_itself() {
-        let err = RunStore::open("/nonexistent-dir/x/runs.db")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("/nonexistent-dir/x/runs.db"), "{err}");
-    }
+fn recent(conn: &Connection, limit: usize) -> rusqlite::Result<Vec<RunRecord>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT run_id, adapter, target, session_id, background, status, started_at, finished_at, error
+         FROM runs ORDER BY started_at DESC, rowid DESC LIMIT ?1",
+    )?;
+    stmt.query_map(params![limit as i64], |row| {
+        Ok(RunRecord {
+            run_id: row.get(0)?,
+            adapter: row.get(1)?,
+            target: row.get(2)?,
+            session_id: row.get(3)?,
+            background: row.get(4)?,
+            status: row.get(5)?,
+            started_at_ms: row.get(6)?,
+            finished_at_ms: row.get(7)?,
+            error: row.get(8)?,
+        })
+    })?
+    .collect()
 }
+
+#[cfg(test)]
+mod tests;

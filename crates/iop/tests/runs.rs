@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 const ECHO: &str = r#"input=$(cat)
 echo "you said: $input"
 echo "second line"
-echo '@@iop-usage {"input_tokens":3,"output_tokens":2}'
+echo "@@iop-usage $IOP_USAGE_NONCE {\"input_tokens\":3,\"output_tokens\":2}"
 "#;
 
 const TICKER: &str = r#"echo $$ > "$PIDDIR/ticker.pid"

@@ -163,6 +163,40 @@ fn cli_without_argv_is_named() {
 }
 
 #[test]
+fn cli_session_settings_are_bounded_and_carried_to_the_node() {
+    let cli = |fields: &str| {
+        GOOD.replace(
+            r#"cli: {argv: ["cat"]}"#,
+            &format!("cli: {{argv: [cat], {fields}}}"),
+        )
+    };
+    for (fields, path) in [
+        ("max_sessions: 0", "nodes[0].providers[1].cli.max_sessions"),
+        (
+            "max_sessions: 10001",
+            "nodes[0].providers[1].cli.max_sessions",
+        ),
+        (
+            "session_idle_sec: 0",
+            "nodes[0].providers[1].cli.session_idle_sec",
+        ),
+        ("end_marker: \"  \"", "nodes[0].providers[1].cli.end_marker"),
+    ] {
+        let text = err_text(&cli(fields));
+        assert!(text.contains(path), "{fields}: {text}");
+    }
+    let c = parse(&cli("max_sessions: 4, session_idle_sec: 30")).unwrap();
+    let payload = crate::payload::build_payload(&c.nodes[0], 1 << 20).unwrap();
+    let spec = payload.providers[1].cli.as_ref().unwrap();
+    assert_eq!((spec.max_sessions, spec.session_idle_sec), (4, 30));
+    // Unset, they travel as 0: the node's defaults.
+    let c = parse(GOOD).unwrap();
+    let payload = crate::payload::build_payload(&c.nodes[0], 1 << 20).unwrap();
+    let spec = payload.providers[1].cli.as_ref().unwrap();
+    assert_eq!((spec.max_sessions, spec.session_idle_sec), (0, 0));
+}
+
+#[test]
 fn zero_capacity_is_refused() {
     let text = err_text(&GOOD.replace("{normal: 2, long: 1}", "{normal: 0, long: 0}"));
     assert!(text.contains("nodes[0].providers[0].capacity"), "{text}");

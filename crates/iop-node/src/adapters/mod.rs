@@ -127,6 +127,8 @@ pub struct SessionInfo {
     pub session_id: String,
     pub pid: Option<u32>,
     pub age_sec: u64,
+    /// Seconds since its last turn ended; `None` while a turn runs.
+    pub idle_sec: Option<u64>,
 }
 
 #[async_trait]
