@@ -12,6 +12,12 @@ use std::path::Path;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+mod auth;
+mod http_limits;
+
+pub use auth::{ApiKeyConfig, AuthConfig, MIN_API_KEY_CHARS, Role};
+pub use http_limits::HttpLimitsConfig;
+
 pub const DEFAULT_NODE_LISTEN: &str = "127.0.0.1:7700";
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -91,23 +97,15 @@ impl Default for ListenConfig {
     }
 }
 
-/// Client API keys. With none configured, the HTTP API is open (fine on loopback).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuthConfig {
-    #[serde(default)]
-    pub api_keys: Vec<String>,
-    /// Name of an environment variable holding comma-separated API keys.
-    #[serde(default)]
-    pub api_keys_env: Option<String>,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Largest HTTP request body accepted; larger ones get 413.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Timeouts, connection cap and response size of the HTTP listener.
+    #[serde(default)]
+    pub http: HttpLimitsConfig,
 }
 
 fn default_max_body_bytes() -> usize {
@@ -118,6 +116,7 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            http: HttpLimitsConfig::default(),
         }
     }
 }
@@ -358,14 +357,11 @@ impl EdgeConfig {
         if self.limits.max_body_bytes == 0 {
             return invalid("limits.max_body_bytes".into(), "must be positive");
         }
-        if let Some(var) = &self.auth.api_keys_env
-            && std::env::var(var).is_err()
-        {
-            return Err((
-                "auth.api_keys_env".into(),
-                format!("environment variable {var} is not set"),
-            ));
-        }
+        self.limits
+            .http
+            .validate()
+            .map_err(|(field, msg)| (format!("limits.http.{field}"), msg))?;
+        self.auth.validate(&self.model_groups)?;
         let mut node_ids = HashSet::new();
         for (n, node) in self.nodes.iter().enumerate() {
             let at = format!("nodes[{n}]");
@@ -442,21 +438,23 @@ impl EdgeConfig {
         Ok(())
     }
 
-    /// API keys clients may present, from the config and the environment.
-    pub fn api_keys(&self) -> Vec<String> {
-        let mut keys = self.auth.api_keys.clone();
-        if let Some(var) = &self.auth.api_keys_env
-            && let Ok(value) = std::env::var(var)
-        {
-            keys.extend(
-                value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|k| !k.is_empty())
-                    .map(String::from),
-            );
+    /// Refuses to serve a non-loopback HTTP address with no API keys unless the config
+    /// says `auth.allow_anonymous: true`; the error is `(yaml path, message)`. Checked
+    /// when the edge starts or reloads, after command-line overrides of `listen.http`.
+    pub fn check_http_exposure(&self) -> Result<(), (String, String)> {
+        let addr = self.listen.http;
+        if self.auth.keys.is_empty() && !self.auth.allow_anonymous && !addr.ip().is_loopback() {
+            return Err((
+                "auth.keys".into(),
+                format!(
+                    "the HTTP API would listen on {addr}, which is not a loopback address, with no \
+                     API keys: anyone who reaches it could use every model and read every prompt. \
+                     Add keys under auth.keys (see configs/edge.yaml), listen on 127.0.0.1, or set \
+                     `auth.allow_anonymous: true` to serve it without authentication on purpose"
+                ),
+            ));
         }
-        keys
+        Ok(())
     }
 }
 
