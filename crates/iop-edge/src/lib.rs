@@ -62,7 +62,7 @@ impl EdgeServer {
                 format!("cannot listen for nodes on {}: {e}", config.listen.nodes),
             )
         })?;
-        let http = TcpListener::bind(config.listen.http).await.map_err(|e| {
+        let http = http::server::bind(config.listen.http).map_err(|e| {
             std::io::Error::new(
                 e.kind(),
                 format!("cannot listen for HTTP on {}: {e}", config.listen.http),

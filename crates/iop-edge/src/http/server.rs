@@ -27,6 +27,11 @@ use super::deadlines::{Activity, DeadlineIo, Expired, ResponseBody, TimedBody};
 use crate::config::HttpLimitsConfig;
 use crate::service::Edge;
 
+/// Connections the kernel may queue before the accept loop takes them (capped by the
+/// system's `somaxconn`): a burst of connections must not overflow the queue, whose
+/// victims see their handshake hang or their connection reset.
+const LISTEN_BACKLOG: u32 = 4096;
+
 /// How often a full connection table or failing accepts are logged at most.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -47,6 +52,17 @@ pub fn effective_max_connections(configured: usize, open_files: Option<u64>) -> 
         }
         None => configured,
     }
+}
+
+/// Binds the HTTP listener (address reuse on, a deep accept queue).
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// Serves HTTP on `listener` until the edge shuts down; returns once every connection
