@@ -32,6 +32,11 @@ use crate::service::Edge;
 /// victims see their handshake hang or their connection reset.
 const LISTEN_BACKLOG: u32 = 4096;
 
+/// Largest request head (request line and headers) read; a longer one gets 431. It also
+/// bounds hyper's read and write buffers, so one connection holds at most about this much
+/// memory in them.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
 /// How often a full connection table or failing accepts are logged at most.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -160,7 +165,9 @@ pub async fn serve_connection<S>(
     // A backstop only: `Activity` closes slow heads and idle connections first.
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout() + limits.idle_timeout());
+        .header_read_timeout(limits.header_timeout() + limits.idle_timeout())
+        .max_header_size(MAX_HEAD_BYTES)
+        .max_buf_size(MAX_HEAD_BYTES);
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
     let mut draining = false;

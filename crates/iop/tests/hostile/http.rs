@@ -229,6 +229,32 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout() {
 }
 
 #[tokio::test]
+async fn an_oversized_request_head_is_refused() {
+    let dir = tempdir();
+    let edge = start_edge(dir.path(), &mock_config("{}", "")).await;
+    let mut socket = TcpStream::connect(edge.http.as_str()).await.unwrap();
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: edge\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(100 * 1024)
+    );
+    // The edge may stop reading before the whole head is written.
+    let _ = socket.write_all(head.as_bytes()).await;
+    let mut answer = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), socket.read_to_string(&mut answer)).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    // The edge serves on.
+    assert_eq!(
+        client()
+            .get(edge.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
 async fn a_full_connection_table_refuses_at_once_and_does_not_starve_nodes() {
     let dir = tempdir();
     let limits = "{http: {max_connections: 20, header_timeout_sec: 60}}";
