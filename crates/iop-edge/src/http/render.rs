@@ -49,7 +49,7 @@ pub fn usage_json(usage: &pb::Usage) -> Value {
     let mut u = json!({
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
-        "total_tokens": usage.input_tokens + usage.output_tokens,
+        "total_tokens": usage.input_tokens.saturating_add(usage.output_tokens),
     });
     if let Some(r) = usage.reasoning_tokens {
         u["completion_tokens_details"] = json!({"reasoning_tokens": r});
@@ -281,4 +281,19 @@ pub fn sse(run: RunStream, first: pb::RunEvent, shape: Shape) -> Response {
         Body::from_stream(body),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_totals_saturate() {
+        let usage = pb::Usage {
+            input_tokens: u64::MAX,
+            output_tokens: 5,
+            ..Default::default()
+        };
+        assert_eq!(usage_json(&usage)["total_tokens"], u64::MAX);
+    }
 }
