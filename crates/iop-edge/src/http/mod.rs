@@ -107,3 +107,57 @@ fn find_cause<'a, E: std::error::Error + 'static>(
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use tower_service::Service;
+
+    use crate::EdgeConfig;
+    use crate::service::Edge;
+
+    const KEYS: &str = r#"
+auth:
+  keys:
+    - {name: ops, role: admin, key: admin-key-0123456789}
+    - {name: alice, role: client, key: alice-key-0123456789}
+"#;
+
+    async fn status_of(yaml: &str, method: &str, path: &str, key: Option<&str>) -> StatusCode {
+        let edge = Edge::new(EdgeConfig::from_yaml(yaml, "test").unwrap());
+        let mut router = super::router(edge);
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        let request = request.body(Body::empty()).unwrap();
+        router.call(request).await.unwrap().status()
+    }
+
+    #[tokio::test]
+    async fn routes_answer_by_role() {
+        let admin = Some("admin-key-0123456789");
+        let alice = Some("alice-key-0123456789");
+        for path in ["/admin/status", "/metrics", "/v1/nodes/n1/commands/usage"] {
+            assert_eq!(status_of(KEYS, "GET", path, alice).await, 403, "{path}");
+            assert_eq!(status_of(KEYS, "GET", path, None).await, 401, "{path}");
+            assert_eq!(
+                status_of(KEYS, "GET", path, Some("wrong-key-0123456789")).await,
+                401,
+                "{path}"
+            );
+        }
+        assert_eq!(status_of(KEYS, "GET", "/admin/status", admin).await, 200);
+        assert_eq!(status_of(KEYS, "GET", "/metrics", admin).await, 200);
+        assert_eq!(status_of(KEYS, "GET", "/v1/models", alice).await, 200);
+        assert_eq!(status_of(KEYS, "GET", "/healthz", None).await, 200);
+        assert_eq!(
+            status_of(KEYS, "POST", "/v1/runs/nope/cancel", alice).await,
+            404
+        );
+        // Without keys everything is open.
+        assert_eq!(status_of("{}", "GET", "/admin/status", None).await, 200);
+        assert_eq!(status_of("{}", "GET", "/metrics", None).await, 200);
+    }
+}
