@@ -12,6 +12,12 @@ use std::path::Path;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+mod auth;
+mod http_limits;
+
+pub use auth::{ApiKeyConfig, AuthConfig, MIN_API_KEY_CHARS, Role};
+pub use http_limits::HttpLimitsConfig;
+
 pub const DEFAULT_NODE_LISTEN: &str = "127.0.0.1:7700";
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -98,17 +104,6 @@ impl Default for ListenConfig {
     }
 }
 
-/// Client API keys. With none configured, the HTTP API is open (fine on loopback).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuthConfig {
-    #[serde(default)]
-    pub api_keys: Vec<String>,
-    /// Name of an environment variable holding comma-separated API keys.
-    #[serde(default)]
-    pub api_keys_env: Option<String>,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
@@ -118,6 +113,9 @@ pub struct LimitsConfig {
     /// Limits of the node listener.
     #[serde(default)]
     pub nodes: NodeLimitsConfig,
+    /// Timeouts, connection cap and response size of the HTTP listener.
+    #[serde(default)]
+    pub http: HttpLimitsConfig,
 }
 
 fn default_max_body_bytes() -> usize {
@@ -129,6 +127,7 @@ impl Default for LimitsConfig {
         Self {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             nodes: NodeLimitsConfig::default(),
+            http: HttpLimitsConfig::default(),
         }
     }
 }
@@ -435,14 +434,11 @@ impl EdgeConfig {
             .nodes
             .validate(self.max_frame_bytes)
             .map_err(|(field, msg)| (format!("limits.nodes.{field}"), msg))?;
-        if let Some(var) = &self.auth.api_keys_env
-            && std::env::var(var).is_err()
-        {
-            return Err((
-                "auth.api_keys_env".into(),
-                format!("environment variable {var} is not set"),
-            ));
-        }
+        self.limits
+            .http
+            .validate()
+            .map_err(|(field, msg)| (format!("limits.http.{field}"), msg))?;
+        self.auth.validate(&self.model_groups)?;
         let mut node_ids = HashSet::new();
         let mut token_owners: HashMap<TokenHash, usize> = HashMap::new();
         for (n, node) in self.nodes.iter().enumerate() {
@@ -532,21 +528,23 @@ impl EdgeConfig {
         Ok(())
     }
 
-    /// API keys clients may present, from the config and the environment.
-    pub fn api_keys(&self) -> Vec<String> {
-        let mut keys = self.auth.api_keys.clone();
-        if let Some(var) = &self.auth.api_keys_env
-            && let Ok(value) = std::env::var(var)
-        {
-            keys.extend(
-                value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|k| !k.is_empty())
-                    .map(String::from),
-            );
+    /// Refuses to serve a non-loopback HTTP address with no API keys unless the config
+    /// says `auth.allow_anonymous: true`; the error is `(yaml path, message)`. Checked
+    /// when the edge starts or reloads, after command-line overrides of `listen.http`.
+    pub fn check_http_exposure(&self) -> Result<(), (String, String)> {
+        let addr = self.listen.http;
+        if self.auth.keys.is_empty() && !self.auth.allow_anonymous && !addr.ip().is_loopback() {
+            return Err((
+                "auth.keys".into(),
+                format!(
+                    "the HTTP API would listen on {addr}, which is not a loopback address, with no \
+                     API keys: anyone who reaches it could use every model and read every prompt. \
+                     Add keys under auth.keys (see configs/edge.yaml), listen on 127.0.0.1, or set \
+                     `auth.allow_anonymous: true` to serve it without authentication on purpose"
+                ),
+            ));
         }
-        keys
+        Ok(())
     }
 }
 

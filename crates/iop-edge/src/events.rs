@@ -53,6 +53,9 @@ pub struct UsageEvent {
     /// path. Absent when nothing was reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub served_model: Option<String>,
+    /// The name of the API key that made the request (absent on an edge without keys).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
 }
 
 /// A run event as subscribers see it.

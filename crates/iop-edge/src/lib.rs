@@ -6,8 +6,10 @@
 //! shell and the single authority over node lifecycle; `transport` and `http` only move
 //! bytes to and from it.
 
+pub mod auth;
 pub mod config;
 pub mod events;
+pub mod fdlimit;
 pub mod http;
 pub mod lease;
 pub mod metrics;
@@ -40,15 +42,27 @@ pub struct EdgeServer {
 }
 
 impl EdgeServer {
-    /// Binds both listeners (from the config) and starts serving.
+    /// Binds both listeners (from the config) and starts serving. Refuses a non-loopback
+    /// HTTP address without API keys unless the config allows anonymous access, and
+    /// raises the process's soft open-files limit to its hard limit.
     pub async fn start(config: EdgeConfig) -> std::io::Result<Self> {
+        config.check_http_exposure().map_err(|(path, message)| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{path}: {message}"),
+            )
+        })?;
+        match fdlimit::raise_open_files_limit() {
+            Ok(limit) => tracing::info!(open_files = limit, "open-files limit"),
+            Err(err) => tracing::warn!(%err, "cannot raise the open-files limit"),
+        }
         let nodes = TcpListener::bind(config.listen.nodes).await.map_err(|e| {
             std::io::Error::new(
                 e.kind(),
                 format!("cannot listen for nodes on {}: {e}", config.listen.nodes),
             )
         })?;
-        let http = TcpListener::bind(config.listen.http).await.map_err(|e| {
+        let http = http::server::bind(config.listen.http).map_err(|e| {
             std::io::Error::new(
                 e.kind(),
                 format!("cannot listen for HTTP on {}: {e}", config.listen.http),
@@ -65,6 +79,8 @@ impl EdgeServer {
                 tracing::error!(%err, "HTTP server failed");
             }
         });
+        edge.tasks()
+            .spawn(http::auth::summarize_failures(edge.clone()));
         tracing::info!(nodes = %node_addr, http = %http_addr, "edge listening");
         Ok(Self {
             edge,

@@ -1,7 +1,13 @@
 //! Prometheus metrics (`GET /metrics`): request, queue-wait and usage counters recorded as
 //! things happen, plus capacity, in-flight, waiting and readiness gauges taken from the
 //! status snapshot at scrape time.
+//!
+//! Every label value comes from the config or from a fixed set: a model name no group has
+//! counts as `model_group="(unknown)"`, a key no longer configured as `api_key="(unknown)"`,
+//! and outcomes beyond the first [`MAX_OUTCOMES`] distinct ones as `outcome="other"`; so
+//! nothing a client sends adds series, and the number of series is bounded by the config.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -40,7 +46,52 @@ struct UsageLabels {
     model_group: String,
     node: String,
     provider: String,
+    api_key: String,
     kind: &'static str,
+}
+
+/// The label value of a model name no configured group has.
+pub const UNKNOWN_LABEL: &str = "(unknown)";
+/// The `api_key` label of requests on an edge without keys.
+pub const NO_KEY_LABEL: &str = "(none)";
+/// Distinct `outcome` values kept; later ones count as `other`.
+pub const MAX_OUTCOMES: usize = 64;
+
+/// The label values allowed now (from the config) and the outcomes seen so far.
+#[derive(Debug, Default)]
+struct LabelBounds {
+    groups: HashSet<String>,
+    keys: HashSet<String>,
+    outcomes: HashSet<String>,
+}
+
+impl LabelBounds {
+    fn group(&self, name: &str) -> String {
+        if self.groups.contains(name) {
+            name.to_string()
+        } else {
+            UNKNOWN_LABEL.to_string()
+        }
+    }
+
+    fn outcome(&mut self, outcome: &str) -> String {
+        if self.outcomes.contains(outcome) {
+            return outcome.to_string();
+        }
+        if self.outcomes.len() < MAX_OUTCOMES {
+            self.outcomes.insert(outcome.to_string());
+            return outcome.to_string();
+        }
+        "other".to_string()
+    }
+
+    fn key(&self, name: Option<&str>) -> String {
+        match name {
+            None => NO_KEY_LABEL.to_string(),
+            Some(name) if self.keys.contains(name) => name.to_string(),
+            Some(_) => UNKNOWN_LABEL.to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -62,6 +113,7 @@ struct RefusalLabels {
 
 pub struct Metrics {
     registry: Mutex<Registry>,
+    bounds: Mutex<LabelBounds>,
     requests: Family<RequestLabels, Counter>,
     queue_wait: Family<GroupLabels, Histogram>,
     usage_tokens: Family<UsageLabels, Counter>,
@@ -160,6 +212,7 @@ impl Metrics {
         );
         Self {
             registry: Mutex::new(registry),
+            bounds: Mutex::new(LabelBounds::default()),
             requests,
             queue_wait,
             usage_tokens,
@@ -182,21 +235,32 @@ impl Metrics {
             .inc();
     }
 
+    /// The configured model groups: the only `model_group` label values.
+    pub fn set_model_groups<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        self.bounds.lock().groups = names.into_iter().map(String::from).collect();
+    }
+
+    /// The configured API key names: the only `api_key` label values.
+    pub fn set_api_keys<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        self.bounds.lock().keys = names.into_iter().map(String::from).collect();
+    }
+
     pub fn count_request(&self, model_group: &str, path: &str, outcome: &str) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                model_group: model_group.to_string(),
+        let labels = {
+            let mut bounds = self.bounds.lock();
+            RequestLabels {
+                model_group: bounds.group(model_group),
                 path: path.to_string(),
-                outcome: outcome.to_string(),
-            })
-            .inc();
+                outcome: bounds.outcome(outcome),
+            }
+        };
+        self.requests.get_or_create(&labels).inc();
     }
 
     pub fn observe_queue_wait(&self, model_group: &str, waited: Duration) {
+        let model_group = self.bounds.lock().group(model_group);
         self.queue_wait
-            .get_or_create(&GroupLabels {
-                model_group: model_group.to_string(),
-            })
+            .get_or_create(&GroupLabels { model_group })
             .observe(waited.as_secs_f64());
     }
 
@@ -208,10 +272,18 @@ impl Metrics {
             ("cached_input", usage.cached_input_tokens),
         ];
         // One label set for all kinds: the family copies it only for a new series.
+        let (model_group, api_key) = {
+            let bounds = self.bounds.lock();
+            (
+                bounds.group(&usage.model_group),
+                bounds.key(usage.api_key.as_deref()),
+            )
+        };
         let mut labels = UsageLabels {
-            model_group: usage.model_group.clone(),
+            model_group,
             node: usage.node_id.clone(),
             provider: usage.provider_id.clone(),
+            api_key,
             kind: "",
         };
         for (kind, value) in counts {
@@ -269,5 +341,89 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry.lock())
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(metrics: &Metrics) -> usize {
+        let snapshot = StatusSnapshot {
+            nodes: vec![],
+            model_groups: vec![],
+            leases: Default::default(),
+        };
+        metrics
+            .render(&snapshot)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .count()
+    }
+
+    #[test]
+    fn model_names_outside_the_config_share_one_label() {
+        let m = Metrics::new();
+        m.set_model_groups(["llama"]);
+        m.count_request("llama", "run", "ok");
+        let before = series(&m);
+        for i in 0..1000 {
+            m.count_request(&format!("random-{i}"), "none", "model_not_found");
+            m.observe_queue_wait(&format!("random-{i}"), Duration::from_millis(1));
+        }
+        let text = m.render(&StatusSnapshot {
+            nodes: vec![],
+            model_groups: vec![],
+            leases: Default::default(),
+        });
+        assert!(text.contains("model_group=\"(unknown)\""), "{text}");
+        assert!(!text.contains("random-"), "{text}");
+        // One new request series and one histogram for "(unknown)", whatever the count.
+        assert!(series(&m) < before + 20, "{text}");
+    }
+
+    #[test]
+    fn outcomes_are_bounded() {
+        let m = Metrics::new();
+        m.set_model_groups(["g"]);
+        for i in 0..1000 {
+            m.count_request("g", "run", &format!("code-{i}"));
+        }
+        let text = m.render(&StatusSnapshot {
+            nodes: vec![],
+            model_groups: vec![],
+            leases: Default::default(),
+        });
+        assert!(text.contains("outcome=\"other\""));
+        let requests = text
+            .lines()
+            .filter(|l| l.starts_with("iop_requests_total"))
+            .count();
+        assert_eq!(requests, MAX_OUTCOMES + 1, "{text}");
+    }
+
+    #[test]
+    fn usage_is_labelled_with_configured_key_names_only() {
+        let m = Metrics::new();
+        m.set_model_groups(["g"]);
+        m.set_api_keys(["alice"]);
+        for key in [Some("alice"), Some("mallory"), None] {
+            m.record_usage(&UsageEvent {
+                model_group: "g".into(),
+                api_key: key.map(String::from),
+                input_tokens: 1,
+                output_tokens: 1,
+                ..Default::default()
+            });
+        }
+        let text = m.render(&StatusSnapshot {
+            nodes: vec![],
+            model_groups: vec![],
+            leases: Default::default(),
+        });
+        assert!(text.contains("api_key=\"alice\""), "{text}");
+        assert!(text.contains("api_key=\"(unknown)\""), "{text}");
+        assert!(text.contains("api_key=\"(none)\""), "{text}");
+        assert!(!text.contains("mallory"), "{text}");
     }
 }

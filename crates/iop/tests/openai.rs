@@ -343,7 +343,7 @@ async fn usage_events_carry_the_provider_reported_breakdown() {
     assert_eq!(by(2)["served_model"], "reasoning-model", "{}", by(2));
     // The same counts reach /metrics.
     let metrics = get_text(&s.edge.url("/metrics")).await;
-    assert!(metrics.contains("iop_usage_tokens_total{model_group=\"cached\",node=\"n1\",provider=\"oac\",kind=\"cached_input\"} 7"), "{metrics}");
+    assert!(metrics.contains("iop_usage_tokens_total{model_group=\"cached\",node=\"n1\",provider=\"oac\",api_key=\"(none)\",kind=\"cached_input\"} 7"), "{metrics}");
     let _ = &s.cached;
 }
 
@@ -394,7 +394,10 @@ fn error_of(body: &str) -> Value {
 
 #[tokio::test]
 async fn client_errors_come_back_in_openai_error_shape() {
-    let s = setup_with("auth: {api_keys: [sk-right]}").await;
+    let s = setup_with(&format!(
+        "auth: {{keys: [{{name: tester, role: admin, key: {TEST_API_KEY}}}]}}"
+    ))
+    .await;
     let url = s.edge.url("/v1/chat/completions");
     let c = client();
     let missing = c
@@ -410,22 +413,10 @@ async fn client_errors_come_back_in_openai_error_shape() {
             .unwrap()
             .contains("Bearer")
     );
-    let wrong = c
-        .post(&url)
-        .bearer_auth("sk-wrong")
-        .json(&chat("tunnel", false))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(wrong.status(), 401);
-    assert_eq!(
-        error_of(&wrong.text().await.unwrap())["code"],
-        "invalid_api_key"
-    );
     let models = c.get(s.edge.url("/v1/models")).send().await.unwrap();
     assert_eq!(models.status(), 401);
 
-    let authed = |b: reqwest::RequestBuilder| b.bearer_auth("sk-right");
+    let authed = |b: reqwest::RequestBuilder| b.bearer_auth(TEST_API_KEY);
     let ok = authed(c.post(&url))
         .json(&chat("tunnel", false))
         .send()
@@ -500,6 +491,20 @@ async fn client_errors_come_back_in_openai_error_shape() {
         .unwrap();
     assert_eq!(nowhere.status(), 404);
     error_of(&nowhere.text().await.unwrap());
+
+    // Last: a wrong key also slows its address down for a moment (see tests/hostile).
+    let wrong = c
+        .post(&url)
+        .bearer_auth("sk-wrong")
+        .json(&chat("tunnel", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    assert_eq!(
+        error_of(&wrong.text().await.unwrap())["code"],
+        "invalid_api_key"
+    );
 }
 
 #[tokio::test]

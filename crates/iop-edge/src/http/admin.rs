@@ -1,5 +1,6 @@
-//! Admin endpoints: `/admin/status` (the snapshot), `/admin/events` (the event bus as SSE),
-//! `/metrics` (Prometheus text), `/healthz` and `/readyz`.
+//! Admin endpoints: `/admin/status` (the snapshot), `/admin/events` (the event bus as SSE:
+//! every prompt and output passes through it), `/metrics` (Prometheus text) — admin keys
+//! only — and the open probes `/healthz` and `/readyz`.
 
 use std::sync::Arc;
 
@@ -16,19 +17,19 @@ use tokio::sync::broadcast::error::RecvError;
 use crate::events::EdgeEvent;
 use crate::service::Edge;
 
-/// Routes that sit behind client auth when API keys are configured.
-pub fn protected_routes() -> Router<Arc<Edge>> {
+/// Routes for admin keys only (everyone on an edge without keys).
+pub fn admin_routes() -> Router<Arc<Edge>> {
     Router::new()
         .route("/admin/status", get(status))
         .route("/admin/events", get(events))
+        .route("/metrics", get(metrics))
 }
 
-/// Routes that are always open (probes and scraping).
+/// Routes that are always open (probes).
 pub fn open_routes() -> Router<Arc<Edge>> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
 }
 
 async fn status(State(edge): State<Arc<Edge>>) -> Response {

@@ -16,6 +16,8 @@ pub struct ApiError {
     pub message: String,
     pub kind: &'static str,
     pub code: String,
+    /// The request field the error is about (OpenAI's `param`).
+    pub param: Option<String>,
     pub retry_after: Option<u64>,
 }
 
@@ -31,8 +33,30 @@ impl ApiError {
             message: message.into(),
             kind,
             code: code.to_string(),
+            param: None,
             retry_after: None,
         }
+    }
+
+    /// Names the request field the error is about.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    /// A field of the request that is not what the edge accepts.
+    pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
+        Self::bad_request("invalid_value", message).with_param(param)
+    }
+
+    /// The key may not use this surface.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "insufficient_permissions",
+            message,
+        )
     }
 
     pub fn bad_request(code: &str, message: impl Into<String>) -> Self {
@@ -68,7 +92,7 @@ impl ApiError {
             "error": {
                 "message": self.message,
                 "type": self.kind,
-                "param": null,
+                "param": self.param,
                 "code": self.code,
             }
         })

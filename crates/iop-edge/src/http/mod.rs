@@ -1,84 +1,53 @@
 //! The edge's HTTP server: the OpenAI-compatible surface, the native runs API and the
-//! admin endpoints on one listener, with optional bearer-key auth and a body size limit.
+//! admin endpoints on one listener ([`server`]), with bearer-key auth and roles
+//! ([`auth`]), connection deadlines ([`deadlines`]) and a body size limit.
+//!
+//! Routes come in three kinds: the probes are open; the OpenAI and runs APIs take any key;
+//! `/admin/*`, `/metrics` and node commands take admin keys only. On an edge without keys
+//! every route is open.
 
 pub mod admin;
+pub mod auth;
+pub mod deadlines;
 pub mod error;
 pub mod openai;
 pub mod passthrough;
 pub mod render;
 pub mod request;
 pub mod runs;
+pub mod server;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::serve::ListenerExt;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
-use tokio::net::TcpListener;
 
 use crate::service::Edge;
 use error::ApiError;
+pub use server::serve_http;
 
 /// The whole HTTP application.
 pub fn router(edge: Arc<Edge>) -> Router {
-    let protected = openai::routes()
+    let admin = admin::admin_routes()
+        .merge(runs::admin_routes())
+        .route_layer(middleware::from_fn(auth::require_admin));
+    let authenticated = openai::routes()
         .merge(runs::routes())
-        .merge(admin::protected_routes())
+        .merge(admin)
         .route_layer(middleware::from_fn_with_state(
             edge.clone(),
-            require_api_key,
+            auth::authenticate,
         ));
     Router::new()
-        .merge(protected)
+        .merge(authenticated)
         .merge(admin::open_routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(edge.config().limits.max_body_bytes))
         .with_state(edge)
-}
-
-/// Serves HTTP on `listener` until the edge shuts down.
-pub async fn serve_http(edge: Arc<Edge>, listener: TcpListener) -> std::io::Result<()> {
-    let shutdown = edge.shutdown_token().clone();
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(edge))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-}
-
-async fn require_api_key(State(edge): State<Arc<Edge>>, request: Request, next: Next) -> Response {
-    let keys = edge.api_keys();
-    if keys.is_empty() {
-        return next.run(request).await;
-    }
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        });
-    let Some(presented) = presented else {
-        return ApiError::unauthorized("missing API key: send it as `Authorization: Bearer <key>`")
-            .into_response();
-    };
-    let digest: [u8; 32] = Sha256::digest(presented.trim().as_bytes()).into();
-    let mut ok = false;
-    for key in keys.iter() {
-        ok |= bool::from(key.ct_eq(&digest));
-    }
-    if !ok {
-        return ApiError::unauthorized("incorrect API key provided").into_response();
-    }
-    next.run(request).await
 }
 
 async fn not_found(request: Request) -> Response {
@@ -95,8 +64,18 @@ async fn not_found(request: Request) -> Response {
     .into_response()
 }
 
-/// A body that could not be read: too large (413) or broken.
+/// A body that could not be read: too large (413), too slow (408) or broken.
 pub(crate) fn body_error(rejection: BytesRejection, edge: &Edge) -> ApiError {
+    if let Some(timeout) = find_cause::<deadlines::BodyError>(&rejection)
+        .filter(|e| matches!(e, deadlines::BodyError::Timeout(_)))
+    {
+        return ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            timeout.to_string(),
+        );
+    }
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -112,5 +91,73 @@ pub(crate) fn body_error(rejection: BytesRejection, edge: &Edge) -> ApiError {
             "invalid_body",
             format!("could not read the request body: {rejection}"),
         )
+    }
+}
+
+/// The first error of type `E` in `error`'s chain of sources.
+fn find_cause<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(found) = e.downcast_ref::<E>() {
+            return Some(found);
+        }
+        current = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use tower_service::Service;
+
+    use crate::EdgeConfig;
+    use crate::service::Edge;
+
+    const KEYS: &str = r#"
+auth:
+  keys:
+    - {name: ops, role: admin, key: admin-key-0123456789}
+    - {name: alice, role: client, key: alice-key-0123456789}
+"#;
+
+    async fn status_of(yaml: &str, method: &str, path: &str, key: Option<&str>) -> StatusCode {
+        let edge = Edge::new(EdgeConfig::from_yaml(yaml, "test").unwrap());
+        let mut router = super::router(edge);
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        let request = request.body(Body::empty()).unwrap();
+        router.call(request).await.unwrap().status()
+    }
+
+    #[tokio::test]
+    async fn routes_answer_by_role() {
+        let admin = Some("admin-key-0123456789");
+        let alice = Some("alice-key-0123456789");
+        for path in ["/admin/status", "/metrics", "/v1/nodes/n1/commands/usage"] {
+            assert_eq!(status_of(KEYS, "GET", path, alice).await, 403, "{path}");
+            assert_eq!(status_of(KEYS, "GET", path, None).await, 401, "{path}");
+            assert_eq!(
+                status_of(KEYS, "GET", path, Some("wrong-key-0123456789")).await,
+                401,
+                "{path}"
+            );
+        }
+        assert_eq!(status_of(KEYS, "GET", "/admin/status", admin).await, 200);
+        assert_eq!(status_of(KEYS, "GET", "/metrics", admin).await, 200);
+        assert_eq!(status_of(KEYS, "GET", "/v1/models", alice).await, 200);
+        assert_eq!(status_of(KEYS, "GET", "/healthz", None).await, 200);
+        assert_eq!(
+            status_of(KEYS, "POST", "/v1/runs/nope/cancel", alice).await,
+            404
+        );
+        // Without keys everything is open.
+        assert_eq!(status_of("{}", "GET", "/admin/status", None).await, 200);
+        assert_eq!(status_of("{}", "GET", "/metrics", None).await, 200);
     }
 }

@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use iop_proto::pb;
@@ -20,8 +21,9 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::request::ClientRequest;
+use super::request::{ClientRequest, WrongType, require_json};
 use super::{passthrough, render};
+use crate::auth::Caller;
 use crate::lease::Lane;
 use crate::service::{Edge, Observe, RunSpec, TunnelSpec};
 
@@ -52,39 +54,72 @@ impl Operation {
     }
 }
 
-async fn list_models(State(edge): State<Arc<Edge>>) -> Response {
+/// The model groups the caller's key may use.
+async fn list_models(
+    State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
     let data: Vec<Value> = edge
         .config()
         .model_groups
         .iter()
+        .filter(|g| caller.may_use_model(&g.name))
         .map(|g| json!({"id": g.name, "object": "model", "created": 0, "owned_by": "iop"}))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
+/// What every OpenAI-surface handler receives.
+struct Incoming {
+    caller: Caller,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+}
+
 async fn chat_completions(
     State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    respond(&edge, Operation::Chat, body).await
+    let incoming = Incoming {
+        caller,
+        headers,
+        body,
+    };
+    respond(&edge, Operation::Chat, incoming).await
 }
 
 async fn completions(
     State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    respond(&edge, Operation::Completion, body).await
+    let incoming = Incoming {
+        caller,
+        headers,
+        body,
+    };
+    respond(&edge, Operation::Completion, incoming).await
 }
 
 async fn embeddings(
     State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    respond(&edge, Operation::Embedding, body).await
+    let incoming = Incoming {
+        caller,
+        headers,
+        body,
+    };
+    respond(&edge, Operation::Embedding, incoming).await
 }
 
-async fn respond(edge: &Arc<Edge>, op: Operation, body: Result<Bytes, BytesRejection>) -> Response {
-    match handle(edge, op, body).await {
+async fn respond(edge: &Arc<Edge>, op: Operation, incoming: Incoming) -> Response {
+    match handle(edge, op, incoming).await {
         Ok(response) => response,
         Err((group, err)) => {
             edge.metrics.count_request(&group, "none", &err.code);
@@ -97,41 +132,50 @@ async fn respond(edge: &Arc<Edge>, op: Operation, body: Result<Bytes, BytesRejec
 async fn handle(
     edge: &Arc<Edge>,
     op: Operation,
-    body: Result<Bytes, BytesRejection>,
+    incoming: Incoming,
 ) -> Result<Response, (String, ApiError)> {
+    let Incoming {
+        caller,
+        headers,
+        body,
+    } = incoming;
     let unknown = |e: ApiError| (String::new(), e);
+    require_json(&headers).map_err(unknown)?;
     let body = body.map_err(|r| unknown(super::body_error(r, edge)))?;
     let request = ClientRequest::parse(&body).map_err(unknown)?;
-    let group = match request.get::<String>("model") {
-        Some(m) if !m.is_empty() => m,
-        Some(_) => {
-            return Err(unknown(ApiError::bad_request(
-                "invalid_model",
-                "`model` must be a non-empty string",
-            )));
+    let invalid_model = || {
+        unknown(
+            ApiError::bad_request("invalid_model", "`model` must be a non-empty string")
+                .with_param("model"),
+        )
+    };
+    let group = match request.typed::<String>("model") {
+        Ok(Some(m)) if !m.is_empty() => m,
+        Ok(None) if !request.has("model") => {
+            return Err(unknown(
+                ApiError::bad_request("missing_model", "you must provide a `model` parameter")
+                    .with_param("model"),
+            ));
         }
-        None if request.has("model") => {
-            return Err(unknown(ApiError::bad_request(
-                "invalid_model",
-                "`model` must be a non-empty string",
-            )));
-        }
-        None => {
-            return Err(unknown(ApiError::bad_request(
-                "missing_model",
-                "you must provide a `model` parameter",
-            )));
-        }
+        _ => return Err(invalid_model()),
     };
     let fail = |e: ApiError| (group.clone(), e);
-    let policy = edge.admission.policy(&group).ok_or_else(|| {
-        fail(ApiError::not_found(
-            "model_not_found",
-            format!(
-                "the model `{group}` does not exist; GET /v1/models lists the models served here"
-            ),
-        ))
-    })?;
+    let policy = edge
+        .admission
+        .policy(&group)
+        .filter(|_| caller.may_use_model(&group))
+        .ok_or_else(|| {
+            fail(
+                ApiError::not_found(
+                    "model_not_found",
+                    format!(
+                        "the model `{group}` does not exist or you do not have access to it; \
+                         GET /v1/models lists the models you can use"
+                    ),
+                )
+                .with_param("model"),
+            )
+        })?;
     validate(&request, op).map_err(fail)?;
     let stream = op != Operation::Embedding && request.get::<bool>("stream").unwrap_or(false);
     let lane = match policy.long_context_tokens {
@@ -158,6 +202,7 @@ async fn handle(
         model_group: group.clone(),
         node_id: grant.node.to_string(),
         provider_id: grant.provider.to_string(),
+        api_key: caller.owner(),
     };
     if provider.kind.is_tunnel() {
         let body = request.with_model(&grant.upstream_model);
@@ -194,7 +239,8 @@ async fn handle(
         )));
     }
     let request = request.to_map();
-    let spec = run_spec(&request, op, &provider.id, &grant.upstream_model);
+    let mut spec = run_spec(&request, op, &provider.id, &grant.upstream_model);
+    spec.owner = caller.owner();
     let include_usage = request
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
@@ -213,7 +259,8 @@ async fn handle(
     let response = if stream {
         render::sse(run, first, shape)
     } else {
-        render::json(run, first, shape).await.map_err(fail)?
+        let limit = edge.config().limits.http.max_response_bytes;
+        render::json(run, first, shape, limit).await.map_err(fail)?
     };
     edge.metrics.count_request(&group, "run", "ok");
     Ok(response)
@@ -226,44 +273,149 @@ fn header(name: &str, value: &str) -> pb::Header {
     }
 }
 
-/// The parameters the edge itself relies on, checked so a mistake gets a 400 here rather
-/// than an opaque failure upstream.
+/// Largest `max_tokens` / `max_completion_tokens` accepted.
+pub const MAX_TOKENS_LIMIT: u64 = i32::MAX as u64;
+/// Largest `n` (choices per request) accepted, as OpenAI's API.
+pub const MAX_CHOICES: u64 = 128;
+
+/// The parameters the edge itself reads, checked so a mistake gets a 400 naming the field
+/// here rather than an opaque failure upstream, and so the edge and the backend can never
+/// read a field differently. Other fields pass to the backend untouched.
 fn validate(request: &ClientRequest, op: Operation) -> Result<(), ApiError> {
-    let text_or_array = |key: &str| {
-        request.raw(key).is_some_and(|raw| {
-            matches!(raw.get().trim_start().as_bytes().first(), Some(b'"' | b'['))
-        })
-    };
     match op {
-        Operation::Chat => match request.get::<Vec<&RawValue>>("messages") {
-            Some(m) if !m.is_empty() => Ok(()),
-            _ if request.has("messages") => Err(ApiError::bad_request(
-                "invalid_messages",
-                "`messages` must be a non-empty array",
-            )),
-            _ => Err(ApiError::bad_request(
-                "missing_messages",
-                "you must provide a `messages` parameter",
-            )),
-        },
-        Operation::Completion if text_or_array("prompt") => Ok(()),
-        Operation::Completion => Err(ApiError::bad_request(
-            "missing_prompt",
-            "you must provide a `prompt` string or array",
-        )),
-        Operation::Embedding if text_or_array("input") => Ok(()),
-        Operation::Embedding => Err(ApiError::bad_request(
-            "missing_input",
-            "you must provide an `input` string or array",
-        )),
-    }?;
-    if request.has("stream") && request.get::<Option<bool>>("stream").is_none() {
-        return Err(ApiError::bad_request(
-            "invalid_stream",
-            "`stream` must be a boolean",
+        Operation::Chat => validate_messages(request)?,
+        Operation::Completion => validate_text_input(request, "prompt")?,
+        Operation::Embedding => validate_text_input(request, "input")?,
+    }
+    let wrong = |param: &str, what: &str| {
+        ApiError::invalid_param(param, format!("`{param}` must be {what}"))
+    };
+    if request.typed::<bool>("stream").is_err() {
+        return Err(ApiError {
+            code: "invalid_stream".into(),
+            ..wrong("stream", "a boolean")
+        });
+    }
+    for key in ["max_tokens", "max_completion_tokens"] {
+        match request.typed::<u64>(key) {
+            Ok(Some(n)) if n > MAX_TOKENS_LIMIT => {}
+            Ok(_) => continue,
+            Err(WrongType) => {}
+        }
+        return Err(wrong(
+            key,
+            &format!("an integer from 0 to {MAX_TOKENS_LIMIT}"),
         ));
     }
+    match request.typed::<u64>("n") {
+        Ok(Some(n)) if !(1..=MAX_CHOICES).contains(&n) => {
+            return Err(wrong("n", &format!("an integer from 1 to {MAX_CHOICES}")));
+        }
+        Err(WrongType) => return Err(wrong("n", &format!("an integer from 1 to {MAX_CHOICES}"))),
+        Ok(_) => {}
+    }
+    for key in ["temperature", "top_p"] {
+        if request.typed::<f64>(key).is_err() {
+            return Err(wrong(key, "a number"));
+        }
+    }
+    match request.typed::<serde_json::Number>("seed") {
+        Ok(Some(n)) if !(n.is_i64() || n.is_u64()) => return Err(wrong("seed", "an integer")),
+        Err(WrongType) => return Err(wrong("seed", "an integer")),
+        _ => {}
+    }
+    match request.typed::<Value>("stop") {
+        Ok(None | Some(Value::String(_))) => {}
+        Ok(Some(Value::Array(items))) if items.iter().all(Value::is_string) => {}
+        _ => return Err(wrong("stop", "a string or an array of strings")),
+    }
+    match request.typed::<Map<String, Value>>("stream_options") {
+        Ok(None) => {}
+        Ok(Some(options)) => {
+            if !matches!(
+                options.get("include_usage"),
+                None | Some(Value::Null | Value::Bool(_))
+            ) {
+                return Err(wrong("stream_options.include_usage", "a boolean"));
+            }
+        }
+        Err(WrongType) => return Err(wrong("stream_options", "an object")),
+    }
     Ok(())
+}
+
+/// `messages`: a non-empty array of objects, each with a string `role` and a `content`
+/// that is a string, an array of content parts (objects) or absent.
+fn validate_messages(request: &ClientRequest) -> Result<(), ApiError> {
+    let messages = match request.typed::<Vec<&RawValue>>("messages") {
+        Ok(Some(m)) if !m.is_empty() => m,
+        Ok(None) if !request.has("messages") => {
+            return Err(ApiError::bad_request(
+                "missing_messages",
+                "you must provide a `messages` parameter",
+            )
+            .with_param("messages"));
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid_messages",
+                "`messages` must be a non-empty array of message objects",
+            )
+            .with_param("messages"));
+        }
+    };
+    for (i, raw) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Ok(message) = serde_json::from_str::<Map<String, Value>>(raw.get()) else {
+            return Err(ApiError::invalid_param(
+                &at,
+                format!("`{at}` must be a message object"),
+            ));
+        };
+        if !matches!(message.get("role"), Some(Value::String(_))) {
+            let param = format!("{at}.role");
+            return Err(ApiError::invalid_param(
+                &param,
+                format!("`{param}` must be a string"),
+            ));
+        }
+        match message.get("content") {
+            None | Some(Value::Null | Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                if let Some(j) = parts.iter().position(|p| !p.is_object()) {
+                    let param = format!("{at}.content[{j}]");
+                    return Err(ApiError::invalid_param(
+                        &param,
+                        format!("`{param}` must be a content part object"),
+                    ));
+                }
+            }
+            Some(_) => {
+                let param = format!("{at}.content");
+                return Err(ApiError::invalid_param(
+                    &param,
+                    format!("`{param}` must be a string or an array of content parts"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `prompt` / `input`: a string or an array (of strings or token ids).
+fn validate_text_input(request: &ClientRequest, key: &str) -> Result<(), ApiError> {
+    match request.typed::<Value>(key) {
+        Ok(Some(Value::String(_) | Value::Array(_))) => Ok(()),
+        Ok(None) if !request.has(key) => Err(ApiError::bad_request(
+            &format!("missing_{key}"),
+            format!("you must provide the `{key}` parameter (a string or an array)"),
+        )
+        .with_param(key)),
+        _ => Err(ApiError::invalid_param(
+            key,
+            format!("`{key}` must be a string or an array"),
+        )),
+    }
 }
 
 /// Cheap context estimate deciding the lane: characters of the prompt / 4 (about one token
@@ -287,7 +439,7 @@ pub fn estimate_context_tokens(request: &ClientRequest, op: Operation) -> u64 {
         .get::<u64>("max_completion_tokens")
         .or_else(|| request.get::<u64>("max_tokens"))
         .unwrap_or(0);
-    (chars as u64).div_ceil(4) + max_tokens
+    (chars as u64).div_ceil(4).saturating_add(max_tokens)
 }
 
 /// The text of a message's `content`: a string, or the text parts of an array.
@@ -379,6 +531,7 @@ fn run_spec(
         options: Some(options),
         session_id: String::new(),
         background: false,
+        owner: None,
     }
 }
 
@@ -417,15 +570,92 @@ mod tests {
         assert!(e.message.contains("messages"));
         let e = check(json!({"model": "m", "messages": []}), Operation::Chat).unwrap_err();
         assert!(e.message.contains("non-empty"));
-        let e = check(
-            json!({"model": "m", "messages": [{}], "stream": "yes"}),
-            Operation::Chat,
-        )
-        .unwrap_err();
+        let hi = json!([{"role": "user", "content": "hi"}]);
+        let e = check(json!({"messages": hi, "stream": "yes"}), Operation::Chat).unwrap_err();
         assert!(e.message.contains("stream"));
-        assert!(check(json!({"messages": [{}], "stream": null}), Operation::Chat).is_ok());
+        assert_eq!(e.param.as_deref(), Some("stream"));
+        assert!(check(json!({"messages": hi, "stream": null}), Operation::Chat).is_ok());
         assert!(check(json!({"input": "x"}), Operation::Embedding).is_ok());
         assert!(check(json!({"input": 3}), Operation::Embedding).is_err());
+    }
+
+    #[test]
+    fn every_malformed_field_is_a_400_naming_it() {
+        let hi = json!([{"role": "user", "content": "hi"}]);
+        let cases = [
+            (json!({"messages": hi, "max_tokens": -1}), "max_tokens"),
+            (
+                json!({"messages": hi, "max_tokens": 9223372036854775808u64}),
+                "max_tokens",
+            ),
+            (
+                json!({"messages": hi, "max_tokens": u64::MAX}),
+                "max_tokens",
+            ),
+            (json!({"messages": hi, "max_tokens": "5"}), "max_tokens"),
+            (json!({"messages": hi, "max_tokens": 5.5}), "max_tokens"),
+            (
+                json!({"messages": hi, "max_completion_tokens": -1}),
+                "max_completion_tokens",
+            ),
+            (json!({"messages": hi, "n": 1_000_000}), "n"),
+            (json!({"messages": hi, "n": 0}), "n"),
+            (json!({"messages": hi, "n": "2"}), "n"),
+            (json!({"messages": hi, "stream": 1}), "stream"),
+            (json!({"messages": hi, "temperature": "hot"}), "temperature"),
+            (json!({"messages": hi, "top_p": [1]}), "top_p"),
+            (json!({"messages": hi, "seed": 1.5}), "seed"),
+            (json!({"messages": hi, "stop": [1]}), "stop"),
+            (
+                json!({"messages": hi, "stream_options": true}),
+                "stream_options",
+            ),
+            (
+                json!({"messages": hi, "stream_options": {"include_usage": "yes"}}),
+                "stream_options.include_usage",
+            ),
+            (json!({"messages": [1, 2]}), "messages[0]"),
+            (json!({"messages": "hi"}), "messages"),
+            (json!({"messages": [{"content": "hi"}]}), "messages[0].role"),
+            (
+                json!({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": 5}]}),
+                "messages[1].content",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": ["text"]}]}),
+                "messages[0].content[0]",
+            ),
+        ];
+        for (body, param) in cases {
+            let e = check(body.clone(), Operation::Chat).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+        let e = check(json!({"prompt": {"x": 1}}), Operation::Completion).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        // What the OpenAI API accepts still passes.
+        let ok = json!({
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "assistant", "content": null, "tool_calls": []},
+            ],
+            "max_tokens": 0, "max_completion_tokens": MAX_TOKENS_LIMIT, "n": 128,
+            "temperature": 0, "top_p": 0.5, "seed": -3, "stop": ["a", "b"],
+            "stream": true, "stream_options": {"include_usage": true},
+        });
+        check(ok, Operation::Chat).unwrap();
+        check(
+            json!({"prompt": [1, 2, 3], "stop": null}),
+            Operation::Completion,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn the_lane_estimate_saturates() {
+        let r = json!({"prompt": "abcd", "max_tokens": u64::MAX});
+        assert_eq!(estimate(r, Operation::Completion), u64::MAX);
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub fn usage_json(usage: &pb::Usage) -> Value {
     let mut u = json!({
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
-        "total_tokens": usage.input_tokens + usage.output_tokens,
+        "total_tokens": usage.input_tokens.saturating_add(usage.output_tokens),
     });
     if let Some(r) = usage.reasoning_tokens {
         u["completion_tokens_details"] = json!({"reasoning_tokens": r});
@@ -68,11 +68,14 @@ fn finish_reason(event: &pb::RunEvent) -> String {
     }
 }
 
-/// Collects the whole run into one JSON response.
+/// Collects the whole run into one JSON response of at most `max_bytes` of text. A longer
+/// answer ends with a 502; the run is dropped, which cancels it on the node and returns
+/// its provider slot.
 pub async fn json(
     mut run: RunStream,
     first: pb::RunEvent,
     shape: Shape,
+    max_bytes: usize,
 ) -> Result<Response, ApiError> {
     let id = response_id(&shape, run.run_id());
     let mut content = String::new();
@@ -85,6 +88,26 @@ pub async fn json(
                 "the run ended without a terminal",
             ));
         };
+        if matches!(e.kind(), RunEventKind::Delta | RunEventKind::ReasoningDelta)
+            && content.len() + reasoning.len() + e.text.len() > max_bytes
+        {
+            tracing::warn!(
+                run_id = run.run_id(),
+                node_id = run.node_id(),
+                max_bytes,
+                "non-streamed answer over limits.http.max_response_bytes: cancelling the run"
+            );
+            return Err(ApiError::new(
+                axum::http::StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "response_too_large",
+                format!(
+                    "the answer grew past this edge's limit of {max_bytes} bytes for a \
+                     non-streamed response (limits.http.max_response_bytes) and was cancelled; \
+                     ask for fewer tokens (max_tokens) or set \"stream\": true"
+                ),
+            ));
+        }
         match e.kind() {
             RunEventKind::Delta => content.push_str(&e.text),
             RunEventKind::ReasoningDelta => reasoning.push_str(&e.text),
@@ -258,4 +281,19 @@ pub fn sse(run: RunStream, first: pb::RunEvent, shape: Shape) -> Response {
         Body::from_stream(body),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_totals_saturate() {
+        let usage = pb::Usage {
+            input_tokens: u64::MAX,
+            output_tokens: 5,
+            ..Default::default()
+        };
+        assert_eq!(usage_json(&usage)["total_tokens"], u64::MAX);
+    }
 }

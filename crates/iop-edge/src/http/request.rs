@@ -1,14 +1,25 @@
 //! A client's JSON request body kept as its top-level fields in their original order, each
 //! value as raw JSON text. Reading a field parses only that field; rewriting `model` for
 //! the tunnel re-emits every other field byte for byte.
+//!
+//! Parsing is strict where an ambiguity could let a request mean one thing to the edge and
+//! another to the backend: a top-level key given twice is refused (the edge would read the
+//! first, most backends the last), and so is nesting deeper than [`MAX_JSON_DEPTH`]
+//! (checked without recursion, so no depth can overflow a stack). Bodies whose
+//! `Content-Type` is not JSON are refused before any of this.
 
 use std::fmt;
 
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::de::{Deserialize, DeserializeOwned, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+
+/// A field holds a value of another type (or out of the type's range) than required.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WrongType;
 
 /// The top-level fields of a JSON object request body.
 #[derive(Debug)]
@@ -16,8 +27,107 @@ pub struct ClientRequest<'a> {
     fields: Vec<(String, &'a RawValue)>,
 }
 
+/// Deepest nesting of arrays and objects accepted in a request body.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// Refuses a body whose `Content-Type` is not JSON (`application/json` or `…+json`) with
+/// 415. A request without a `Content-Type` is read as JSON.
+pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let essence = value
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "invalid_request_error",
+        "unsupported_media_type",
+        format!(
+            "the request body must be JSON, sent with `Content-Type: application/json` (got {:?})",
+            value.to_str().unwrap_or("(not text)")
+        ),
+    ))
+}
+
+/// Refuses JSON nested deeper than `max` arrays and objects. One pass over the bytes, no
+/// recursion; strings (and the brackets inside them) are skipped.
+pub fn check_depth(body: &[u8], max: usize) -> Result<(), ApiError> {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'"' => {
+                // Skip to the closing quote, over escapes.
+                i += 1;
+                loop {
+                    match memchr::memchr2(b'"', b'\\', &body[i..]) {
+                        Some(at) if body[i + at] == b'\\' => i += at + 2,
+                        Some(at) => {
+                            i += at;
+                            break;
+                        }
+                        None => return Ok(()), // unterminated: the parser reports it
+                    }
+                }
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > max {
+                    return Err(ApiError::bad_request(
+                        "invalid_json",
+                        format!("the request body is nested deeper than {max} levels"),
+                    ));
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+/// A JSON body of a fixed shape (the runs API): strict (unknown and duplicate fields are
+/// errors, from the serde derive), depth-checked, and an error names the field in `param`.
+pub fn parse_typed<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    check_depth(body, MAX_JSON_DEPTH)?;
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = inner.to_string();
+        // A duplicate or unknown field is reported at the object that holds it.
+        let field = ["duplicate field `", "unknown field `"]
+            .iter()
+            .find_map(|p| message.split(p).nth(1)?.split('`').next().map(String::from));
+        let param = match (path.as_str(), field) {
+            (".", Some(f)) => Some(f),
+            (p, Some(f)) if p == f || p.ends_with(&format!(".{f}")) => Some(p.to_string()),
+            (p, Some(f)) => Some(format!("{p}.{f}")),
+            (".", None) => None,
+            (p, None) => Some(p.to_string()),
+        };
+        let e = ApiError::bad_request("invalid_request", format!("invalid request: {message}"));
+        match param {
+            Some(p) => e.with_param(p),
+            None => e,
+        }
+    })
+}
+
 impl<'a> ClientRequest<'a> {
-    /// Parses a body that must be one JSON object.
+    /// Parses a body that must be one JSON object with each top-level key once.
     pub fn parse(body: &'a [u8]) -> Result<Self, ApiError> {
         let text = std::str::from_utf8(body)
             .map_err(|_| ApiError::bad_request("invalid_json", "the request body is not UTF-8"))?;
@@ -28,12 +138,49 @@ impl<'a> ClientRequest<'a> {
                 "the request body must be a JSON object",
             ));
         }
-        serde_json::from_str::<ClientRequest>(text).map_err(|e| {
+        check_depth(body, MAX_JSON_DEPTH)?;
+        let request = serde_json::from_str::<ClientRequest>(text).map_err(|e| {
             ApiError::bad_request(
                 "invalid_json",
                 format!("the request body is not valid JSON: {e}"),
             )
-        })
+        })?;
+        if let Some(key) = request.duplicate_key() {
+            return Err(ApiError::bad_request(
+                "duplicate_key",
+                format!("`{key}` is given more than once; give each field once"),
+            )
+            .with_param(key));
+        }
+        Ok(request)
+    }
+
+    fn duplicate_key(&self) -> Option<&str> {
+        let keys = self.fields.iter().map(|(k, _)| k.as_str());
+        if self.fields.len() <= 16 {
+            let mut seen: Vec<&str> = Vec::with_capacity(self.fields.len());
+            for key in keys {
+                if seen.contains(&key) {
+                    return Some(key);
+                }
+                seen.push(key);
+            }
+            return None;
+        }
+        let mut seen = foldhash::HashSet::default();
+        keys.into_iter().find(|&key| !seen.insert(key))
+    }
+
+    /// A field that must be a `T` when present: `Ok(None)` if absent or `null`,
+    /// `Err(WrongType)` if it is something else.
+    pub fn typed<T: Deserialize<'a>>(&self, key: &str) -> Result<Option<T>, WrongType> {
+        match self.raw(key) {
+            None => Ok(None),
+            Some(raw) if raw.get().trim() == "null" => Ok(None),
+            Some(raw) => serde_json::from_str(raw.get())
+                .map(Some)
+                .map_err(|_| WrongType),
+        }
     }
 
     pub fn raw(&self, key: &str) -> Option<&'a RawValue> {
@@ -134,6 +281,95 @@ mod tests {
         assert_eq!(r.get::<bool>("model"), None);
         assert!(r.value("nope").is_null());
         assert_eq!(r.to_map().len(), 3);
+    }
+
+    #[test]
+    fn duplicate_top_level_keys_are_refused_naming_the_key() {
+        for body in [
+            &br#"{"model":"group","model":"x","messages":[]}"#[..],
+            br#"{"stream":false,"a":1,"stream":true}"#,
+        ] {
+            let e = ClientRequest::parse(body).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.code.as_str()), (400, "duplicate_key"));
+            assert!(e.param.is_some());
+        }
+        // Many fields take the hashed path.
+        let mut body = String::from("{");
+        for i in 0..100 {
+            body.push_str(&format!("\"k{i}\":{i},"));
+        }
+        body.push_str("\"k7\":0}");
+        let e = ClientRequest::parse(body.as_bytes()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("k7"));
+        // The same key inside different objects is fine.
+        ClientRequest::parse(br#"{"a":{"x":1},"b":{"x":2}}"#).unwrap();
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_without_recursion() {
+        let deep = format!("{{\"x\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        let e = ClientRequest::parse(deep.as_bytes()).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("nested deeper"), "{}", e.message);
+        let ok = format!("{{\"x\":{}{}}}", "[".repeat(63), "]".repeat(63));
+        ClientRequest::parse(ok.as_bytes()).unwrap();
+        // Brackets inside strings do not count, escaped quotes do not end the string.
+        let s = format!("{{\"x\":\"\\\"{}\"}}", "[".repeat(1000));
+        ClientRequest::parse(s.as_bytes()).unwrap();
+        let typed = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
+        assert!(parse_typed::<serde_json::Value>(typed.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn only_json_content_types_are_accepted() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, v.parse().unwrap());
+            require_json(&h)
+        };
+        assert!(with("application/json").is_ok());
+        assert!(with("Application/JSON; charset=utf-8").is_ok());
+        assert!(with("application/vnd.api+json").is_ok());
+        assert!(require_json(&HeaderMap::new()).is_ok());
+        for bad in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ] {
+            assert_eq!(with(bad).unwrap_err().status, 415, "{bad}");
+        }
+    }
+
+    #[test]
+    fn typed_fields_tell_null_absent_and_wrong_apart() {
+        let r = ClientRequest::parse(br#"{"a":true,"b":null,"c":"5"}"#).unwrap();
+        assert_eq!(r.typed::<bool>("a"), Ok(Some(true)));
+        assert_eq!(r.typed::<bool>("b"), Ok(None));
+        assert_eq!(r.typed::<bool>("z"), Ok(None));
+        assert_eq!(r.typed::<u64>("c"), Err(WrongType));
+    }
+
+    #[test]
+    fn typed_bodies_name_the_offending_field() {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Body {
+            n: Option<u32>,
+            inner: Option<Inner>,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Inner {
+            k: String,
+        }
+        let param = |body: &str| parse_typed::<Body>(body.as_bytes()).unwrap_err().param;
+        assert_eq!(param(r#"{"n":-1}"#).as_deref(), Some("n"));
+        assert_eq!(param(r#"{"n":"5"}"#).as_deref(), Some("n"));
+        assert_eq!(param(r#"{"n":1,"n":2}"#).as_deref(), Some("n"));
+        assert_eq!(param(r#"{"zz":1}"#).as_deref(), Some("zz"));
+        assert_eq!(param(r#"{"inner":{"k":1}}"#).as_deref(), Some("inner.k"));
     }
 
     #[test]

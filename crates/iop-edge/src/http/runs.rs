@@ -1,6 +1,10 @@
 //! The native runs API: submit a run to an adapter on a node and stream its `RunEvent`s
 //! as SSE (one `event:` per RunEvent, ending with exactly one terminal), cancel a run,
-//! terminate a logical session, and run node commands.
+//! terminate a logical session, and run node commands (admin only).
+//!
+//! A client key's runs and sessions are its own: cancelling another key's run answers 404
+//! as for a run that does not exist, and the session ids it names live in its own
+//! namespace. A key with a model allowlist may run only the adapters of its model groups.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,8 +12,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, header};
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use futures::stream;
@@ -18,9 +22,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
+use super::openai::MAX_TOKENS_LIMIT;
+use super::request::{parse_typed, require_json};
+use crate::auth::Caller;
 use crate::service::run::kind_name;
 use crate::service::{Edge, RunSpec};
 
+/// Routes any key may use, for its own runs and sessions.
 pub fn routes() -> Router<Arc<Edge>> {
     Router::new()
         .route("/v1/runs", post(submit))
@@ -29,7 +37,11 @@ pub fn routes() -> Router<Arc<Edge>> {
             "/v1/sessions/{node}/{adapter}/{target}/{session_id}",
             delete(terminate_session),
         )
-        .route("/v1/nodes/{node}/commands/{name}", get(command))
+}
+
+/// Node commands: admin keys only.
+pub fn admin_routes() -> Router<Arc<Edge>> {
+    Router::new().route("/v1/nodes/{node}/commands/{name}", get(command))
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,24 +75,57 @@ struct MessageBody {
 
 async fn submit(
     State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    require_json(&headers)?;
     let body = body.map_err(|r| super::body_error(r, &edge))?;
-    let request: RunBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request("invalid_request", format!("invalid run request: {e}"))
-    })?;
+    let request: RunBody = parse_typed(&body)?;
     if request.adapter.is_empty() {
         return Err(ApiError::bad_request(
             "missing_adapter",
             "`adapter` must name an adapter of the node",
-        ));
+        )
+        .with_param("adapter"));
     }
     if request.input.is_empty() && request.messages.is_empty() {
-        return Err(ApiError::bad_request(
-            "missing_input",
-            "give `input` or `messages`",
+        return Err(
+            ApiError::bad_request("missing_input", "give `input` or `messages`")
+                .with_param("input"),
+        );
+    }
+    if request
+        .max_tokens
+        .is_some_and(|n| u64::from(n) > MAX_TOKENS_LIMIT)
+    {
+        return Err(ApiError::invalid_param(
+            "max_tokens",
+            format!("`max_tokens` must be an integer from 0 to {MAX_TOKENS_LIMIT}"),
         ));
     }
+    let node = match caller.allowed_models() {
+        None => request.node.clone(),
+        Some(models) => {
+            // Resolve the node first: the allowlist names (node, adapter) pairs through
+            // the members of the key's model groups.
+            let node = edge.pick_node(request.node.as_deref())?.node_id.clone();
+            let config = edge.config();
+            let allowed = config
+                .model_groups
+                .iter()
+                .filter(|g| models.contains(&g.name))
+                .flat_map(|g| g.members.iter())
+                .any(|m| m.node == node && m.provider == request.adapter);
+            if !allowed {
+                return Err(ApiError::forbidden(format!(
+                    "this API key may not run adapter `{}` on node `{node}`: it is not a member of the key's model groups",
+                    request.adapter
+                )));
+            }
+            Some(node)
+        }
+    };
     let spec = RunSpec {
         adapter: request.adapter,
         target: request.target,
@@ -98,10 +143,11 @@ async fn submit(
             temperature: request.temperature,
             ..Default::default()
         }),
-        session_id: request.session_id.unwrap_or_default(),
+        session_id: caller.scoped_session_id(&request.session_id.unwrap_or_default()),
         background: request.background,
+        owner: caller.owner(),
     };
-    let run = edge.submit_run(request.node.as_deref(), spec).await?;
+    let run = edge.submit_run(node.as_deref(), spec).await?;
     let run_id = run.run_id().to_string();
     let node_id = run.node_id().to_string();
     let body = stream::unfold(run, |mut run| async move {
@@ -164,17 +210,20 @@ fn sse_event(e: &pb::RunEvent) -> Bytes {
 
 async fn cancel(
     State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    edge.cancel_run(&run_id).await?;
+    edge.cancel_run(&run_id, &caller).await?;
     Ok(axum::Json(json!({"run_id": run_id, "cancelled": true})).into_response())
 }
 
 async fn terminate_session(
     State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
     Path((node, adapter, target, session_id)): Path<(String, String, String, String)>,
 ) -> Result<Response, ApiError> {
-    edge.terminate_session(&node, &adapter, &target, &session_id)
+    let scoped = caller.scoped_session_id(&session_id);
+    edge.terminate_session(&node, &adapter, &target, &scoped)
         .await?;
     Ok(axum::Json(json!({
         "node": node, "adapter": adapter, "target": target, "session_id": session_id, "terminated": true

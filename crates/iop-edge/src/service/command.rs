@@ -7,6 +7,7 @@ use iop_proto::pb;
 
 use super::Edge;
 use super::run::SubmitError;
+use crate::auth::Caller;
 use crate::session::CommandReply;
 
 /// How long the edge waits for a node's answer to a command.
@@ -53,8 +54,12 @@ impl Edge {
         }
     }
 
-    /// Cancels an active run wherever it runs.
-    pub async fn cancel_run(&self, run_id: &str) -> Result<(), CommandError> {
+    /// Cancels an active run wherever it runs. A run `caller` may not touch (another client
+    /// key's) is reported as unknown, exactly like one that does not exist.
+    pub async fn cancel_run(&self, run_id: &str, caller: &Caller) -> Result<(), CommandError> {
+        if !caller.may_touch(self.run_owner(run_id).as_deref()) {
+            return Err(CommandError::UnknownRun(run_id.to_string()));
+        }
         let session = self
             .ready_sessions()
             .into_iter()

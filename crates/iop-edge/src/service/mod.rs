@@ -22,6 +22,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::KeyTable;
 use crate::config::{EdgeConfig, ProviderConfig};
 use crate::events::{EdgeEvent, EventBus, NodeEventKind, UsageEvent};
 use crate::metrics::Metrics;
@@ -31,6 +32,7 @@ use crate::registry::{
     ClaimError, DisconnectOutcome, Generation, OwnerState, ReadyOutcome, Registry,
 };
 use crate::session::{NodeSession, STREAM_WINDOW};
+use crate::throttle::{FailureThrottle, ThrottlePolicy};
 use admission::AdmissionControl;
 
 pub use run::{RunSpec, RunStream};
@@ -107,12 +109,18 @@ pub struct Observe {
     pub model_group: String,
     pub node_id: String,
     pub provider_id: String,
+    /// The name of the API key that made the request (`None` on an edge without keys).
+    pub api_key: Option<String>,
 }
 
 pub struct Edge {
     config: RwLock<Arc<EdgeConfig>>,
-    /// SHA-256 of every client API key (empty: the API is open).
-    api_keys: RwLock<Arc<Vec<[u8; 32]>>>,
+    /// The configured API keys (empty: the API is open).
+    keys: RwLock<Arc<KeyTable>>,
+    /// Wrong API keys per source address: growing waits and a periodic summary.
+    key_failures: Mutex<FailureThrottle>,
+    /// The API key that started each live run (runs of keyed callers only).
+    run_owners: Mutex<foldhash::HashMap<String, String>>,
     /// The config payload version each node was last sent.
     sent_config: Mutex<HashMap<String, u64>>,
     registry: Mutex<Registry>,
@@ -126,28 +134,27 @@ pub struct Edge {
     ids: IdGenerator,
 }
 
-/// Ids for runs, tunnels and commands: a per-process random prefix and a counter, unique
-/// across edge restarts without a syscall per id.
-#[derive(Debug)]
-struct IdGenerator {
-    prefix: String,
-    next: std::sync::atomic::AtomicU64,
-}
+/// Ids for runs, tunnels and commands: 128 random bits each (32 hex digits) from a
+/// thread-local CSPRNG seeded by the OS, so an id says nothing about any other id and
+/// cannot be guessed; no syscall per id.
+#[derive(Debug, Default)]
+struct IdGenerator;
 
 impl IdGenerator {
-    fn new() -> Self {
-        let random = uuid::Uuid::new_v4().simple().to_string();
-        Self {
-            prefix: random[..16].to_string(),
-            next: std::sync::atomic::AtomicU64::new(1),
-        }
-    }
-
     fn next(&self) -> String {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("{}-{n:x}", self.prefix)
+        format!("{:032x}", rand::random::<u128>())
     }
 }
+
+/// How wrong API keys from one address are slowed down: the first waits a quarter second
+/// before the next attempt, each further one twice as long up to 30 s; five quiet minutes
+/// forget the address.
+pub const KEY_FAILURE_POLICY: ThrottlePolicy = ThrottlePolicy {
+    base_delay: std::time::Duration::from_millis(250),
+    max_delay: std::time::Duration::from_secs(30),
+    forgive_after: std::time::Duration::from_secs(300),
+    max_tracked: 65_536,
+};
 
 impl std::fmt::Debug for Edge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -160,9 +167,14 @@ impl Edge {
         let registry = Registry::new(reload::token_records(&config));
         let plan = reload::AdmissionPlan::of(&config);
         let scheduler = Scheduler::new(plan.providers, plan.groups);
+        let metrics = Metrics::new();
+        metrics.set_model_groups(config.model_groups.iter().map(|g| g.name.as_str()));
+        metrics.set_api_keys(config.auth.keys.iter().map(|k| k.name.as_str()));
         Arc::new(Edge {
-            metrics: Metrics::new(),
-            api_keys: RwLock::new(Arc::new(reload::key_hashes(&config))),
+            metrics,
+            keys: RwLock::new(Arc::new(KeyTable::from_config(&config.auth))),
+            key_failures: Mutex::new(FailureThrottle::new(KEY_FAILURE_POLICY)),
+            run_owners: Mutex::new(foldhash::HashMap::default()),
             config: RwLock::new(Arc::new(config)),
             sent_config: Mutex::new(HashMap::new()),
             registry: Mutex::new(registry),
@@ -171,7 +183,7 @@ impl Edge {
             events: EventBus::default(),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
-            ids: IdGenerator::new(),
+            ids: IdGenerator,
         })
     }
 
@@ -185,9 +197,19 @@ impl Edge {
         self.config.read().clone()
     }
 
-    /// SHA-256 digests of the client API keys.
-    pub fn api_keys(&self) -> Arc<Vec<[u8; 32]>> {
-        self.api_keys.read().clone()
+    /// The configured API keys.
+    pub fn keys(&self) -> Arc<KeyTable> {
+        self.keys.read().clone()
+    }
+
+    /// The throttle of wrong API keys by source address.
+    pub fn key_failures(&self) -> parking_lot::MutexGuard<'_, FailureThrottle> {
+        self.key_failures.lock()
+    }
+
+    /// The API key that started a live run, if a keyed caller did.
+    pub fn run_owner(&self, run_id: &str) -> Option<String> {
+        self.run_owners.lock().get(run_id).cloned()
     }
 
     pub fn tasks(&self) -> &TaskTracker {
@@ -409,6 +431,7 @@ impl Edge {
             reasoning_tokens: usage.reasoning_tokens,
             cached_input_tokens: usage.cached_input_tokens,
             served_model,
+            api_key: observe.api_key.clone(),
         };
         self.metrics.record_usage(&event);
         self.events.publish(EdgeEvent::Usage(event));

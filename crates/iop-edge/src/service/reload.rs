@@ -3,17 +3,18 @@
 //! keys change at once; nodes whose provider specs changed get a `ConfigRefresh`; queued
 //! requests the new capacity allows are dispatched; requests waiting in removed groups end
 //! with an error; nodes removed from the config are disconnected. Listen addresses, the
-//! frame limit and the body limit need a restart.
+//! frame limit, the body limit and the HTTP listener's timeouts and connection cap need a
+//! restart.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use iop_proto::pb;
-use sha2::{Digest, Sha256};
 
 use super::Edge;
 use super::admission::GroupPolicy;
+use crate::auth::KeyTable;
 use crate::config::{EdgeConfig, TokenHash, hash_token};
 use crate::lease::{LaneCounts, ProviderKey};
 use crate::payload::build_payload;
@@ -102,14 +103,6 @@ pub fn token_records(config: &EdgeConfig) -> Vec<(String, TokenHash)> {
         .collect()
 }
 
-pub fn key_hashes(config: &EdgeConfig) -> Vec<[u8; 32]> {
-    config
-        .api_keys()
-        .iter()
-        .map(|k| Sha256::digest(k.as_bytes()).into())
-        .collect()
-}
-
 /// What a reload did.
 #[derive(Debug, Default, Clone)]
 pub struct ReloadReport {
@@ -140,6 +133,9 @@ impl Edge {
                 .needs_restart
                 .push("limits.nodes.summary_interval_sec");
         }
+        if old.limits.http.needs_restart(&new.limits.http) {
+            report.needs_restart.push("limits.http");
+        }
         // Nodes that left the config lose their connection through the usual loss path.
         for node in &old.nodes {
             if !new.nodes.iter().any(|n| n.id == node.id) {
@@ -155,7 +151,11 @@ impl Edge {
             }
         }
         self.registry.lock().update(token_records(&new));
-        *self.api_keys.write() = Arc::new(key_hashes(&new));
+        *self.keys.write() = Arc::new(KeyTable::from_config(&new.auth));
+        self.metrics
+            .set_model_groups(new.model_groups.iter().map(|g| g.name.as_str()));
+        self.metrics
+            .set_api_keys(new.auth.keys.iter().map(|k| k.name.as_str()));
         let new = Arc::new(new);
         *self.config.write() = new.clone();
         let online: HashMap<String, crate::registry::Generation> = self

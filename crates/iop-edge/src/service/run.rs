@@ -24,6 +24,8 @@ pub struct RunSpec {
     pub options: Option<pb::GenerationOptions>,
     pub session_id: String,
     pub background: bool,
+    /// The name of the API key that started the run; only it (and admins) may cancel it.
+    pub owner: Option<String>,
 }
 
 /// Why a run, tunnel or command could not be started.
@@ -110,6 +112,13 @@ impl Edge {
             return Err(send_failed("the connection closed".into()));
         }
         tracing::debug!(node_id = %session.node_id, %run_id, adapter = %spec.adapter, "run sent");
+        let owned = match spec.owner {
+            Some(owner) => {
+                self.run_owners.lock().insert(run_id.clone(), owner);
+                true
+            }
+            None => false,
+        };
         Ok(RunStream {
             inner: Some(RunInner {
                 edge: self.clone(),
@@ -122,6 +131,7 @@ impl Edge {
                 lease,
                 observe,
                 served_model: None,
+                owned,
             }),
         })
     }
@@ -146,6 +156,16 @@ struct RunInner {
     observe: Option<Observe>,
     /// The model the start event named, carried into the usage observation.
     served_model: Option<String>,
+    /// Whether `run_owners` holds this run (forgotten when the run is dropped).
+    owned: bool,
+}
+
+impl Drop for RunInner {
+    fn drop(&mut self) {
+        if self.owned {
+            self.edge.run_owners.lock().remove(&self.run_id);
+        }
+    }
 }
 
 impl RunStream {

@@ -226,6 +226,7 @@ mod tests {
             model_group: "g".into(),
             node_id: "n1".into(),
             provider_id: "oa".into(),
+            api_key: None,
         })
     }
 

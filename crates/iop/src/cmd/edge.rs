@@ -12,8 +12,9 @@ use super::{EXIT_CONFIG, Failure};
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 SIGHUP re-reads the config file and applies it without dropping connections (listen
-addresses, max_frame_bytes and limits.max_body_bytes need a restart). configs/edge.yaml
-documents every field.")]
+addresses, max_frame_bytes, limits.max_body_bytes and limits.http's timeouts and connection
+cap need a restart). Without auth.keys the edge serves loopback only unless the config says
+auth.allow_anonymous: true. configs/edge.yaml documents every field.")]
 pub struct Args {
     /// Edge config file (nodes, tokens, providers, model groups).
     #[arg(long, short, default_value = "configs/edge.yaml")]
@@ -38,6 +39,13 @@ impl Args {
         if let Some(addr) = self.listen_http {
             config.listen.http = addr;
         }
+        config.check_http_exposure().map_err(|(path, message)| {
+            iop_edge::config::ConfigError::Invalid {
+                file: self.config.display().to_string(),
+                path,
+                message,
+            }
+        })?;
         Ok(config)
     }
 }

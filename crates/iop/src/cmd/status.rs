@@ -7,7 +7,7 @@ pub struct Args {
     /// The edge's HTTP address.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// API key, if the edge requires one.
+    /// An admin API key, if the edge has keys (`/admin/status` is admin-only).
     #[arg(long, env = "IOP_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// Print the JSON snapshot as it is.

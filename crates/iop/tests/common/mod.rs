@@ -308,9 +308,9 @@ pub async fn get_json(url: &str) -> Value {
         .unwrap()
 }
 
-/// The API key tests configure when they turn client auth on; status reads send it
-/// (an edge without keys ignores it).
-pub const TEST_API_KEY: &str = "sk-right";
+/// The admin API key tests configure when they turn auth on; status reads send it (an
+/// edge without keys ignores it).
+pub const TEST_API_KEY: &str = "sk-right-0123456789";
 
 pub async fn status(edge: &EdgeProc) -> Value {
     client()

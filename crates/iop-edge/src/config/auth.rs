@@ -1,0 +1,404 @@
+//! The `auth` section: named API keys, each with a role (`admin` or `client`) and an
+//! optional allowlist of model groups, given inline (development), by environment variable
+//! or as a SHA-256 digest; and `allow_anonymous`, the explicit opt-in to serve a
+//! non-loopback HTTP address without keys.
+//!
+//! The former `api_keys` / `api_keys_env` fields are still recognised, but only to refuse
+//! them with the exact replacement: their keys had no name and no role, and guessing one
+//! (admin? client?) would either hand every user the admin surfaces or lock the operator
+//! out of them.
+
+use std::collections::HashSet;
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+use super::{ModelGroupConfig, TokenHash, hash_token};
+
+/// Shortest key accepted inline or from the environment.
+pub const MIN_API_KEY_CHARS: usize = 16;
+/// Longest key name (it is a metrics label and appears in usage events).
+pub const MAX_KEY_NAME_CHARS: usize = 64;
+
+/// What a key may reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Everything: the OpenAI and runs APIs for any key's runs and sessions, `/admin/*`,
+    /// `/metrics` and node commands.
+    Admin,
+    /// The OpenAI-compatible endpoints and the runs API, for its own runs and sessions.
+    Client,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Client => "client",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// The API keys clients present as `Authorization: Bearer <key>`.
+    #[serde(default)]
+    pub keys: Vec<ApiKeyConfig>,
+    /// Serve a non-loopback HTTP address with no keys (everyone is admin). Off by default:
+    /// without keys the edge serves loopback only.
+    #[serde(default)]
+    pub allow_anonymous: bool,
+    /// Replaced by `keys`; present only to explain the migration.
+    #[serde(default)]
+    pub api_keys: Option<IgnoredAny>,
+    /// Replaced by `keys[].key_env`; present only to explain the migration.
+    #[serde(default)]
+    pub api_keys_env: Option<IgnoredAny>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// Names the key in usage events, metrics and logs (never the key itself).
+    pub name: String,
+    pub role: Role,
+    /// The key inline (development only).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Name of an environment variable of the edge that holds the key.
+    #[serde(default)]
+    pub key_env: Option<String>,
+    /// Hex SHA-256 of the key (`printf %s KEY | sha256sum`).
+    #[serde(default)]
+    pub key_sha256: Option<String>,
+    /// Model groups this key may use; absent: all of them.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+}
+
+const MIGRATION: &str = "auth.api_keys and auth.api_keys_env were replaced by named keys with a role. \
+Write each key as an entry of auth.keys, e.g.\n  auth:\n    keys:\n      \
+- {name: ops, role: admin, key_env: IOP_ADMIN_KEY}      # /admin/*, /metrics, node commands\n      \
+- {name: team-a, role: client, key_sha256: <hex>}       # OpenAI API and its own runs\n\
+(`key:` inline, `key_env:` an environment variable, or `key_sha256:` the digest from \
+`printf %s KEY | sha256sum`; keys need at least 16 characters)";
+
+impl AuthConfig {
+    /// Checks the keys; the error is `(yaml path, message)`.
+    pub fn validate(&self, groups: &[ModelGroupConfig]) -> Result<(), (String, String)> {
+        if self.api_keys.is_some() {
+            return Err(("auth.api_keys".into(), MIGRATION.into()));
+        }
+        if self.api_keys_env.is_some() {
+            return Err(("auth.api_keys_env".into(), MIGRATION.into()));
+        }
+        if self.allow_anonymous && !self.keys.is_empty() {
+            return Err((
+                "auth.allow_anonymous".into(),
+                "only meaningful without auth.keys: with keys, every request needs one".into(),
+            ));
+        }
+        let mut names = HashSet::new();
+        let mut hashes: Vec<(TokenHash, &str)> = Vec::new();
+        for (i, key) in self.keys.iter().enumerate() {
+            let at = format!("auth.keys[{i}]");
+            validate_name(&key.name).map_err(|m| (format!("{at}.name"), m))?;
+            if !names.insert(key.name.as_str()) {
+                return Err((
+                    format!("{at}.name"),
+                    format!("duplicate key name {:?}", key.name),
+                ));
+            }
+            let hash = key
+                .key_hash()
+                .map_err(|(field, m)| (format!("{at}.{field}"), m))?;
+            if let Some((_, other)) = hashes.iter().find(|(h, _)| *h == hash) {
+                return Err((
+                    at.to_string(),
+                    format!(
+                        "keys {other:?} and {:?} are the same key; give each its own",
+                        key.name
+                    ),
+                ));
+            }
+            hashes.push((hash, &key.name));
+            if let Some(models) = &key.models {
+                if models.is_empty() {
+                    return Err((
+                        format!("{at}.models"),
+                        "an empty allowlist allows nothing; leave `models` out to allow every model group".into(),
+                    ));
+                }
+                for (m, model) in models.iter().enumerate() {
+                    if !groups.iter().any(|g| &g.name == model) {
+                        return Err((
+                            format!("{at}.models[{m}]"),
+                            format!("no model group named {model:?} in model_groups[]"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > MAX_KEY_NAME_CHARS {
+        return Err(format!("at most {MAX_KEY_NAME_CHARS} characters"));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(format!(
+            "{name:?}: only letters, digits, '-', '_' and '.' (it is a metrics label)"
+        ));
+    }
+    Ok(())
+}
+
+impl ApiKeyConfig {
+    /// The SHA-256 of the key from whichever source is configured; the error is
+    /// `(field, message)`.
+    pub fn key_hash(&self) -> Result<TokenHash, (String, String)> {
+        let sources = [
+            self.key.is_some(),
+            self.key_env.is_some(),
+            self.key_sha256.is_some(),
+        ];
+        match sources.iter().filter(|s| **s).count() {
+            0 => {
+                return Err((
+                    "key".into(),
+                    "one of key, key_env or key_sha256 is required".into(),
+                ));
+            }
+            1 => {}
+            _ => {
+                return Err((
+                    "key".into(),
+                    "give only one of key, key_env or key_sha256".into(),
+                ));
+            }
+        }
+        let long_enough = |key: &str, field: &str, what: &str| {
+            if key.chars().count() < MIN_API_KEY_CHARS {
+                Err((
+                    field.to_string(),
+                    format!(
+                        "{what} is shorter than {MIN_API_KEY_CHARS} characters; use a long random key \
+                         (e.g. `openssl rand -hex 24`)"
+                    ),
+                ))
+            } else {
+                Ok(hash_token(key))
+            }
+        };
+        if let Some(key) = &self.key {
+            return long_enough(key, "key", "the key");
+        }
+        if let Some(var) = &self.key_env {
+            return match std::env::var(var) {
+                Ok(key) if !key.is_empty() => {
+                    long_enough(&key, "key_env", &format!("the key in {var}"))
+                }
+                _ => Err((
+                    "key_env".into(),
+                    format!("environment variable {var} is not set or empty"),
+                )),
+            };
+        }
+        let hex_hash = self.key_sha256.as_deref().unwrap_or_default();
+        let mut hash = [0u8; 32];
+        hex::decode_to_slice(hex_hash.trim(), &mut hash).map_err(|_| {
+            (
+                "key_sha256".to_string(),
+                "must be 64 hexadecimal characters (a SHA-256 digest)".to_string(),
+            )
+        })?;
+        Ok(hash)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{EdgeConfig, Role};
+
+    const GROUPS: &str = r#"
+nodes:
+  - id: n
+    token: node-token-0123456789
+    providers: [{id: m, kind: mock}]
+model_groups:
+  - {name: small, members: [{node: n, provider: m}]}
+"#;
+
+    fn parse(auth: &str) -> Result<EdgeConfig, String> {
+        EdgeConfig::from_yaml(&format!("{auth}\n{GROUPS}"), "edge.yaml").map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn keys_parse_with_name_role_source_and_allowlist() {
+        let c = parse(
+            "auth:\n  keys:\n    - {name: ops, role: admin, key: admin-key-0123456789}\n    - {name: a.b-c_1, role: client, key_sha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08', models: [small]}",
+        )
+        .unwrap();
+        assert_eq!(c.auth.keys[0].role, Role::Admin);
+        assert_eq!(
+            c.auth.keys[1].models.as_deref(),
+            Some(&["small".to_string()][..])
+        );
+        assert!(!c.auth.allow_anonymous);
+    }
+
+    #[test]
+    fn the_old_fields_are_refused_with_the_migration() {
+        for old in ["auth: {api_keys: [sk-1]}", "auth: {api_keys_env: KEYS}"] {
+            let e = parse(old).unwrap_err();
+            assert!(e.contains("auth.api_keys"), "{e}");
+            assert!(e.contains("auth:\n    keys:"), "{e}");
+            assert!(e.contains("role: client"), "{e}");
+        }
+    }
+
+    #[test]
+    fn bad_keys_are_named_by_their_path() {
+        let cases = [
+            (
+                "{name: a, role: client, key: short}",
+                "auth.keys[0].key",
+                "16",
+            ),
+            ("{name: a, role: client}", "auth.keys[0].key", "required"),
+            (
+                "{name: a, role: client, key: long-enough-key-123, key_env: X}",
+                "auth.keys[0].key",
+                "only one",
+            ),
+            (
+                "{name: '', role: client, key: long-enough-key-123}",
+                "auth.keys[0].name",
+                "empty",
+            ),
+            (
+                "{name: 'a b', role: client, key: long-enough-key-123}",
+                "auth.keys[0].name",
+                "label",
+            ),
+            (
+                "{name: a, role: root, key: long-enough-key-123}",
+                "auth.keys[0].role",
+                "variant",
+            ),
+            (
+                "{name: a, role: client, key: long-enough-key-123, models: [big]}",
+                "auth.keys[0].models[0]",
+                "big",
+            ),
+            (
+                "{name: a, role: client, key: long-enough-key-123, models: []}",
+                "auth.keys[0].models",
+                "empty",
+            ),
+            (
+                "{name: a, role: client, key_sha256: abc}",
+                "auth.keys[0].key_sha256",
+                "64",
+            ),
+            (
+                "{name: a, role: client, key_env: IOP_TEST_SURELY_UNSET_VAR}",
+                "auth.keys[0].key_env",
+                "not set",
+            ),
+        ];
+        for (key, path, words) in cases {
+            let e = parse(&format!("auth:\n  keys:\n    - {key}")).unwrap_err();
+            assert!(e.contains(path) && e.contains(words), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn two_keys_may_share_neither_a_name_nor_a_value() {
+        let e = parse("auth:\n  keys:\n    - {name: a, role: client, key: long-enough-key-123}\n    - {name: a, role: admin, key: other-long-key-4567}").unwrap_err();
+        assert!(
+            e.contains("auth.keys[1].name") && e.contains("duplicate"),
+            "{e}"
+        );
+        let e = parse("auth:\n  keys:\n    - {name: a, role: client, key: long-enough-key-123}\n    - {name: b, role: admin, key: long-enough-key-123}").unwrap_err();
+        assert!(
+            e.contains("auth.keys[1]") && e.contains("\"a\"") && e.contains("\"b\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn anonymous_access_is_for_keyless_edges_only() {
+        let e = parse("auth:\n  allow_anonymous: true\n  keys:\n    - {name: a, role: client, key: long-enough-key-123}").unwrap_err();
+        assert!(e.contains("auth.allow_anonymous"), "{e}");
+    }
+
+    #[test]
+    fn a_keyless_edge_serves_loopback_only_unless_told_otherwise() {
+        let mut c = parse("").unwrap();
+        c.check_http_exposure().unwrap();
+        c.listen.http = "[::1]:8080".parse().unwrap();
+        c.check_http_exposure().unwrap();
+        c.listen.http = "0.0.0.0:8080".parse().unwrap();
+        let (path, message) = c.check_http_exposure().unwrap_err();
+        assert_eq!(path, "auth.keys");
+        assert!(
+            message.contains("0.0.0.0:8080") && message.contains("allow_anonymous"),
+            "{message}"
+        );
+        c.auth.allow_anonymous = true;
+        c.check_http_exposure().unwrap();
+        let mut keyed =
+            parse("auth:\n  keys:\n    - {name: a, role: admin, key: long-enough-key-123}")
+                .unwrap();
+        keyed.listen.http = "192.0.2.1:80".parse().unwrap();
+        keyed.check_http_exposure().unwrap();
+    }
+
+    #[test]
+    fn http_limits_have_defaults_and_bounds() {
+        let c = parse("").unwrap();
+        assert_eq!(c.limits.http, crate::config::HttpLimitsConfig::default());
+        assert_eq!(c.limits.http.header_timeout_sec, 10);
+        let c = parse("limits: {http: {header_timeout_sec: 1, max_connections: 5000}}").unwrap();
+        assert_eq!(
+            (
+                c.limits.http.header_timeout_sec,
+                c.limits.http.max_connections
+            ),
+            (1, 5000)
+        );
+        for (bad, path) in [
+            (
+                "limits: {http: {header_timeout_sec: 0}}",
+                "limits.http.header_timeout_sec",
+            ),
+            (
+                "limits: {http: {write_timeout_sec: 0}}",
+                "limits.http.write_timeout_sec",
+            ),
+            (
+                "limits: {http: {max_connections: 0}}",
+                "limits.http.max_connections",
+            ),
+            (
+                "limits: {http: {max_response_bytes: 10}}",
+                "limits.http.max_response_bytes",
+            ),
+            ("limits: {http: {header_timout_sec: 1}}", "limits.http"),
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains(path), "{bad}: {e}");
+        }
+    }
+}

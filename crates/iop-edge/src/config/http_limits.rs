@@ -1,0 +1,121 @@
+//! `limits.http`: what one HTTP client may cost the edge — how long it may take to send a
+//! request head and body, how long a keep-alive connection may sit idle, how long it may
+//! stop reading a response, how many connections are open at once, and how large an
+//! answer the edge assembles for a non-streamed response.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub const DEFAULT_HEADER_TIMEOUT_SEC: u64 = 10;
+pub const DEFAULT_BODY_TIMEOUT_SEC: u64 = 60;
+pub const DEFAULT_IDLE_TIMEOUT_SEC: u64 = 60;
+pub const DEFAULT_WRITE_TIMEOUT_SEC: u64 = 60;
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpLimitsConfig {
+    /// A request head must be complete this long after its first byte (for a new
+    /// connection: after it was accepted).
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout_sec: u64,
+    /// A request body must be complete this long after its head.
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout_sec: u64,
+    /// A keep-alive connection with no request in progress is closed after this long.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_sec: u64,
+    /// A client that accepts no response bytes for this long is disconnected (its request
+    /// is cancelled and its provider slot returned).
+    #[serde(default = "default_write_timeout")]
+    pub write_timeout_sec: u64,
+    /// Open HTTP connections at most; more are answered 503 and closed at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Largest answer the edge assembles into one non-streamed JSON response; a longer one
+    /// ends the request with 502 and cancels it.
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: usize,
+}
+
+fn default_header_timeout() -> u64 {
+    DEFAULT_HEADER_TIMEOUT_SEC
+}
+fn default_body_timeout() -> u64 {
+    DEFAULT_BODY_TIMEOUT_SEC
+}
+fn default_idle_timeout() -> u64 {
+    DEFAULT_IDLE_TIMEOUT_SEC
+}
+fn default_write_timeout() -> u64 {
+    DEFAULT_WRITE_TIMEOUT_SEC
+}
+fn default_max_connections() -> usize {
+    DEFAULT_MAX_CONNECTIONS
+}
+fn default_max_response_bytes() -> usize {
+    DEFAULT_MAX_RESPONSE_BYTES
+}
+
+impl Default for HttpLimitsConfig {
+    fn default() -> Self {
+        Self {
+            header_timeout_sec: DEFAULT_HEADER_TIMEOUT_SEC,
+            body_timeout_sec: DEFAULT_BODY_TIMEOUT_SEC,
+            idle_timeout_sec: DEFAULT_IDLE_TIMEOUT_SEC,
+            write_timeout_sec: DEFAULT_WRITE_TIMEOUT_SEC,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+        }
+    }
+}
+
+impl HttpLimitsConfig {
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_secs(self.header_timeout_sec)
+    }
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_secs(self.body_timeout_sec)
+    }
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.idle_timeout_sec)
+    }
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_secs(self.write_timeout_sec)
+    }
+
+    /// The error is `(field, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        const DAY: u64 = 24 * 3600;
+        for (field, value) in [
+            ("header_timeout_sec", self.header_timeout_sec),
+            ("body_timeout_sec", self.body_timeout_sec),
+            ("idle_timeout_sec", self.idle_timeout_sec),
+            ("write_timeout_sec", self.write_timeout_sec),
+        ] {
+            if value == 0 || value > DAY {
+                return Err((field.into(), format!("must be between 1 and {DAY} seconds")));
+            }
+        }
+        if self.max_connections == 0 || self.max_connections > 1 << 20 {
+            return Err((
+                "max_connections".into(),
+                "must be between 1 and 1048576".into(),
+            ));
+        }
+        if self.max_response_bytes < 1024 {
+            return Err(("max_response_bytes".into(), "must be at least 1024".into()));
+        }
+        Ok(())
+    }
+
+    /// Settings that only a restart applies (the listener reads them when it starts).
+    pub fn needs_restart(&self, new: &Self) -> bool {
+        Self {
+            max_response_bytes: new.max_response_bytes,
+            ..self.clone()
+        } != *new
+    }
+}

@@ -1,0 +1,183 @@
+//! Authentication of HTTP requests: the bearer key becomes the request's [`Caller`] (an
+//! extension the handlers read), wrong keys are throttled per source address (429 with
+//! `Retry-After`, and one summary line per period instead of a line per guess), and the
+//! admin-only routes refuse client keys with 403.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use crate::auth::Caller;
+use crate::service::Edge;
+
+/// How often wrong API keys are summed up in the log.
+pub const FAILURE_SUMMARY_PERIOD: Duration = Duration::from_secs(60);
+
+/// Sets the request's [`Caller`]: anonymous on an edge without keys, else the key the
+/// `Authorization: Bearer` header names (401 without one or with a wrong one; 429 while
+/// the source address is throttled for earlier wrong keys).
+pub async fn authenticate(
+    State(edge): State<Arc<Edge>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let keys = edge.keys();
+    if keys.is_empty() {
+        request.extensions_mut().insert(Caller::anonymous());
+        return next.run(request).await;
+    }
+    let Some(presented) = bearer(request.headers()) else {
+        return ApiError::unauthorized("missing API key: send it as `Authorization: Bearer <key>`")
+            .into_response();
+    };
+    let source = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| throttle_key(c.0.ip()));
+    if let Some(source) = source
+        && let Err(wait) = edge.key_failures().check(source, Instant::now())
+    {
+        return throttled(wait).into_response();
+    }
+    match keys.find(presented) {
+        Some(key) => {
+            if let Some(source) = source {
+                edge.key_failures().success(source);
+            }
+            request.extensions_mut().insert(Caller::with_key(key));
+            next.run(request).await
+        }
+        None => {
+            if let Some(source) = source {
+                edge.key_failures().failure(source, Instant::now());
+            }
+            ApiError::unauthorized("incorrect API key provided").into_response()
+        }
+    }
+}
+
+/// Lets only admin callers through (behind [`authenticate`]).
+pub async fn require_admin(request: Request, next: Next) -> Response {
+    match request.extensions().get::<Caller>() {
+        Some(caller) if caller.is_admin() => next.run(request).await,
+        _ => ApiError::forbidden(format!(
+            "{} needs an admin API key; this key's role is client",
+            request.uri().path()
+        ))
+        .into_response(),
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, key) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| key.trim())
+        .filter(|k| !k.is_empty())
+}
+
+/// The address a source is throttled under: IPv4 addresses as they are, IPv6 by their /64
+/// (one host usually holds a whole /64).
+pub fn throttle_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut segments = v6.segments();
+                segments[4..].fill(0);
+                IpAddr::V6(segments.into())
+            }
+        },
+    }
+}
+
+fn throttled(wait: Duration) -> ApiError {
+    let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+    ApiError {
+        retry_after: Some(secs),
+        ..ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "too_many_failed_attempts",
+            format!("too many wrong API keys from your address; retry in {secs} s"),
+        )
+    }
+}
+
+/// Logs the wrong API keys of each period in one line, until the edge shuts down.
+pub async fn summarize_failures(edge: Arc<Edge>) {
+    let mut every = tokio::time::interval(FAILURE_SUMMARY_PERIOD);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    every.tick().await;
+    loop {
+        tokio::select! {
+            _ = edge.shutdown_token().cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let summary = edge.key_failures().take_summary();
+        if summary.failures == 0 {
+            continue;
+        }
+        let (top, top_failures) = summary
+            .top
+            .map(|(ip, n)| (ip.to_string(), n))
+            .unwrap_or_default();
+        tracing::warn!(
+            failures = summary.failures,
+            addresses = summary.addresses,
+            top,
+            top_failures,
+            "wrong API keys in the last {}s (each source address is slowed down)",
+            FAILURE_SUMMARY_PERIOD.as_secs()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_keys_are_read_case_insensitively_and_trimmed() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            bearer(&h).map(String::from)
+        };
+        assert_eq!(with("Bearer abc").as_deref(), Some("abc"));
+        assert_eq!(with("bearer  abc ").as_deref(), Some("abc"));
+        assert_eq!(with("BEARER abc").as_deref(), Some("abc"));
+        assert_eq!(with("Basic abc"), None);
+        assert_eq!(with("Bearer "), None);
+        assert_eq!(bearer(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn ipv6_sources_are_throttled_by_their_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::2".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(throttle_key(a), throttle_key(b));
+        assert_ne!(throttle_key(a), throttle_key(c));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(throttle_key(mapped), "10.0.0.1".parse::<IpAddr>().unwrap());
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        assert_eq!(throttle_key(v4), v4);
+    }
+
+    #[test]
+    fn a_throttled_answer_says_when_to_retry() {
+        let e = throttled(Duration::from_millis(1500));
+        assert_eq!(e.status, 429);
+        assert_eq!(e.retry_after, Some(2));
+        assert_eq!(throttled(Duration::from_millis(10)).retry_after, Some(1));
+    }
+}

@@ -1,0 +1,265 @@
+//! The HTTP listener: an accept loop over hyper's HTTP/1.1 server, so that every
+//! connection is bounded — at most `limits.http.max_connections` open (more are answered
+//! 503 and closed at once), and each one under the deadlines of [`super::deadlines`].
+//!
+//! A connection is served by [`serve_connection`], generic over its byte stream, so a TLS
+//! acceptor can wrap the socket between the accept and hyper. Shutdown stops the accepts,
+//! lets each connection finish the response it is writing (hyper's graceful shutdown), and
+//! the caller's grace period bounds the wait.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tower_service::Service;
+
+use super::deadlines::{Activity, DeadlineIo, Expired, ResponseBody, TimedBody};
+use crate::config::HttpLimitsConfig;
+use crate::service::Edge;
+
+/// Connections the kernel may queue before the accept loop takes them (capped by the
+/// system's `somaxconn`): a burst of connections must not overflow the queue, whose
+/// victims see their handshake hang or their connection reset.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Largest request head (request line and headers) read; a longer one gets 431. It also
+/// bounds hyper's read and write buffers, so one connection holds at most about this much
+/// memory in them.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// How often a full connection table or failing accepts are logged at most.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The part of the open-files limit HTTP connections may take; the rest stays free for
+/// node connections and everything else the edge opens.
+const HTTP_SHARE_OF_OPEN_FILES: (u64, u64) = (3, 4);
+
+/// The connection cap in force: the configured one, lowered to leave a quarter of the
+/// process's open-files limit (if known) to everything else.
+pub fn effective_max_connections(configured: usize, open_files: Option<u64>) -> usize {
+    match open_files {
+        Some(limit) => {
+            let share =
+                limit.saturating_mul(HTTP_SHARE_OF_OPEN_FILES.0) / HTTP_SHARE_OF_OPEN_FILES.1;
+            configured
+                .min(usize::try_from(share).unwrap_or(usize::MAX))
+                .max(1)
+        }
+        None => configured,
+    }
+}
+
+/// Binds the HTTP listener (address reuse on, a deep accept queue).
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Serves HTTP on `listener` until the edge shuts down; returns once every connection
+/// has closed.
+pub async fn serve_http(edge: Arc<Edge>, listener: TcpListener) -> std::io::Result<()> {
+    let limits = edge.config().limits.http.clone();
+    let open_files = crate::fdlimit::open_files_limit();
+    let cap = effective_max_connections(limits.max_connections, open_files);
+    if cap < limits.max_connections {
+        tracing::warn!(
+            max_connections = limits.max_connections,
+            open_files = open_files.unwrap_or_default(),
+            cap,
+            "limits.http.max_connections is more than the open-files limit allows: serving at most {cap} HTTP connections"
+        );
+    }
+    let slots = Arc::new(Semaphore::new(cap));
+    let router = super::router(edge.clone());
+    let shutdown = edge.shutdown_token().clone();
+    let mut connections = JoinSet::new();
+    let mut refused = RateLimitedLog::default();
+    let mut accept_errors = RateLimitedLog::default();
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) if is_per_connection(&err) => continue,
+            Err(err) => {
+                // Out of file descriptors, most likely: wait for some to close.
+                if let Some(n) = accepted_log(&mut accept_errors) {
+                    tracing::warn!(%err, errors = n, "HTTP accept failing; retrying");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            refuse(&tcp);
+            drop(tcp);
+            if let Some(n) = accepted_log(&mut refused) {
+                tracing::warn!(
+                    refused = n,
+                    open = cap,
+                    "HTTP connection cap reached (limits.http.max_connections): refusing new connections"
+                );
+            }
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        connections.spawn(serve_connection(
+            tcp,
+            peer,
+            router.clone(),
+            limits.clone(),
+            shutdown.clone(),
+            permit,
+        ));
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Serves one connection over `io` (a TCP socket, or a TLS stream around one) until the
+/// client closes it, a deadline passes, or shutdown lets its last response finish.
+pub async fn serve_connection<S>(
+    io: S,
+    peer: SocketAddr,
+    router: Router,
+    limits: HttpLimitsConfig,
+    shutdown: CancellationToken,
+    _slot: OwnedSemaphorePermit,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Activity::new(limits.header_timeout(), limits.idle_timeout());
+    let io = DeadlineIo::new(io, activity.clone(), limits.write_timeout(), peer);
+    let body_timeout = limits.body_timeout();
+    let requests = activity.clone();
+    let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
+        let busy = requests.request_started();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let request = request.map(|body| axum::body::Body::new(TimedBody::new(body, body_timeout)));
+        let mut router = router.clone();
+        async move {
+            let response = router.call(request).await?;
+            Ok::<_, Infallible>(response.map(|body| ResponseBody::new(body, busy)))
+        }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // A backstop only: `Activity` closes slow heads and idle connections first.
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout() + limits.idle_timeout())
+        .max_header_size(MAX_HEAD_BYTES)
+        .max_buf_size(MAX_HEAD_BYTES);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(%peer, %err, "HTTP connection ended with an error");
+                }
+                return;
+            }
+            _ = shutdown.cancelled(), if !draining => {
+                draining = true;
+                connection.as_mut().graceful_shutdown();
+            }
+            why = activity.expired() => {
+                match why {
+                    Expired::Header => tracing::debug!(
+                        %peer,
+                        "HTTP request head not complete within {}s (limits.http.header_timeout_sec): closing",
+                        limits.header_timeout_sec
+                    ),
+                    Expired::Idle => tracing::debug!(%peer, "idle HTTP connection closed"),
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Answers a connection over the cap without waiting on it: one non-blocking write of a
+/// 503, then the socket is closed.
+fn refuse(tcp: &TcpStream) {
+    const BODY: &str = r#"{"error":{"message":"this edge has as many connections open as it serves (limits.http.max_connections); retry shortly","type":"server_error","param":null,"code":"too_many_connections"}}"#;
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = tcp.try_write(response.as_bytes());
+}
+
+/// Accept errors that concern one connection only (it was reset before we took it).
+fn is_per_connection(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Counts occurrences and says when to log them (at most once per [`LOG_EVERY`]).
+#[derive(Debug, Default)]
+struct RateLimitedLog {
+    count: u64,
+    last: Option<Instant>,
+}
+
+/// Counts one occurrence; `Some(count since the last line)` when a line is due.
+fn accepted_log(log: &mut RateLimitedLog) -> Option<u64> {
+    log.count += 1;
+    let now = Instant::now();
+    if log
+        .last
+        .is_some_and(|last| now.duration_since(last) < LOG_EVERY)
+    {
+        return None;
+    }
+    log.last = Some(now);
+    Some(std::mem::take(&mut log.count))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_leaves_a_quarter_of_the_open_files_to_the_rest() {
+        assert_eq!(effective_max_connections(4096, Some(1024)), 768);
+        assert_eq!(effective_max_connections(4096, Some(1 << 20)), 4096);
+        assert_eq!(effective_max_connections(100, None), 100);
+        assert_eq!(effective_max_connections(100, Some(0)), 1);
+    }
+
+    #[test]
+    fn repeated_events_are_logged_once_per_period_with_their_count() {
+        let mut log = RateLimitedLog::default();
+        assert_eq!(accepted_log(&mut log), Some(1));
+        for _ in 0..99 {
+            assert_eq!(accepted_log(&mut log), None);
+        }
+        log.last = Some(Instant::now() - LOG_EVERY);
+        assert_eq!(accepted_log(&mut log), Some(100));
+    }
+}
