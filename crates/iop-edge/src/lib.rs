@@ -18,14 +18,52 @@ pub mod service;
 pub mod session;
 pub mod status;
 pub mod transport;
+pub mod trust;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use iop_proto::trust::Pin;
 use tokio::net::TcpListener;
 
 pub use config::EdgeConfig;
+use config::NodeTlsMode;
+use http::tls::HttpTls;
 pub use service::Edge;
+use service::credentials::NodeListenerInfo;
+use trust::TrustStore;
+use trust::node_tls::NodeListenerTls;
+
+/// Why the edge could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    State(#[from] trust::ca::StateError),
+    #[error("{0}")]
+    Tls(String),
+}
+
+/// Opens the state directory and sets up the node listener's TLS as a start would.
+pub fn node_listener_tls(
+    config: &EdgeConfig,
+) -> Result<(Arc<TrustStore>, Option<NodeListenerTls>), StartError> {
+    let state_dir = config.state_dir.as_deref().ok_or_else(|| {
+        StartError::Tls("state_dir is not set: the edge needs a directory for its CA and state".into())
+    })?;
+    let trust = Arc::new(TrustStore::open(
+        state_dir,
+        config.node_tls.mode == NodeTlsMode::Auto,
+    )?);
+    let tls = NodeListenerTls::build(&config.node_tls, &trust).map_err(StartError::Tls)?;
+    Ok((trust, tls))
+}
+
+/// The pin nodes verify this edge's node listener by (creating the CA on a first start).
+pub fn node_listener_pin(config: &EdgeConfig) -> Result<Option<Pin>, StartError> {
+    Ok(node_listener_tls(config)?.1.and_then(|tls| tls.pin()))
+}
 
 /// How long a shutdown waits for open responses before closing them.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -35,12 +73,22 @@ pub struct EdgeServer {
     pub edge: Arc<Edge>,
     pub node_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// How the node listener is secured, and the pin nodes verify it by.
+    pub node_tls: NodeTlsMode,
+    pub node_pin: Option<Pin>,
+    http_tls: Option<Arc<HttpTls>>,
     tasks: tokio::task::JoinSet<()>,
 }
 
 impl EdgeServer {
-    /// Binds both listeners (from the config) and starts serving.
-    pub async fn start(config: EdgeConfig) -> std::io::Result<Self> {
+    /// Opens the state directory, sets up TLS, binds both listeners (from the config) and
+    /// starts serving.
+    pub async fn start(config: EdgeConfig) -> Result<Self, StartError> {
+        let (trust, node_tls) = node_listener_tls(&config)?;
+        let http_tls = match &config.http_tls {
+            Some(tls) => Some(Arc::new(HttpTls::load(tls).map_err(StartError::Tls)?)),
+            None => None,
+        };
         let nodes = TcpListener::bind(config.listen.nodes).await.map_err(|e| {
             std::io::Error::new(
                 e.kind(),
@@ -55,22 +103,53 @@ impl EdgeServer {
         })?;
         let node_addr = nodes.local_addr()?;
         let http_addr = http.local_addr()?;
-        let edge = Edge::new(config);
+        let mode = config.node_tls.mode;
+        let node_pin = node_tls.as_ref().and_then(NodeListenerTls::pin);
+        if mode == NodeTlsMode::InsecurePlaintext && !node_addr.ip().is_loopback() {
+            tracing::warn!(nodes = %node_addr, "node_tls.mode is insecure_plaintext on a non-loopback address: node tokens, prompts and answers cross the network unencrypted and anyone on the path can take a node's identity");
+        }
+        let edge = Edge::with_trust(config, Some(trust));
+        edge.set_node_listener(NodeListenerInfo {
+            addr: node_addr,
+            mode,
+            pin: node_pin,
+        });
         let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(transport::serve_nodes(edge.clone(), nodes));
+        tasks.spawn(transport::serve_nodes(
+            edge.clone(),
+            nodes,
+            node_tls.map(Arc::new),
+        ));
         let http_edge = edge.clone();
+        let http_tls_task = http_tls.clone();
         tasks.spawn(async move {
-            if let Err(err) = http::serve_http(http_edge, http).await {
+            if let Err(err) = http::serve_http(http_edge, http, http_tls_task).await {
                 tracing::error!(%err, "HTTP server failed");
             }
         });
-        tracing::info!(nodes = %node_addr, http = %http_addr, "edge listening");
+        tracing::info!(nodes = %node_addr, http = %http_addr, node_tls = mode.as_str(), pin = ?node_pin, https = http_tls.is_some(), "edge listening");
         Ok(Self {
             edge,
             node_addr,
             http_addr,
+            node_tls: mode,
+            node_pin,
+            http_tls,
             tasks,
         })
+    }
+
+    /// Whether the HTTP listener speaks TLS.
+    pub fn https(&self) -> bool {
+        self.http_tls.is_some()
+    }
+
+    /// Re-reads the HTTP certificate and key (SIGHUP); on failure the running ones stay.
+    pub fn reload_http_tls(&self, config: &EdgeConfig) -> Result<(), String> {
+        match (&self.http_tls, &config.http_tls) {
+            (Some(tls), Some(files)) => tls.reload(files),
+            _ => Ok(()),
+        }
     }
 
     /// Stops accepting, closes node connections and waits (a bounded time) for the servers

@@ -1,5 +1,6 @@
-//! The edge's node listener: accepts TCP connections from nodes and runs one handler per
-//! connection through register → ready → serve, with heartbeats both ways.
+//! The edge's node listener: accepts TCP connections from nodes, runs the TLS handshake
+//! (unless the listener is plaintext), and runs one handler per connection through
+//! register → ready → serve, with heartbeats both ways.
 //!
 //! A connection that sends a bad frame (undecodable, oversized) or stays silent past the
 //! heartbeat timeout is closed with a logged reason; every other connection keeps going.
@@ -12,15 +13,18 @@ use std::time::Duration;
 use futures::StreamExt;
 use iop_proto::envelope::kind;
 use iop_proto::pb::{self, envelope::Message};
-use iop_proto::{FrameReader, Heartbeat, Outbound, split_stream};
+use iop_proto::{ByteStream, FrameReader, Heartbeat, Outbound, split_stream};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::registry::{Generation, ReadyOutcome};
+use crate::service::credentials::ConnectionControl;
 use crate::service::{Edge, Rejection};
 use crate::session::{CommandReply, Delivery, NodeSession};
+use crate::trust::Link;
+use crate::trust::node_tls::NodeListenerTls;
 
 /// A new connection must register within this time.
 pub const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,7 +33,8 @@ const WINDOW_OVERRUN: &str = "stream window overrun";
 const FLUSH_GRACE: Duration = Duration::from_millis(500);
 
 /// Accepts node connections until the edge shuts down, then waits for their handlers.
-pub async fn serve_nodes(edge: Arc<Edge>, listener: TcpListener) {
+/// With `tls`, every connection completes a TLS handshake before its first frame is read.
+pub async fn serve_nodes(edge: Arc<Edge>, listener: TcpListener, tls: Option<Arc<NodeListenerTls>>) {
     let connections = TaskTracker::new();
     let shutdown = edge.shutdown_token().clone();
     loop {
@@ -37,7 +42,7 @@ pub async fn serve_nodes(edge: Arc<Edge>, listener: TcpListener) {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    connections.spawn(handle_connection(edge.clone(), stream, peer));
+                    connections.spawn(accept_connection(edge.clone(), stream, peer, tls.clone()));
                 }
                 Err(err) => {
                     tracing::warn!(%err, "accepting a node connection failed");
@@ -50,7 +55,31 @@ pub async fn serve_nodes(edge: Arc<Edge>, listener: TcpListener) {
     connections.wait().await;
 }
 
-async fn handle_connection(edge: Arc<Edge>, stream: TcpStream, peer: SocketAddr) {
+/// Secures an accepted socket (TLS handshake, bounded in time) and hands it on.
+async fn accept_connection(
+    edge: Arc<Edge>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<Arc<NodeListenerTls>>,
+) {
+    let Some(tls) = tls else {
+        return handle_connection(edge, stream, peer, Link::Plaintext).await;
+    };
+    if let Err(err) = stream.set_nodelay(true) {
+        tracing::warn!(%err, "could not set TCP_NODELAY");
+    }
+    let shutdown = edge.shutdown_token().clone();
+    let accepted = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        accepted = tls.accept(stream) => accepted,
+    };
+    match accepted {
+        Ok((stream, link)) => handle_connection(edge, stream, peer, link).await,
+        Err(reason) => tracing::warn!(%peer, "closing node connection: {reason}"),
+    }
+}
+
+async fn handle_connection<S: ByteStream>(edge: Arc<Edge>, stream: S, peer: SocketAddr, link: Link) {
     let (reader, outbound, writer) = split_stream(stream, edge.config().max_frame_bytes);
     let mut writer = tokio::spawn(writer.run());
     let mut connection = Connection {
@@ -60,6 +89,7 @@ async fn handle_connection(edge: Arc<Edge>, stream: TcpStream, peer: SocketAddr)
         peer: peer.to_string(),
         session: None,
         kick: CancellationToken::new(),
+        link,
     };
     connection.run().await;
     drop(connection);
@@ -76,6 +106,8 @@ struct Connection {
     session: Option<Arc<NodeSession>>,
     /// Cancelled by the edge to drop this connection.
     kick: CancellationToken,
+    /// How the connection is secured and which client certificate it presented.
+    link: Link,
 }
 
 impl Connection {
@@ -105,7 +137,14 @@ impl Connection {
             }
         };
         let generation = self.edge.next_generation();
-        let registered = match self.edge.register(&request.token, generation, &self.peer) {
+        let control = ConnectionControl {
+            outbound: self.outbound.clone(),
+            kick: self.kick.clone(),
+        };
+        let registered = match self
+            .edge
+            .register(&request, &self.link, generation, &self.peer, control)
+        {
             Ok(registered) => registered,
             Err(rejection) => {
                 self.reject(&rejection).await;
@@ -117,6 +156,7 @@ impl Connection {
             accepted: true,
             node_id: node_id.clone(),
             config: Some(registered.payload),
+            credential: registered.credential,
             ..Default::default()
         };
         let reason = if self.outbound.send(response).await.is_err() {
@@ -135,7 +175,7 @@ impl Connection {
                 reject_reason: rejection.wire_reason() as i32,
                 reason: rejection.to_string(),
                 node_id: rejection.node_id().to_string(),
-                config: None,
+                ..Default::default()
             })
             .await;
     }

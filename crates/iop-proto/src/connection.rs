@@ -28,9 +28,10 @@ pub const OUTBOUND_QUEUE: usize = 1024;
 pub type FrameReader = FramedRead<ReadHalf, EnvelopeCodec>;
 
 /// Any byte stream a connection can run over: a `TcpStream`, or a TLS stream around one.
-pub trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+/// (`Sync` so the connection's owner can be borrowed across an await on a thread pool.)
+pub trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {}
 
-impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> ByteStream for S {}
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static> ByteStream for S {}
 
 /// The read half of a connection. A plain TCP socket splits into two owned halves that
 /// need no lock; any other stream (TLS) is shared by its halves behind tokio's split.

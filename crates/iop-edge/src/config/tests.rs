@@ -38,7 +38,7 @@ fn a_good_config_parses_with_defaults() {
         c.model_groups[0].queue.max_waiting,
         DEFAULT_QUEUE_MAX_WAITING
     );
-    assert_eq!(c.nodes[0].token_hash().unwrap(), hash_token("secret"));
+    assert_eq!(c.nodes[0].token_hash().unwrap(), Some(hash_token("secret")));
 }
 
 #[test]
@@ -79,8 +79,13 @@ fn bad_base_url_is_named() {
 }
 
 #[test]
-fn missing_token_is_named() {
-    let text = err_text(&GOOD.replace("token: secret", ""));
+fn a_node_without_a_token_registers_by_certificate_unless_plaintext() {
+    let c = parse(&GOOD.replace("token: secret", "")).unwrap();
+    assert_eq!(c.nodes[0].token_hash().unwrap(), None);
+    let text = err_text(&format!(
+        "node_tls: {{mode: insecure_plaintext}}\n{}",
+        GOOD.replace("token: secret", "")
+    ));
     assert!(text.contains("nodes[0].token: one of token"), "{text}");
 }
 
@@ -101,7 +106,7 @@ fn unset_token_env_is_named() {
 fn token_sha256_is_accepted_and_checked() {
     let hex_hash = hex::encode(hash_token("secret"));
     let c = parse(&GOOD.replace("token: secret", &format!("token_sha256: {hex_hash}"))).unwrap();
-    assert_eq!(c.nodes[0].token_hash().unwrap(), hash_token("secret"));
+    assert_eq!(c.nodes[0].token_hash().unwrap(), Some(hash_token("secret")));
     let text = err_text(&GOOD.replace("token: secret", "token_sha256: abc"));
     assert!(text.contains("nodes[0].token_sha256"), "{text}");
 }
@@ -162,4 +167,36 @@ fn bad_listen_address_is_named() {
 fn zero_queue_timeout_is_named() {
     let text = err_text(&format!("{GOOD}    queue: {{timeout_sec: 0}}\n"));
     assert!(text.contains("model_groups[0].queue.timeout_sec"), "{text}");
+}
+
+#[test]
+fn node_tls_files_belong_to_the_provided_mode() {
+    let text = err_text(&format!("node_tls: {{mode: provided, cert: c.pem}}\n{GOOD}"));
+    assert!(text.contains("node_tls.key: required"), "{text}");
+    let text = err_text(&format!("node_tls: {{cert: c.pem}}\n{GOOD}"));
+    assert!(text.contains("node_tls.cert: only with node_tls.mode provided"), "{text}");
+    let text = err_text(&format!("node_tls: {{advertise: [edge.example.net]}}\n{GOOD}"));
+    assert!(text.contains("node_tls.advertise[0]"), "{text}");
+    let text = err_text(&format!("node_tls: {{mode: tls}}\n{GOOD}"));
+    assert!(text.contains("node_tls.mode"), "{text}");
+    parse(&format!(
+        "node_tls: {{mode: provided, cert: c.pem, key: k.pem, client_ca: ca.pem}}\n{GOOD}"
+    ))
+    .unwrap();
+}
+
+#[test]
+fn relative_state_and_tls_paths_are_taken_from_the_config_directory() {
+    let mut c = parse(&format!(
+        "http_tls: {{cert: tls/c.pem, key: /abs/k.pem}}\n{GOOD}"
+    ))
+    .unwrap();
+    c.resolve_paths(std::path::Path::new("/etc/iop"));
+    assert_eq!(
+        c.state_dir.as_deref(),
+        Some(std::path::Path::new("/etc/iop/iop-edge-state"))
+    );
+    let http = c.http_tls.unwrap();
+    assert_eq!(http.cert, std::path::Path::new("/etc/iop/tls/c.pem"));
+    assert_eq!(http.key, std::path::Path::new("/abs/k.pem"));
 }

@@ -1,5 +1,6 @@
 //! Admin endpoints: `/admin/status` (the snapshot), `/admin/events` (the event bus as SSE),
-//! `/metrics` (Prometheus text), `/healthz` and `/readyz`.
+//! `/metrics` (Prometheus text), `/healthz` and `/readyz`; the node credential endpoints
+//! (`/admin/join-tokens`, `/admin/nodes/{node}/revoke`) are in `http::trust`.
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ pub fn protected_routes() -> Router<Arc<Edge>> {
     Router::new()
         .route("/admin/status", get(status))
         .route("/admin/events", get(events))
+        .merge(super::trust::routes())
 }
 
 /// Routes that are always open (probes and scraping).

@@ -1,5 +1,6 @@
 //! The edge's HTTP server: the OpenAI-compatible surface, the native runs API and the
-//! admin endpoints on one listener, with optional bearer-key auth and a body size limit.
+//! admin endpoints on one listener, with optional bearer-key auth, a body size limit and
+//! optional TLS.
 
 pub mod admin;
 pub mod error;
@@ -8,6 +9,8 @@ pub mod passthrough;
 pub mod render;
 pub mod request;
 pub mod runs;
+pub mod tls;
+pub mod trust;
 
 use std::sync::Arc;
 
@@ -42,9 +45,18 @@ pub fn router(edge: Arc<Edge>) -> Router {
         .with_state(edge)
 }
 
-/// Serves HTTP on `listener` until the edge shuts down.
-pub async fn serve_http(edge: Arc<Edge>, listener: TcpListener) -> std::io::Result<()> {
+/// Serves HTTP on `listener` until the edge shuts down; HTTPS with `tls`.
+pub async fn serve_http(
+    edge: Arc<Edge>,
+    listener: TcpListener,
+    tls: Option<Arc<tls::HttpTls>>,
+) -> std::io::Result<()> {
     let shutdown = edge.shutdown_token().clone();
+    if let Some(tls) = tls {
+        return axum::serve(tls::TlsListener::new(listener, tls), router(edge))
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+    }
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });

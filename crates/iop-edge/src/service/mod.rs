@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod command;
+pub mod credentials;
 pub mod group;
 pub mod reload;
 pub mod run;
@@ -31,7 +32,10 @@ use crate::registry::{
     ClaimError, DisconnectOutcome, Generation, OwnerState, ReadyOutcome, Registry,
 };
 use crate::session::{NodeSession, STREAM_WINDOW};
+use crate::trust::join::JoinError;
+use crate::trust::{Link, TrustStore};
 use admission::AdmissionControl;
+use credentials::{ConnectionControl, LinkEntry};
 
 pub use run::{RunSpec, RunStream};
 pub use tunnel::{TunnelItem, TunnelSpec, TunnelStream};
@@ -43,6 +47,16 @@ pub enum Rejection {
     Duplicate { node_id: String },
     ConfigBuild { node_id: String, message: String },
     Protocol(String),
+    /// A certificate named a node the config does not have.
+    UnknownNode { node_id: String },
+    /// An admin revoked the node's credentials.
+    Revoked { node_id: String },
+    /// The join token was refused.
+    JoinToken(JoinError),
+    /// The node's credential could not be checked or issued (a bad request from it).
+    Credential(String),
+    /// The edge could not do its part (e.g. save state); retrying may help.
+    Unavailable(String),
 }
 
 impl Rejection {
@@ -51,13 +65,30 @@ impl Rejection {
             Rejection::UnknownToken => pb::RegisterRejectReason::UnknownToken,
             Rejection::Duplicate { .. } => pb::RegisterRejectReason::DuplicateConnection,
             Rejection::ConfigBuild { .. } => pb::RegisterRejectReason::ConfigBuildFailed,
-            Rejection::Protocol(_) => pb::RegisterRejectReason::Protocol,
+            Rejection::Protocol(_) | Rejection::Credential(_) => {
+                pb::RegisterRejectReason::Protocol
+            }
+            Rejection::UnknownNode { .. } => pb::RegisterRejectReason::UnknownToken,
+            Rejection::Revoked { .. } => pb::RegisterRejectReason::Revoked,
+            Rejection::JoinToken(JoinError::Unknown) => pb::RegisterRejectReason::UnknownToken,
+            Rejection::JoinToken(JoinError::Expired { .. }) => {
+                pb::RegisterRejectReason::JoinTokenExpired
+            }
+            Rejection::JoinToken(JoinError::UsedUp { .. }) => {
+                pb::RegisterRejectReason::JoinTokenUsedUp
+            }
+            Rejection::Unavailable(_) => pb::RegisterRejectReason::Unspecified,
         }
     }
 
     pub fn node_id(&self) -> &str {
         match self {
-            Rejection::Duplicate { node_id } | Rejection::ConfigBuild { node_id, .. } => node_id,
+            Rejection::Duplicate { node_id }
+            | Rejection::ConfigBuild { node_id, .. }
+            | Rejection::UnknownNode { node_id }
+            | Rejection::Revoked { node_id }
+            | Rejection::JoinToken(JoinError::Expired { node_id })
+            | Rejection::JoinToken(JoinError::UsedUp { node_id, .. }) => node_id,
             _ => "",
         }
     }
@@ -75,6 +106,17 @@ impl std::fmt::Display for Rejection {
                 write!(f, "config payload build failed: {message}")
             }
             Rejection::Protocol(message) => write!(f, "protocol error: {message}"),
+            Rejection::UnknownNode { node_id } => write!(
+                f,
+                "unknown node: the certificate names node {node_id:?}, which is not in the edge config"
+            ),
+            Rejection::Revoked { node_id } => write!(
+                f,
+                "node {node_id}'s credentials were revoked by an admin; it needs a new join token (or a new certificate or token) to register again"
+            ),
+            Rejection::JoinToken(e) => write!(f, "join token refused: {e}"),
+            Rejection::Credential(message) => write!(f, "credential refused: {message}"),
+            Rejection::Unavailable(message) => write!(f, "the edge cannot register nodes right now: {message}"),
         }
     }
 }
@@ -84,6 +126,8 @@ impl std::fmt::Display for Rejection {
 pub struct Registered {
     pub node_id: String,
     pub payload: pb::NodeConfigPayload,
+    /// The credential issued to a node that registered with a join token.
+    pub credential: Option<pb::NodeCredential>,
 }
 
 /// Where a model-group request's usage is attributed.
@@ -109,6 +153,12 @@ pub struct Edge {
     tasks: TaskTracker,
     shutdown: CancellationToken,
     ids: IdGenerator,
+    /// The CA, join tokens and revocations (`None`: no state directory, e.g. unit tests).
+    trust: Option<Arc<TrustStore>>,
+    /// How each node's current connection reached the edge and what it registered with.
+    links: Mutex<HashMap<String, LinkEntry>>,
+    /// The node listener's bound address and the pin nodes verify it by.
+    node_listener: Mutex<Option<credentials::NodeListenerInfo>>,
 }
 
 /// Ids for runs, tunnels and commands: a per-process random prefix and a counter, unique
@@ -142,6 +192,11 @@ impl std::fmt::Debug for Edge {
 
 impl Edge {
     pub fn new(config: EdgeConfig) -> Arc<Self> {
+        Self::with_trust(config, None)
+    }
+
+    /// An edge whose node credentials, join tokens and revocations live in `trust`.
+    pub fn with_trust(config: EdgeConfig, trust: Option<Arc<TrustStore>>) -> Arc<Self> {
         let registry = Registry::new(reload::token_records(&config));
         let plan = reload::AdmissionPlan::of(&config);
         let scheduler = Scheduler::new(plan.providers, plan.groups);
@@ -157,6 +212,9 @@ impl Edge {
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             ids: IdGenerator::new(),
+            trust,
+            links: Mutex::new(HashMap::new()),
+            node_listener: Mutex::new(None),
         })
     }
 
@@ -192,18 +250,22 @@ impl Edge {
         self.registry.lock().next_generation()
     }
 
-    /// Handles a `RegisterRequest`: authenticates the token, claims pending ownership and
-    /// builds the node's config payload. Publishes registered / rejected.
+    /// Handles a `RegisterRequest` arriving over `link`: authenticates the node (client
+    /// certificate, join token or static token), claims pending ownership and builds its
+    /// config payload; a join also issues the node its credential. Publishes registered /
+    /// rejected.
     pub fn register(
         &self,
-        token: &str,
+        request: &pb::RegisterRequest,
+        link: &Link,
         generation: Generation,
         peer: &str,
+        control: ConnectionControl,
     ) -> Result<Registered, Rejection> {
-        let result = self.claim(token, generation);
+        let result = self.authenticate_and_claim(request, link, generation, control);
         match &result {
             Ok(r) => {
-                tracing::info!(node_id = %r.node_id, %generation, peer, "node registered (pending ready)");
+                tracing::info!(node_id = %r.node_id, %generation, peer, link = link.name(), joined = r.credential.is_some(), "node registered (pending ready)");
                 self.events
                     .node_event(&r.node_id, NodeEventKind::Registered, "", peer);
             }
@@ -212,12 +274,18 @@ impl Edge {
         result
     }
 
-    fn claim(&self, token: &str, generation: Generation) -> Result<Registered, Rejection> {
+    /// Claims pending ownership of an authenticated node and builds its config payload.
+    fn claim(&self, node_id: &str, generation: Generation) -> Result<Registered, Rejection> {
         let mut registry = self.registry.lock();
-        let node_id = registry.claim(token, generation).map_err(|e| match e {
-            ClaimError::UnknownToken => Rejection::UnknownToken,
-            ClaimError::Duplicate { node_id } => Rejection::Duplicate { node_id },
-        })?;
+        registry
+            .claim_node(node_id, generation)
+            .map_err(|e| match e {
+                ClaimError::UnknownToken => Rejection::UnknownNode {
+                    node_id: node_id.to_string(),
+                },
+                ClaimError::Duplicate { node_id } => Rejection::Duplicate { node_id },
+            })?;
+        let node_id = node_id.to_string();
         let config = self.config();
         let node = config
             .nodes
@@ -229,7 +297,11 @@ impl Edge {
                 self.sent_config
                     .lock()
                     .insert(node_id.clone(), payload.config_version);
-                Ok(Registered { node_id, payload })
+                Ok(Registered {
+                    node_id,
+                    payload,
+                    credential: None,
+                })
             }
             Err(message) => {
                 registry.disconnect(&node_id, generation);
@@ -319,6 +391,12 @@ impl Edge {
     /// return its leases and end waiters it leaves without a candidate. Stale: nothing.
     pub fn connection_lost(&self, node_id: &str, generation: Generation, reason: &str) {
         let outcome = self.registry.lock().disconnect(node_id, generation);
+        {
+            let mut links = self.links.lock();
+            if links.get(node_id).is_some_and(|l| l.generation == generation) {
+                links.remove(node_id);
+            }
+        }
         let DisconnectOutcome::Current { was_ready } = outcome else {
             tracing::debug!(node_id, %generation, reason, "stale disconnect ignored");
             return;

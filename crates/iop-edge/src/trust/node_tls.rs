@@ -1,0 +1,157 @@
+//! TLS on the node listener: the server certificate the edge presents (its own CA's, or
+//! an operator's files), which client certificates it accepts, and the handshake of each
+//! accepted socket, bounded in time, before a single frame is read.
+//!
+//! TLS 1.3 only: the edge and the node are the same program, so nothing older is needed.
+//! Client certificates are optional at the TLS layer (nodes that join or use a static
+//! token present none); one that is presented must chain to a trusted client CA or the
+//! handshake fails. Who the certificate names is decided at registration.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use iop_proto::trust::Pin;
+use rustls::RootCertStore;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+use super::ca::pin_of;
+use super::{ClientCert, Link, TrustStore, load_pem_certs, load_pem_identity};
+use crate::config::{NodeTlsConfig, NodeTlsMode};
+
+/// A TLS handshake must finish within this time.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The node listener's TLS setup.
+pub struct NodeListenerTls {
+    acceptor: TlsAcceptor,
+    pin: Option<Pin>,
+    /// Whether client certificates can identify nodes.
+    client_certs: bool,
+}
+
+impl std::fmt::Debug for NodeListenerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeListenerTls")
+            .field("pin", &self.pin)
+            .field("client_certs", &self.client_certs)
+            .finish()
+    }
+}
+
+impl NodeListenerTls {
+    /// The listener's TLS for `config`; `None` for `insecure_plaintext`.
+    pub fn build(config: &NodeTlsConfig, trust: &TrustStore) -> Result<Option<Self>, String> {
+        match config.mode {
+            NodeTlsMode::InsecurePlaintext => Ok(None),
+            NodeTlsMode::Auto => {
+                let ca = trust
+                    .ca()
+                    .ok_or("node_tls.mode auto needs the edge CA, which was not loaded")?;
+                let identity = ca
+                    .server_identity(trust.dir(), &config.names, SystemTime::now())
+                    .map_err(|e| e.to_string())?;
+                if identity.renewed {
+                    tracing::info!(pin = %ca.pin(), "issued the node listener's server certificate under the edge CA");
+                }
+                let acceptor =
+                    acceptor(identity.chain, identity.key, Some(vec![ca.cert().clone()]))?;
+                Ok(Some(NodeListenerTls {
+                    acceptor,
+                    pin: Some(ca.pin()),
+                    client_certs: true,
+                }))
+            }
+            NodeTlsMode::Provided => {
+                let (cert, key) = (
+                    config.cert.as_deref().ok_or("node_tls.cert is required")?,
+                    config.key.as_deref().ok_or("node_tls.key is required")?,
+                );
+                let (chain, key) = load_pem_identity(cert, key)
+                    .map_err(|e| format!("node_tls: {e}"))?;
+                // The pin names the top of the chain the edge presents (its CA).
+                let pin = if chain.len() > 1 {
+                    Some(pin_of(chain.last().expect("non-empty")).map_err(|e| {
+                        format!("node_tls.cert: {e}")
+                    })?)
+                } else {
+                    None
+                };
+                let client_roots = match &config.client_ca {
+                    Some(path) => Some(load_pem_certs(path).map_err(|e| format!("node_tls.client_ca: {e}"))?),
+                    None => None,
+                };
+                let client_certs = client_roots.is_some();
+                Ok(Some(NodeListenerTls {
+                    acceptor: acceptor(chain, key, client_roots)?,
+                    pin,
+                    client_certs,
+                }))
+            }
+        }
+    }
+
+    /// The pin nodes verify this listener by, when it has one.
+    pub fn pin(&self) -> Option<Pin> {
+        self.pin
+    }
+
+    /// Runs the TLS handshake on an accepted socket, within [`HANDSHAKE_TIMEOUT`].
+    pub async fn accept(&self, tcp: TcpStream) -> Result<(TlsStream<TcpStream>, Link), String> {
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(tcp))
+            .await
+            .map_err(|_| {
+                format!(
+                    "TLS handshake not finished within {}s",
+                    HANDSHAKE_TIMEOUT.as_secs()
+                )
+            })?
+            .map_err(|e| {
+                let hint = if e.to_string().contains("corrupt message") {
+                    " (a plaintext client? nodes speak TLS to this listener unless node_tls.mode is insecure_plaintext)"
+                } else {
+                    ""
+                };
+                format!("TLS handshake failed: {e}{hint}")
+            })?;
+        let client = match tls.get_ref().1.peer_certificates().and_then(|c| c.first()) {
+            Some(der) if self.client_certs => Some(ClientCert::parse(der)?),
+            _ => None,
+        };
+        Ok((tls, Link::Tls { client }))
+    }
+}
+
+fn acceptor(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_roots: Option<Vec<CertificateDer<'static>>>,
+) -> Result<TlsAcceptor, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| format!("TLS setup: {e}"))?;
+    let builder = match client_roots {
+        Some(roots) => {
+            let mut store = RootCertStore::empty();
+            for cert in roots {
+                store
+                    .add(cert)
+                    .map_err(|e| format!("client CA certificate: {e}"))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider)
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| format!("client certificate verifier: {e}"))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("the node listener's certificate and key do not fit: {e}"))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
