@@ -50,7 +50,9 @@ pub fn node_listener_tls(
     config: &EdgeConfig,
 ) -> Result<(Arc<TrustStore>, Option<NodeListenerTls>), StartError> {
     let state_dir = config.state_dir.as_deref().ok_or_else(|| {
-        StartError::Tls("state_dir is not set: the edge needs a directory for its CA and state".into())
+        StartError::Tls(
+            "state_dir is not set: the edge needs a directory for its CA and state".into(),
+        )
     })?;
     let trust = Arc::new(TrustStore::open(
         state_dir,

@@ -135,7 +135,9 @@ impl Edge {
                     peer: session.as_ref().map(|s| s.peer.clone()),
                     connected_for_sec: session.as_ref().map(|s| s.connected_at.elapsed().as_secs()),
                     link: match state {
-                        OwnerState::Pending(g) | OwnerState::Ready(g) => self.link_status(&node.id, g),
+                        OwnerState::Pending(g) | OwnerState::Ready(g) => {
+                            self.link_status(&node.id, g)
+                        }
                         OwnerState::Offline => None,
                     },
                     providers,

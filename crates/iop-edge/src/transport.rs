@@ -34,7 +34,11 @@ const FLUSH_GRACE: Duration = Duration::from_millis(500);
 
 /// Accepts node connections until the edge shuts down, then waits for their handlers.
 /// With `tls`, every connection completes a TLS handshake before its first frame is read.
-pub async fn serve_nodes(edge: Arc<Edge>, listener: TcpListener, tls: Option<Arc<NodeListenerTls>>) {
+pub async fn serve_nodes(
+    edge: Arc<Edge>,
+    listener: TcpListener,
+    tls: Option<Arc<NodeListenerTls>>,
+) {
     let connections = TaskTracker::new();
     let shutdown = edge.shutdown_token().clone();
     loop {
@@ -79,7 +83,12 @@ async fn accept_connection(
     }
 }
 
-async fn handle_connection<S: ByteStream>(edge: Arc<Edge>, stream: S, peer: SocketAddr, link: Link) {
+async fn handle_connection<S: ByteStream>(
+    edge: Arc<Edge>,
+    stream: S,
+    peer: SocketAddr,
+    link: Link,
+) {
     let (reader, outbound, writer) = split_stream(stream, edge.config().max_frame_bytes);
     let mut writer = tokio::spawn(writer.run());
     let mut connection = Connection {

@@ -37,7 +37,12 @@ impl NodeState {
         let bytes = match fs::read(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("cannot read the node state file {}: {e}", path.display())),
+            Err(e) => {
+                return Err(format!(
+                    "cannot read the node state file {}: {e}",
+                    path.display()
+                ));
+            }
         };
         serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             format!(
@@ -83,9 +88,10 @@ pub fn check_writable(path: &Path) -> Result<(), String> {
 
 fn prepare_dir(path: &Path) -> std::io::Result<()> {
     match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() && !dir.exists() => {
-            fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
-        }
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.exists() => fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir),
         _ => Ok(()),
     }
 }

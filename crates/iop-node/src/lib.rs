@@ -24,7 +24,7 @@ pub mod tunnel;
 pub mod usage;
 
 pub use config::NodeConfig;
-pub use runtime::NodeRuntime;
 pub use link::{EdgeLink, Security};
+pub use runtime::NodeRuntime;
 pub use session::EdgeTarget;
 pub use supervisor::{NodeExit, supervise};

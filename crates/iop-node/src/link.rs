@@ -103,7 +103,8 @@ impl EdgeLink {
         if chain.is_empty() {
             return Err(format!("{}: no PEM certificate in it", cert.display()));
         }
-        let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+        let key =
+            PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
         Ok(Self::new(
             edges,
             Security::Tls(verification),
@@ -166,7 +167,10 @@ impl EdgeLink {
                 let mut pins = state
                     .pins
                     .iter()
-                    .map(|p| p.parse::<Pin>().map_err(|e| format!("the state file's pins: {e}")))
+                    .map(|p| {
+                        p.parse::<Pin>()
+                            .map_err(|e| format!("the state file's pins: {e}"))
+                    })
                     .collect::<Result<Vec<_>, _>>()?;
                 for pin in extra_pins {
                     if !pins.contains(&pin) {
@@ -250,12 +254,13 @@ impl EdgeLink {
 
     /// The edge accepted a join and issued `credential`: save it with the key and use it
     /// from now on.
-    pub(crate) fn joined(&self, node_id: &str, credential: &pb::NodeCredential) -> Result<(), String> {
+    pub(crate) fn joined(
+        &self,
+        node_id: &str,
+        credential: &pb::NodeCredential,
+    ) -> Result<(), String> {
         let mut current = self.credential.lock();
-        let Credential::Join {
-            join, key_pem, ..
-        } = &*current
-        else {
+        let Credential::Join { join, key_pem, .. } = &*current else {
             return Err("the edge sent a credential this node did not ask for".into());
         };
         let Security::Tls(EdgeVerification::Pins(pins)) = &self.security else {
@@ -288,4 +293,105 @@ impl EdgeLink {
         };
         Ok(())
     }
+}
+
+/// What the node was told on its command line besides its config file.
+#[derive(Debug, Clone, Default)]
+pub struct LinkOptions {
+    /// A join string (`--join`).
+    pub join: Option<String>,
+    /// A static token (`--token`, `IOP_NODE_TOKEN`, or the config's).
+    pub token: Option<String>,
+    /// An edge address given explicitly (`--edge`, or a config file's `edge`).
+    pub edge: Option<String>,
+}
+
+/// Builds the node's link from its config: an operator client certificate, else a join
+/// string (unless the state file already holds the credential that join string gave),
+/// else the state file's credential, else a static token. Fails closed: a token without a
+/// way to verify the edge is a configuration error.
+pub fn from_config(config: &crate::NodeConfig, options: LinkOptions) -> Result<EdgeLink, String> {
+    use crate::identity::{NodeState, check_writable};
+    let pins = config.pins();
+    let explicit = if config.insecure_skip_tls_verify {
+        Some(EdgeVerification::InsecureSkipVerify)
+    } else if let Some(path) = &config.edge_ca {
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("edge_ca {}: {e}", path.display()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("edge_ca {}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "edge_ca {}: no PEM certificate in it",
+                path.display()
+            ));
+        }
+        Some(EdgeVerification::CaFile(certs))
+    } else if !pins.is_empty() {
+        Some(EdgeVerification::Pins(pins.clone()))
+    } else {
+        None
+    };
+    let edges_or = |fallback: &[String]| -> Vec<String> {
+        match &options.edge {
+            Some(edge) => vec![edge.clone()],
+            None => fallback.to_vec(),
+        }
+    };
+    let no_verification = || {
+        "no way to verify the edge: pass --edge-pin sha256:... (the edge prints its pin at start; `iop edge --print-pin`), or --edge-ca FILE, or join with --join '<join string>'".to_string()
+    };
+    if let (Some(cert), Some(key)) = (&config.client_cert, &config.client_key) {
+        let verification = explicit.ok_or_else(no_verification)?;
+        return EdgeLink::with_certificate_files(
+            edges_or(&[config.edge.clone()]),
+            verification,
+            cert,
+            key,
+        );
+    }
+    let state = NodeState::load(&config.state_file)?;
+    if let Some(join) = &options.join {
+        let join = JoinString::parse(join).map_err(|e| format!("--join: {e}"))?;
+        if let Some(state) = &state
+            && state.join_token_id == join.token.id
+        {
+            tracing::info!(node_id = %state.node_id, state_file = %config.state_file.display(), "already joined with this join string: using the stored credential");
+            let overriding = explicit.filter(|v| !matches!(v, EdgeVerification::Pins(_)));
+            return EdgeLink::from_state(state, edges_or(&state.edges), overriding, pins);
+        }
+        if config.insecure_plaintext {
+            return Err("a join needs TLS: drop insecure_plaintext".into());
+        }
+        check_writable(&config.state_file)?;
+        if let Some(state) = &state {
+            tracing::warn!(node_id = %state.node_id, state_file = %config.state_file.display(), "a new join string: the state file's credential will be replaced once the join succeeds");
+        }
+        let edges = edges_or(&join.edges);
+        return EdgeLink::join(join, edges, pins, config.state_file.clone());
+    }
+    if let Some(state) = &state {
+        if options.token.is_some() {
+            tracing::info!(state_file = %config.state_file.display(), "the state file holds a credential from a join: using it instead of the token");
+        }
+        let overriding = explicit.filter(|v| !matches!(v, EdgeVerification::Pins(_)));
+        return EdgeLink::from_state(state, edges_or(&state.edges), overriding, pins);
+    }
+    let token = options.token.ok_or_else(|| {
+        "no credential: join with --join '<join string>' (from `iop join-token` on the edge), or pass --token / IOP_NODE_TOKEN, or give token/token_env in the config".to_string()
+    })?;
+    let edges = edges_or(&[config.edge.clone()]);
+    if config.insecure_plaintext {
+        return Ok(EdgeLink::with_token(
+            edges,
+            Security::InsecurePlaintext,
+            token,
+        ));
+    }
+    let verification = explicit.ok_or_else(no_verification)?;
+    Ok(EdgeLink::with_token(
+        edges,
+        Security::Tls(verification),
+        token,
+    ))
 }

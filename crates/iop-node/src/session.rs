@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use iop_proto::envelope::kind;
 use iop_proto::pb::{self, envelope::Message};
-use iop_proto::{ByteStream, FrameReader, FrameError, Heartbeat, Outbound, split_stream};
+use iop_proto::{ByteStream, FrameError, FrameReader, Heartbeat, Outbound, split_stream};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -84,7 +84,9 @@ pub async fn run_session(
         }
     };
     let end = match target.link.security() {
-        Security::InsecurePlaintext => run_connection(runtime, target, &addr, stream, shutdown).await,
+        Security::InsecurePlaintext => {
+            run_connection(runtime, target, &addr, stream, shutdown).await
+        }
         Security::Tls(_) => {
             if let Err(err) = stream.set_nodelay(true) {
                 tracing::warn!(%err, "could not set TCP_NODELAY");
@@ -128,12 +130,16 @@ async fn handshake(
                     "{mismatch} (edge {addr}). Nothing was sent. Check the pin (--edge-pin, the join string): the edge prints its pin at start. If the edge's CA was rotated, add the new pin"
                 )));
             }
-            let hint = if e.to_string().contains("corrupt message") || e.kind() == std::io::ErrorKind::UnexpectedEof {
+            let hint = if e.to_string().contains("corrupt message")
+                || e.kind() == std::io::ErrorKind::UnexpectedEof
+            {
                 " (is the edge's node listener plaintext? then both sides must say insecure_plaintext)"
             } else {
                 ""
             };
-            Err(retry(format!("TLS handshake with the edge at {addr} failed: {e}{hint}")))
+            Err(retry(format!(
+                "TLS handshake with the edge at {addr} failed: {e}{hint}"
+            )))
         }
         Err(_) => Err(retry(format!(
             "TLS handshake with the edge at {addr} timed out after {}s",
@@ -199,12 +205,8 @@ fn refused(addr: &str, response: &pb::RegisterResponse) -> SessionEnd {
         R::Revoked => SessionEnd::Fatal(format!(
             "revoked: the edge at {addr} revoked this node's credentials: {reason}"
         )),
-        R::JoinTokenExpired => SessionEnd::Fatal(format!(
-            "the join token expired: {reason}"
-        )),
-        R::JoinTokenUsedUp => SessionEnd::Fatal(format!(
-            "the join token is used up: {reason}"
-        )),
+        R::JoinTokenExpired => SessionEnd::Fatal(format!("the join token expired: {reason}")),
+        R::JoinTokenUsedUp => SessionEnd::Fatal(format!("the join token is used up: {reason}")),
         R::ConfigBuildFailed => SessionEnd::Fatal(format!(
             "the edge could not build this node's config: {reason}"
         )),

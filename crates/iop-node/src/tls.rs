@@ -69,9 +69,9 @@ impl std::error::Error for PinMismatch {}
 pub fn is_pin_mismatch(err: &std::io::Error) -> Option<String> {
     let rustls_err = err.get_ref()?.downcast_ref::<Error>()?;
     match rustls_err {
-        Error::InvalidCertificate(CertificateError::Other(OtherError(inner))) => inner
-            .downcast_ref::<PinMismatch>()
-            .map(ToString::to_string),
+        Error::InvalidCertificate(CertificateError::Other(OtherError(inner))) => {
+            inner.downcast_ref::<PinMismatch>().map(ToString::to_string)
+        }
         _ => None,
     }
 }
@@ -108,12 +108,14 @@ pub fn client_config(
             }
             builder.with_root_certificates(roots)
         }
-        EdgeVerification::Pins(pins) => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(PinVerifier {
-                pins: pins.clone(),
-                provider,
-            })),
+        EdgeVerification::Pins(pins) => {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(PinVerifier {
+                    pins: pins.clone(),
+                    provider,
+                }))
+        }
         EdgeVerification::InsecureSkipVerify => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(NoVerifier { provider })),

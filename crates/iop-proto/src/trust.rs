@@ -200,7 +200,10 @@ mod tests {
     fn pins_round_trip_and_accept_hex() {
         let pin = Pin::of_spki(b"some key");
         let text = pin.to_string();
-        assert!(text.starts_with("sha256:") && text.len() == 7 + 43, "{text}");
+        assert!(
+            text.starts_with("sha256:") && text.len() == 7 + 43,
+            "{text}"
+        );
         assert_eq!(text.parse::<Pin>().unwrap(), pin);
         let hex: String = pin.bytes().iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(format!("sha256:{hex}").parse::<Pin>().unwrap(), pin);
@@ -221,7 +224,10 @@ mod tests {
         let text = join.to_string();
         assert!(text.starts_with("iop1:edge.example.net:7700,[::1]:7700/sha256:"));
         assert_eq!(JoinString::parse(&text).unwrap(), join);
-        assert!(!format!("{join:?}").contains("s3cr"), "Debug must not show the secret");
+        assert!(
+            !format!("{join:?}").contains("s3cr"),
+            "Debug must not show the secret"
+        );
     }
 
     #[test]

@@ -171,11 +171,18 @@ fn zero_queue_timeout_is_named() {
 
 #[test]
 fn node_tls_files_belong_to_the_provided_mode() {
-    let text = err_text(&format!("node_tls: {{mode: provided, cert: c.pem}}\n{GOOD}"));
+    let text = err_text(&format!(
+        "node_tls: {{mode: provided, cert: c.pem}}\n{GOOD}"
+    ));
     assert!(text.contains("node_tls.key: required"), "{text}");
     let text = err_text(&format!("node_tls: {{cert: c.pem}}\n{GOOD}"));
-    assert!(text.contains("node_tls.cert: only with node_tls.mode provided"), "{text}");
-    let text = err_text(&format!("node_tls: {{advertise: [edge.example.net]}}\n{GOOD}"));
+    assert!(
+        text.contains("node_tls.cert: only with node_tls.mode provided"),
+        "{text}"
+    );
+    let text = err_text(&format!(
+        "node_tls: {{advertise: [edge.example.net]}}\n{GOOD}"
+    ));
     assert!(text.contains("node_tls.advertise[0]"), "{text}");
     let text = err_text(&format!("node_tls: {{mode: tls}}\n{GOOD}"));
     assert!(text.contains("node_tls.mode"), "{text}");

@@ -40,8 +40,8 @@ impl std::fmt::Debug for HttpTls {
 }
 
 fn acceptor(config: &HttpTlsConfig) -> Result<TlsAcceptor, String> {
-    let (chain, key) = load_pem_identity(&config.cert, &config.key)
-        .map_err(|e| format!("http_tls: {e}"))?;
+    let (chain, key) =
+        load_pem_identity(&config.cert, &config.key).map_err(|e| format!("http_tls: {e}"))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut server = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -128,7 +128,10 @@ pub struct LazyTlsStream {
 }
 
 impl LazyTlsStream {
-    fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<&mut TlsStream<TcpStream>>> {
+    fn poll_handshake(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<&mut TlsStream<TcpStream>>> {
         if let State::Handshake { accept, deadline } = &mut self.state {
             if deadline.as_mut().poll(cx).is_ready() {
                 self.state = State::Failed;
@@ -172,7 +175,11 @@ impl AsyncRead for LazyTlsStream {
 }
 
 impl AsyncWrite for LazyTlsStream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         match self.get_mut().poll_handshake(cx) {
             Poll::Ready(Ok(stream)) => Pin::new(stream).poll_write(cx, buf),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),

@@ -77,7 +77,10 @@ async fn create(
 ) -> Result<Response, ApiError> {
     let body = body.map_err(|r| super::body_error(r, &edge))?;
     let request: CreateBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request("invalid_request", format!("invalid join token request: {e}"))
+        ApiError::bad_request(
+            "invalid_request",
+            format!("invalid join token request: {e}"),
+        )
     })?;
     let ttl = request.ttl_sec.unwrap_or(DEFAULT_JOIN_TTL_SEC);
     if ttl > MAX_JOIN_TTL_SEC {

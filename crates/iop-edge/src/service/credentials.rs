@@ -159,7 +159,10 @@ impl Edge {
             Proof::Certificate => "client_certificate",
             Proof::StaticToken => "static_token",
             Proof::JoinToken(_) => {
-                let trust = self.trust.as_ref().expect("identify checked the trust store");
+                let trust = self
+                    .trust
+                    .as_ref()
+                    .expect("identify checked the trust store");
                 let days = self.config().node_tls.credential_days as u64;
                 let lifetime = Duration::from_secs(days * 86_400);
                 match trust.issue(&node_id, &request.credential_csr, lifetime, now) {
@@ -169,7 +172,11 @@ impl Edge {
                             certificate_der: cert.der.to_vec(),
                             expires_unix_ms: cert.not_after_unix_ms,
                         });
-                        tracing::info!(node_id, expires_unix_ms = cert.not_after_unix_ms, "join token redeemed: node credential issued");
+                        tracing::info!(
+                            node_id,
+                            expires_unix_ms = cert.not_after_unix_ms,
+                            "join token redeemed: node credential issued"
+                        );
                     }
                     Err(message) => {
                         self.registry.lock().disconnect(&node_id, generation);
@@ -355,7 +362,12 @@ impl Edge {
             entry.control.kick.cancel();
             self.connection_lost(node_id, entry.generation, "node credentials revoked");
         }
-        tracing::warn!(node_id, session_closed, join_tokens_removed = removed, "node revoked");
+        tracing::warn!(
+            node_id,
+            session_closed,
+            join_tokens_removed = removed,
+            "node revoked"
+        );
         Ok(RevokeReport {
             node: node_id.to_string(),
             revoked_unix_ms: unix_ms(now),

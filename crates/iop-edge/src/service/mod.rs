@@ -44,13 +44,22 @@ pub use tunnel::{TunnelItem, TunnelSpec, TunnelStream};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rejection {
     UnknownToken,
-    Duplicate { node_id: String },
-    ConfigBuild { node_id: String, message: String },
+    Duplicate {
+        node_id: String,
+    },
+    ConfigBuild {
+        node_id: String,
+        message: String,
+    },
     Protocol(String),
     /// A certificate named a node the config does not have.
-    UnknownNode { node_id: String },
+    UnknownNode {
+        node_id: String,
+    },
     /// An admin revoked the node's credentials.
-    Revoked { node_id: String },
+    Revoked {
+        node_id: String,
+    },
     /// The join token was refused.
     JoinToken(JoinError),
     /// The node's credential could not be checked or issued (a bad request from it).
@@ -65,9 +74,7 @@ impl Rejection {
             Rejection::UnknownToken => pb::RegisterRejectReason::UnknownToken,
             Rejection::Duplicate { .. } => pb::RegisterRejectReason::DuplicateConnection,
             Rejection::ConfigBuild { .. } => pb::RegisterRejectReason::ConfigBuildFailed,
-            Rejection::Protocol(_) | Rejection::Credential(_) => {
-                pb::RegisterRejectReason::Protocol
-            }
+            Rejection::Protocol(_) | Rejection::Credential(_) => pb::RegisterRejectReason::Protocol,
             Rejection::UnknownNode { .. } => pb::RegisterRejectReason::UnknownToken,
             Rejection::Revoked { .. } => pb::RegisterRejectReason::Revoked,
             Rejection::JoinToken(JoinError::Unknown) => pb::RegisterRejectReason::UnknownToken,
@@ -116,7 +123,9 @@ impl std::fmt::Display for Rejection {
             ),
             Rejection::JoinToken(e) => write!(f, "join token refused: {e}"),
             Rejection::Credential(message) => write!(f, "credential refused: {message}"),
-            Rejection::Unavailable(message) => write!(f, "the edge cannot register nodes right now: {message}"),
+            Rejection::Unavailable(message) => {
+                write!(f, "the edge cannot register nodes right now: {message}")
+            }
         }
     }
 }
@@ -393,7 +402,10 @@ impl Edge {
         let outcome = self.registry.lock().disconnect(node_id, generation);
         {
             let mut links = self.links.lock();
-            if links.get(node_id).is_some_and(|l| l.generation == generation) {
+            if links
+                .get(node_id)
+                .is_some_and(|l| l.generation == generation)
+            {
                 links.remove(node_id);
             }
         }

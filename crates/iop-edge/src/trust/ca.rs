@@ -142,7 +142,9 @@ impl EdgeCa {
             )),
             (Some(_), None) => Err(file_error(
                 &key_path,
-                format!("missing while {CA_CERT} exists: restore the CA key from a backup. The edge never makes a new CA by itself, because every node trusts the current one by its pin; to start over, move the state directory away (every node must join again)"),
+                format!(
+                    "missing while {CA_CERT} exists: restore the CA key from a backup. The edge never makes a new CA by itself, because every node trusts the current one by its pin; to start over, move the state directory away (every node must join again)"
+                ),
             )),
             (None, Some(_)) => Err(file_error(
                 &cert_path,
@@ -159,7 +161,9 @@ impl EdgeCa {
                 if Pin::of_spki(&key.subject_public_key_info()) != pin {
                     return Err(file_error(
                         &key_path,
-                        format!("does not belong to {CA_CERT}: restore the matching pair from a backup"),
+                        format!(
+                            "does not belong to {CA_CERT}: restore the matching pair from a backup"
+                        ),
                     ));
                 }
                 Ok((EdgeCa { cert, key, pin }, false))
@@ -174,7 +178,10 @@ impl EdgeCa {
         super::random_bytes(&mut id);
         let mut name = DistinguishedName::new();
         name.push(DnType::OrganizationName, "iop");
-        name.push(DnType::CommonName, format!("iop edge CA {}", hex::encode(id)));
+        name.push(
+            DnType::CommonName,
+            format!("iop edge CA {}", hex::encode(id)),
+        );
         params.distinguished_name = name;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.key_usages = vec![
@@ -322,10 +329,9 @@ impl EdgeCa {
         not_before: SystemTime,
         lifetime: Duration,
     ) -> Result<IssuedCert, String> {
-        let csr = CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(
-            csr_der,
-        ))
-        .map_err(|e| format!("bad certificate signing request: {e}"))?;
+        let csr =
+            CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
+                .map_err(|e| format!("bad certificate signing request: {e}"))?;
         let mut request = csr;
         let mut name = DistinguishedName::new();
         name.push(DnType::OrganizationName, "iop node");
@@ -411,11 +417,19 @@ mod tests {
         let later = now + SERVER_LIFETIME - Duration::from_secs(86_400);
         assert!(ca.server_identity(dir.path(), &[], later).unwrap().renewed);
         let named = ca
-            .server_identity(dir.path(), &["edge.example.net".into(), "10.0.0.1".into()], later)
+            .server_identity(
+                dir.path(),
+                &["edge.example.net".into(), "10.0.0.1".into()],
+                later,
+            )
             .unwrap();
         assert!(named.renewed);
         let kept = ca
-            .server_identity(dir.path(), &["10.0.0.1".into(), "edge.example.net".into()], later)
+            .server_identity(
+                dir.path(),
+                &["10.0.0.1".into(), "edge.example.net".into()],
+                later,
+            )
             .unwrap();
         assert!(!kept.renewed);
     }
@@ -426,7 +440,9 @@ mod tests {
         let (ca, _) = EdgeCa::load_or_create(dir.path()).unwrap();
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(vec!["evil.example".to_string()]).unwrap();
-        params.distinguished_name.push(DnType::CommonName, "someone-else");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "someone-else");
         let csr = params.serialize_request(&key).unwrap();
         let issued = ca
             .issue_node_cert(
@@ -444,6 +460,9 @@ mod tests {
             .collect();
         assert_eq!(cn, ["gpu-box"]);
         assert!(cert.subject_alternative_name().unwrap().is_none());
-        assert!(ca.issue_node_cert("x", b"garbage", SystemTime::now(), Duration::from_secs(1)).is_err());
+        assert!(
+            ca.issue_node_cert("x", b"garbage", SystemTime::now(), Duration::from_secs(1))
+                .is_err()
+        );
     }
 }

@@ -22,9 +22,10 @@ pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
             io::ErrorKind::AlreadyExists,
             format!("{} exists and is not a directory", dir.display()),
         )),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir),
         Err(e) => Err(e),
     }
 }
@@ -40,10 +41,7 @@ pub fn is_empty_dir(dir: &Path) -> io::Result<bool> {
 
 /// Writes `bytes` to `path` with mode 0600, atomically (temporary file, fsync, rename).
 pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("state");
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state");
     let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
     let _ = fs::remove_file(&tmp);
     let mut file = fs::OpenOptions::new()
@@ -91,6 +89,10 @@ mod tests {
             0o600
         );
         assert!(!is_empty_dir(&state).unwrap());
-        assert_eq!(fs::read_dir(&state).unwrap().count(), 1, "no temporary file left");
+        assert_eq!(
+            fs::read_dir(&state).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
     }
 }

@@ -36,9 +36,13 @@ pub struct JoinTokenRecord {
 pub enum JoinError {
     #[error("unknown join token (never created, deleted, revoked, or a wrong secret)")]
     Unknown,
-    #[error("the join token for node {node_id} expired; create a new one with `iop join-token --node {node_id}`")]
+    #[error(
+        "the join token for node {node_id} expired; create a new one with `iop join-token --node {node_id}`"
+    )]
     Expired { node_id: String },
-    #[error("the join token for node {node_id} is used up ({max_uses} use(s)); create a new one with `iop join-token --node {node_id}`")]
+    #[error(
+        "the join token for node {node_id} is used up ({max_uses} use(s)); create a new one with `iop join-token --node {node_id}`"
+    )]
     UsedUp { node_id: String, max_uses: u32 },
 }
 
@@ -176,7 +180,10 @@ mod tests {
         let mut t = JoinTokens::default();
         t.create("gpu", &token("a", "right"), 1000, 0, 0);
         // Used up and expired alike: without the secret the answer is "unknown".
-        assert_eq!(t.redeem(&token("a", "wrong"), 5000), Err(JoinError::Unknown));
+        assert_eq!(
+            t.redeem(&token("a", "wrong"), 5000),
+            Err(JoinError::Unknown)
+        );
         assert_eq!(t.redeem(&token("zz", "right"), 0), Err(JoinError::Unknown));
     }
 
@@ -189,7 +196,11 @@ mod tests {
         assert_eq!(t.redeem(&token("a", "s"), 2), Ok("gpu".into()));
         t.refund("a");
         t.refund("a");
-        assert_eq!(t.records()[0].uses_left, 1, "a refund never exceeds max_uses");
+        assert_eq!(
+            t.records()[0].uses_left,
+            1,
+            "a refund never exceeds max_uses"
+        );
         t.create("laptop", &token("b", "s"), 1000, 1, 0);
         assert_eq!(t.remove_node("gpu"), 1);
         assert!(!t.prune(1000 + KEEP_AFTER_EXPIRY_MS - 1));
@@ -201,7 +212,9 @@ mod tests {
     #[test]
     fn records_keep_only_the_hash_of_the_secret() {
         let mut t = JoinTokens::default();
-        let record = t.create("gpu", &token("a", "the-secret"), 1000, 1, 0).clone();
+        let record = t
+            .create("gpu", &token("a", "the-secret"), 1000, 1, 0)
+            .clone();
         let json = serde_json::to_string(&record).unwrap();
         assert!(!json.contains("the-secret"), "{json}");
     }

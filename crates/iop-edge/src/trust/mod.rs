@@ -281,7 +281,9 @@ impl TrustStore {
     }
 
     pub fn cert_revoked(&self, node_id: &str, not_before_secs: i64) -> bool {
-        self.revocations.lock().cert_revoked(node_id, not_before_secs)
+        self.revocations
+            .lock()
+            .cert_revoked(node_id, not_before_secs)
     }
 
     pub fn token_revoked(&self, node_id: &str, token_hash: &[u8; 32]) -> bool {
@@ -390,7 +392,10 @@ mod tests {
             Err(RedeemError::Refused(JoinError::UsedUp { .. }))
         ));
         assert!(
-            matches!(store.redeem(&other, now), Err(RedeemError::Refused(JoinError::Unknown))),
+            matches!(
+                store.redeem(&other, now),
+                Err(RedeemError::Refused(JoinError::Unknown))
+            ),
             "revoking a node deletes its join tokens"
         );
         assert!(store.token_revoked("laptop", &[1; 32]));

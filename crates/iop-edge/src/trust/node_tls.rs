@@ -70,18 +70,21 @@ impl NodeListenerTls {
                     config.cert.as_deref().ok_or("node_tls.cert is required")?,
                     config.key.as_deref().ok_or("node_tls.key is required")?,
                 );
-                let (chain, key) = load_pem_identity(cert, key)
-                    .map_err(|e| format!("node_tls: {e}"))?;
+                let (chain, key) =
+                    load_pem_identity(cert, key).map_err(|e| format!("node_tls: {e}"))?;
                 // The pin names the top of the chain the edge presents (its CA).
                 let pin = if chain.len() > 1 {
-                    Some(pin_of(chain.last().expect("non-empty")).map_err(|e| {
-                        format!("node_tls.cert: {e}")
-                    })?)
+                    Some(
+                        pin_of(chain.last().expect("non-empty"))
+                            .map_err(|e| format!("node_tls.cert: {e}"))?,
+                    )
                 } else {
                     None
                 };
                 let client_roots = match &config.client_ca {
-                    Some(path) => Some(load_pem_certs(path).map_err(|e| format!("node_tls.client_ca: {e}"))?),
+                    Some(path) => {
+                        Some(load_pem_certs(path).map_err(|e| format!("node_tls.client_ca: {e}"))?)
+                    }
                     None => None,
                 };
                 let client_certs = client_roots.is_some();
