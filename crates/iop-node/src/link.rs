@@ -344,7 +344,7 @@ pub fn from_config(config: &crate::NodeConfig, options: LinkOptions) -> Result<E
     if let (Some(cert), Some(key)) = (&config.client_cert, &config.client_key) {
         let verification = explicit.ok_or_else(no_verification)?;
         return EdgeLink::with_certificate_files(
-            edges_or(&[config.edge.clone()]),
+            edges_or(std::slice::from_ref(&config.edge)),
             verification,
             cert,
             key,
@@ -380,7 +380,7 @@ pub fn from_config(config: &crate::NodeConfig, options: LinkOptions) -> Result<E
     let token = options.token.ok_or_else(|| {
         "no credential: join with --join '<join string>' (from `iop join-token` on the edge), or pass --token / IOP_NODE_TOKEN, or give token/token_env in the config".to_string()
     })?;
-    let edges = edges_or(&[config.edge.clone()]);
+    let edges = edges_or(std::slice::from_ref(&config.edge));
     if config.insecure_plaintext {
         return Ok(EdgeLink::with_token(
             edges,

@@ -396,7 +396,8 @@ impl FakeTlsEdge {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let (raw, app): (Arc<Mutex<Vec<u8>>>, Arc<Mutex<Vec<u8>>>) = Default::default();
+        let raw: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let app: Arc<Mutex<Vec<u8>>> = Arc::default();
         let handshakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (raw2, app2, hs2) = (raw.clone(), app.clone(), handshakes.clone());
         let task = tokio::spawn(async move {
