@@ -47,7 +47,8 @@ pub fn pin_for(nodes_addr: &str) -> Option<Option<String>> {
 }
 
 /// The node config lines that make a node trust the edge at `edge_nodes` and keep its
-/// state in the test's directory.
+/// state in the test's directory. For an edge not started yet, the CA it will load from
+/// the test directory's default state dir is made now (as `iop edge --print-pin` does).
 pub fn node_trust_yaml(name: &str, dir: &Path, edge_nodes: &str) -> String {
     let mut yaml = format!(
         "state_file: \"{}\"\n",
@@ -56,9 +57,26 @@ pub fn node_trust_yaml(name: &str, dir: &Path, edge_nodes: &str) -> String {
     match pin_for(edge_nodes) {
         Some(Some(pin)) => yaml.push_str(&format!("edge_pin: \"{pin}\"\n")),
         Some(None) => yaml.push_str("insecure_plaintext: true\n"),
-        None => {}
+        None => yaml.push_str(&format!("edge_pin: \"{}\"\n", pin_of_future_edge(dir))),
     }
     yaml
+}
+
+/// The pin of the edge a test will start in `dir` (its CA is created on first use).
+pub fn pin_of_future_edge(dir: &Path) -> String {
+    let probe = dir.join(".pin-probe.yaml");
+    std::fs::write(&probe, "nodes: []\n").unwrap();
+    let out = std::process::Command::new(IOP)
+        .args(["edge", "--config", probe.to_str().unwrap(), "--print-pin"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&probe);
+    assert!(
+        out.status.success(),
+        "iop edge --print-pin: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// The state file `start_node(name, dir, ...)` uses.
