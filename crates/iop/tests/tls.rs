@@ -504,3 +504,128 @@ async fn the_demo_prints_a_join_line_that_works() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn the_ca_rotates_while_nodes_accept_both_pins() {
+    let dir = tempdir();
+    let edge = start_edge(dir.path(), GPU).await;
+    let old_pin = edge.pin.clone().unwrap();
+    let join = join_token(&edge, "gpu", &[]).await;
+    let mut joined = start_joining_node("gpu", dir.path(), &join, &[]);
+    wait_ready(&edge, "gpu").await;
+
+    // The next CA, made beside the running edge (docs/trust.md).
+    let next = dir.path().join("next-state");
+    let out = std::process::Command::new(IOP)
+        .args([
+            "edge",
+            "--config",
+            edge.config.to_str().unwrap(),
+            "--state-dir",
+        ])
+        .arg(&next)
+        .arg("--print-pin")
+        .output()
+        .unwrap();
+    let new_pin = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        new_pin.starts_with("sha256:") && new_pin != old_pin,
+        "{new_pin}"
+    );
+    let state = dir.path().join("iop-edge-state");
+    std::fs::copy(
+        state.join("join-tokens.json"),
+        next.join("join-tokens.json"),
+    )
+    .unwrap();
+    std::fs::copy(state.join("ca.pem"), next.join("previous-ca.pem")).unwrap();
+
+    // Nodes learn the new pin besides the old one, then the edge switches.
+    joined.signal(Signal::SIGTERM);
+    assert_eq!(exit_code(&mut joined).await, Some(0));
+    let mut edge = edge;
+    edge.proc.signal(Signal::SIGTERM);
+    edge.proc.wait_exit(Duration::from_secs(10)).await;
+    let (nodes, config) = (
+        edge.nodes.clone(),
+        std::fs::read_to_string(&edge.config).unwrap(),
+    );
+    drop(edge);
+    let config = format!("state_dir: \"{}\"\n{config}", next.display());
+    let edge = start_edge_on(dir.path(), &config, &nodes, "127.0.0.1:0").await;
+    assert_eq!(edge.pin.as_deref(), Some(new_pin.as_str()));
+    let _joined = start_joining_node("gpu", dir.path(), &join, &["--edge-pin", &new_pin]);
+    let _tok = start_node(
+        "tok",
+        dir.path(),
+        &edge.nodes,
+        "static-token-SECRET-1234",
+        "",
+    );
+    wait_ready(&edge, "gpu").await;
+    wait_ready(&edge, "tok").await;
+    let s = status(&edge).await;
+    assert_eq!(
+        node_status(&s, "gpu")["credential"],
+        "client_certificate",
+        "the old CA's credential is still accepted: {s}"
+    );
+}
+
+#[tokio::test]
+async fn a_plaintext_link_works_only_when_both_sides_say_insecure() {
+    let dir = tempdir();
+    let config = r#"
+node_tls: {mode: insecure_plaintext}
+nodes:
+  - id: tok
+    token: static-token-SECRET-1234
+    providers:
+      - {id: mock, kind: mock}
+"#;
+    let edge = start_edge(dir.path(), config).await;
+    assert_eq!(edge.pin, None);
+    assert!(edge.proc.has_line("node_tls=insecure_plaintext"));
+    let _tok = start_node(
+        "tok",
+        dir.path(),
+        &edge.nodes,
+        "static-token-SECRET-1234",
+        "",
+    );
+    wait_ready(&edge, "tok").await;
+    assert_eq!(
+        node_status(&status(&edge).await, "tok")["transport"],
+        "plaintext"
+    );
+    // A TLS node does not talk to it.
+    let mut tls_node = Proc::spawn(
+        "tls-node",
+        &[
+            "node",
+            "--edge",
+            &edge.nodes,
+            "--token",
+            "static-token-SECRET-1234",
+            "--edge-pin",
+            &TestCa::new("x").pin(),
+            "--db",
+            &dir.path().join("t.db").display().to_string(),
+            "--state-file",
+            &dir.path().join("t.json").display().to_string(),
+            "--config",
+            &{
+                let p = dir.path().join("t.yaml");
+                std::fs::write(&p, "reconnect: {max_attempts: 1, interval_sec: 0.1}\n").unwrap();
+                p.display().to_string()
+            },
+        ],
+    );
+    assert_ne!(
+        exit_code(&mut tls_node).await,
+        Some(0),
+        "{}",
+        tls_node.log()
+    );
+    assert!(tls_node.has_line("TLS handshake"), "{}", tls_node.log());
+}

@@ -22,6 +22,10 @@ use super::ca::pin_of;
 use super::{ClientCert, Link, TrustStore, load_pem_certs, load_pem_identity};
 use crate::config::{NodeTlsConfig, NodeTlsMode};
 
+/// In the state directory: the certificate(s) of CAs this edge's CA replaced, whose node
+/// credentials are still accepted.
+pub const PREVIOUS_CA: &str = "previous-ca.pem";
+
 /// A TLS handshake must finish within this time.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -57,8 +61,16 @@ impl NodeListenerTls {
                 if identity.renewed {
                     tracing::info!(pin = %ca.pin(), "issued the node listener's server certificate under the edge CA");
                 }
-                let acceptor =
-                    acceptor(identity.chain, identity.key, Some(vec![ca.cert().clone()]))?;
+                // Client certificates from the CA this one replaced stay valid while
+                // `previous-ca.pem` is there (a CA rotation, docs/trust.md).
+                let mut client_roots = vec![ca.cert().clone()];
+                let previous = trust.dir().join(PREVIOUS_CA);
+                if previous.exists() {
+                    let certs = load_pem_certs(&previous)?;
+                    tracing::info!(file = %previous.display(), count = certs.len(), "also accepting node credentials from the previous CA");
+                    client_roots.extend(certs);
+                }
+                let acceptor = acceptor(identity.chain, identity.key, Some(client_roots))?;
                 Ok(Some(NodeListenerTls {
                     acceptor,
                     pin: Some(ca.pin()),
