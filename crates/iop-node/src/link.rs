@@ -156,6 +156,20 @@ impl EdgeLink {
         verification: Option<EdgeVerification>,
         extra_pins: Vec<Pin>,
     ) -> Result<Self, String> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        if state.expires_unix_ms <= now_ms {
+            return Err(format!(
+                "this node's credential (node {}) has expired: create a new join token on the edge (`iop join-token --node {}`) and join again with it",
+                state.node_id, state.node_id
+            ));
+        }
+        let days_left = (state.expires_unix_ms - now_ms) / 86_400_000;
+        if days_left < 30 {
+            tracing::warn!(node_id = %state.node_id, days_left, "this node's credential expires soon: join again with a new join token before it does");
+        }
         let chain = CertificateDer::pem_slice_iter(state.certificate_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("the state file's certificate: {e}"))?;

@@ -287,3 +287,84 @@ impl ServerCertVerifier for NoVerifier {
             .supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+
+    use super::*;
+
+    struct Ca {
+        cert: CertificateDer<'static>,
+        params: CertificateParams,
+        key: KeyPair,
+    }
+
+    fn ca() -> Ca {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, "ca");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap().der().clone();
+        Ca { cert, params, key }
+    }
+
+    fn leaf(ca: &Ca, usage: ExtendedKeyUsagePurpose) -> CertificateDer<'static> {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["somewhere.example".to_string()]).unwrap();
+        params.extended_key_usages = vec![usage];
+        let issuer = Issuer::from_params(&ca.params, &ca.key);
+        params.signed_by(&key, &issuer).unwrap().der().clone()
+    }
+
+    fn verify(pins: Vec<Pin>, chain: &[CertificateDer<'static>]) -> Result<(), Error> {
+        let verifier = PinVerifier {
+            pins,
+            provider: provider(),
+        };
+        verifier
+            .verify_server_cert(
+                &chain[0],
+                &chain[1..],
+                &ServerName::try_from(EDGE_CERT_NAME).unwrap(),
+                &[],
+                UnixTime::now(),
+            )
+            .map(|_| ())
+    }
+
+    #[test]
+    fn the_pinned_ca_admits_its_server_certificates_whatever_their_name() {
+        let ca = ca();
+        let pin = pin_of(&ca.cert).unwrap();
+        let server = leaf(&ca, ExtendedKeyUsagePurpose::ServerAuth);
+        verify(vec![pin], &[server.clone(), ca.cert.clone()]).unwrap();
+        // One of several pins is enough (a CA rotation).
+        let other = pin_of(&self::ca().cert).unwrap();
+        verify(vec![other, pin], &[server, ca.cert.clone()]).unwrap();
+    }
+
+    #[test]
+    fn another_ca_is_a_pin_mismatch() {
+        let ca = ca();
+        let server = leaf(&ca, ExtendedKeyUsagePurpose::ServerAuth);
+        let wrong = pin_of(&self::ca().cert).unwrap();
+        let err = verify(vec![wrong], &[server, ca.cert.clone()]).unwrap_err();
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, err);
+        let message = is_pin_mismatch(&io).expect("recognised as a pin mismatch");
+        assert!(message.contains("does not match the pin"), "{message}");
+    }
+
+    #[test]
+    fn a_node_credential_cannot_pose_as_the_edge() {
+        let ca = ca();
+        let pin = pin_of(&ca.cert).unwrap();
+        let client = leaf(&ca, ExtendedKeyUsagePurpose::ClientAuth);
+        assert!(verify(vec![pin], &[client, ca.cert.clone()]).is_err());
+        // Nor does a chain that leaves the CA out.
+        let server = leaf(&ca, ExtendedKeyUsagePurpose::ServerAuth);
+        assert!(verify(vec![pin], &[server]).is_err());
+    }
+}

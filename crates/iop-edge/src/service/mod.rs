@@ -74,8 +74,11 @@ impl Rejection {
             Rejection::UnknownToken => pb::RegisterRejectReason::UnknownToken,
             Rejection::Duplicate { .. } => pb::RegisterRejectReason::DuplicateConnection,
             Rejection::ConfigBuild { .. } => pb::RegisterRejectReason::ConfigBuildFailed,
-            Rejection::Protocol(_) | Rejection::Credential(_) => pb::RegisterRejectReason::Protocol,
-            Rejection::UnknownNode { .. } => pb::RegisterRejectReason::UnknownToken,
+            Rejection::Protocol(_) => pb::RegisterRejectReason::Protocol,
+            // A credential the edge cannot accept will not become acceptable by retrying.
+            Rejection::UnknownNode { .. } | Rejection::Credential(_) => {
+                pb::RegisterRejectReason::UnknownToken
+            }
             Rejection::Revoked { .. } => pb::RegisterRejectReason::Revoked,
             Rejection::JoinToken(JoinError::Unknown) => pb::RegisterRejectReason::UnknownToken,
             Rejection::JoinToken(JoinError::Expired { .. }) => {
