@@ -469,9 +469,11 @@ async fn https_serves_and_rereads_its_certificate_on_sighup() {
 
 #[tokio::test]
 async fn the_demo_prints_a_join_line_that_works() {
-    let demo = Proc::spawn(
+    let tmp = tempdir();
+    let demo = Proc::spawn_with_env(
         "demo",
         &["demo", "--http", "127.0.0.1:0", "--token-delay-ms", "1"],
+        &[("TMPDIR", tmp.path().to_str().unwrap())],
     );
     let api = demo.wait_line("OpenAI API:", Duration::from_secs(20)).await;
     let base = api
