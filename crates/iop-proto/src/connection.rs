@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures::SinkExt;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
@@ -54,7 +54,15 @@ impl AsyncRead for ReadHalf {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ReadHalf::Tcp(r) => Pin::new(r).poll_read(cx, buf),
-            ReadHalf::Shared(r) => Pin::new(r).poll_read(cx, buf),
+            // A TLS peer that vanished without close_notify (killed, or a dropped link)
+            // reads as an end of stream, as a TCP peer does: frames are length-prefixed,
+            // so a frame cut short is still reported by the codec.
+            ReadHalf::Shared(r) => match Pin::new(r).poll_read(cx, buf) {
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    Poll::Ready(Ok(()))
+                }
+                other => other,
+            },
         }
     }
 }
@@ -148,8 +156,15 @@ pub struct FrameWriterTask {
 }
 
 impl FrameWriterTask {
-    /// Writes queued frames until every [`Outbound`] is dropped or a write fails.
+    /// Writes queued frames until every [`Outbound`] is dropped or a write fails, then
+    /// closes the stream's sending side (a TLS stream says close_notify).
     pub async fn run(mut self) -> Result<(), FrameError> {
+        self.write_all().await?;
+        self.sink.get_mut().shutdown().await?;
+        Ok(())
+    }
+
+    async fn write_all(&mut self) -> Result<(), FrameError> {
         while let Some(first) = self.rx.recv().await {
             self.sink.feed(first).await?;
             while let Ok(next) = self.rx.try_recv() {

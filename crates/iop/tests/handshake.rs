@@ -75,7 +75,7 @@ async fn a_wrong_token_is_fatal_for_the_node_and_an_event_on_the_edge() {
     let mut node = start_node("intruder", dir.path(), &edge.nodes, "not-a-token", "");
     let status = node.wait_exit(Duration::from_secs(15)).await;
     assert!(!status.success(), "node must exit non-zero");
-    assert_eq!(status.code(), Some(2));
+    assert_eq!(status.code(), Some(2), "{status:?}: {}", node.log());
     assert!(
         node.has_line("rejected this node's token"),
         "{}",
