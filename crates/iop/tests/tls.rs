@@ -63,6 +63,13 @@ async fn a_node_joins_with_one_line_and_a_restart_of_both_keeps_the_pin() {
         gpu["credential_expires_unix_ms"].as_u64().unwrap() > 0,
         "{s}"
     );
+    let (ok, table, stderr) = iop_admin(&edge, &["status"]).await;
+    assert!(ok, "{stderr}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("gpu") && l.contains("join_token"))
+        .unwrap_or_else(|| panic!("no credential row for gpu:\n{table}"));
+    assert!(row.contains("tls") && row.contains("in 36"), "{row}");
     let state = state_file(dir.path(), "gpu");
     let mode = std::fs::metadata(&state).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "the node's state file is private");
