@@ -7,7 +7,7 @@ use serde_json::json;
 use super::edge_api::EdgeApi;
 
 #[derive(Debug, clap::Args)]
-#[command(after_help = "\\
+#[command(after_help = "\
 Prints one line, the join string, on stdout; on the node run:
     iop node --join '<join string>'
 The node verifies the edge by the pin in the string, receives its own long-lived credential
