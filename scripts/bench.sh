@@ -59,7 +59,7 @@ model_groups:
   - {name: mock-model, members: [{node: bench, provider: mock}], queue: {max_waiting: 1024}}
 YAML
     if [ "$link" = tls ]; then
-        node_args=(--edge-pin "$("$IOP" edge --config "$WORK/$name.yaml" --print-pin)")
+        node_args=(--edge-pin "$(RUST_LOG=warn "$IOP" edge --config "$WORK/$name.yaml" --print-pin)")
     fi
     RUST_LOG=warn "$IOP" edge --config "$WORK/$name.yaml" >"$WORK/$name-edge.log" 2>&1 &
     PIDS+=($!)
