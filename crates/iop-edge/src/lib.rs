@@ -67,6 +67,25 @@ pub fn node_listener_pin(config: &EdgeConfig) -> Result<Option<Pin>, StartError>
     Ok(node_listener_tls(config)?.1.and_then(|tls| tls.pin()))
 }
 
+/// Renews the node listener's server certificate while the edge runs (auto mode).
+async fn renew_server_certificate(
+    tls: Arc<NodeListenerTls>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let period = trust::node_tls::RENEW_CHECK;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {
+                if let Err(err) = tls.renew_if_due(std::time::SystemTime::now()) {
+                    tracing::error!(%err, "could not renew the node listener's server certificate; retrying later");
+                }
+            }
+        }
+    }
+}
+
 /// How long a shutdown waits for open responses before closing them.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -117,11 +136,11 @@ impl EdgeServer {
             pin: node_pin,
         });
         let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(transport::serve_nodes(
-            edge.clone(),
-            nodes,
-            node_tls.map(Arc::new),
-        ));
+        let node_tls = node_tls.map(Arc::new);
+        if let Some(tls) = node_tls.clone() {
+            tasks.spawn(renew_server_certificate(tls, edge.shutdown_token().clone()));
+        }
+        tasks.spawn(transport::serve_nodes(edge.clone(), nodes, node_tls));
         let http_edge = edge.clone();
         let http_tls_task = http_tls.clone();
         tasks.spawn(async move {

@@ -5,12 +5,15 @@
 //! TLS 1.3 only: the edge and the node are the same program, so nothing older is needed.
 //! Client certificates are optional at the TLS layer (nodes that join or use a static
 //! token present none); one that is presented must chain to a trusted client CA or the
-//! handshake fails. Who the certificate names is decided at registration.
+//! handshake fails. Who the certificate names is decided at registration. In auto mode the
+//! server certificate is renewed under the same CA while the edge runs
+//! ([`NodeListenerTls::renew_if_due`]); new handshakes get the new one.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use iop_proto::trust::Pin;
+use parking_lot::RwLock;
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -29,12 +32,23 @@ pub const PREVIOUS_CA: &str = "previous-ca.pem";
 /// A TLS handshake must finish within this time.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often a running edge checks whether its server certificate needs renewing.
+pub const RENEW_CHECK: Duration = Duration::from_secs(12 * 3600);
+
 /// The node listener's TLS setup.
 pub struct NodeListenerTls {
-    acceptor: TlsAcceptor,
+    acceptor: RwLock<TlsAcceptor>,
     pin: Option<Pin>,
     /// Whether client certificates can identify nodes.
     client_certs: bool,
+    /// Auto mode: what renewing the server certificate needs.
+    renewal: Option<Renewal>,
+}
+
+struct Renewal {
+    trust: Arc<TrustStore>,
+    names: Vec<String>,
+    client_roots: Vec<CertificateDer<'static>>,
 }
 
 impl std::fmt::Debug for NodeListenerTls {
@@ -48,7 +62,7 @@ impl std::fmt::Debug for NodeListenerTls {
 
 impl NodeListenerTls {
     /// The listener's TLS for `config`; `None` for `insecure_plaintext`.
-    pub fn build(config: &NodeTlsConfig, trust: &TrustStore) -> Result<Option<Self>, String> {
+    pub fn build(config: &NodeTlsConfig, trust: &Arc<TrustStore>) -> Result<Option<Self>, String> {
         match config.mode {
             NodeTlsMode::InsecurePlaintext => Ok(None),
             NodeTlsMode::Auto => {
@@ -70,11 +84,16 @@ impl NodeListenerTls {
                     tracing::info!(file = %previous.display(), count = certs.len(), "also accepting node credentials from the previous CA");
                     client_roots.extend(certs);
                 }
-                let acceptor = acceptor(identity.chain, identity.key, Some(client_roots))?;
+                let acceptor = acceptor(identity.chain, identity.key, Some(client_roots.clone()))?;
                 Ok(Some(NodeListenerTls {
-                    acceptor,
+                    acceptor: RwLock::new(acceptor),
                     pin: Some(ca.pin()),
                     client_certs: true,
+                    renewal: Some(Renewal {
+                        trust: trust.clone(),
+                        names: config.names.clone(),
+                        client_roots,
+                    }),
                 }))
             }
             NodeTlsMode::Provided => {
@@ -101,12 +120,36 @@ impl NodeListenerTls {
                 };
                 let client_certs = client_roots.is_some();
                 Ok(Some(NodeListenerTls {
-                    acceptor: acceptor(chain, key, client_roots)?,
+                    acceptor: RwLock::new(acceptor(chain, key, client_roots)?),
                     pin,
                     client_certs,
+                    renewal: None,
                 }))
             }
         }
+    }
+
+    /// Auto mode: issues a new server certificate under the same CA when the current one
+    /// is within its renewal window at `now` (or missing); returns whether it did.
+    pub fn renew_if_due(&self, now: SystemTime) -> Result<bool, String> {
+        let Some(renewal) = &self.renewal else {
+            return Ok(false);
+        };
+        let ca = renewal.trust.ca().ok_or("no edge CA")?;
+        let identity = ca
+            .server_identity(renewal.trust.dir(), &renewal.names, now)
+            .map_err(|e| e.to_string())?;
+        if !identity.renewed {
+            return Ok(false);
+        }
+        let fresh = acceptor(
+            identity.chain,
+            identity.key,
+            Some(renewal.client_roots.clone()),
+        )?;
+        *self.acceptor.write() = fresh;
+        tracing::info!(pin = %ca.pin(), "renewed the node listener's server certificate under the same CA");
+        Ok(true)
     }
 
     /// The pin nodes verify this listener by, when it has one.
@@ -116,7 +159,8 @@ impl NodeListenerTls {
 
     /// Runs the TLS handshake on an accepted socket, within [`HANDSHAKE_TIMEOUT`].
     pub async fn accept(&self, tcp: TcpStream) -> Result<(TlsStream<TcpStream>, Link), String> {
-        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(tcp))
+        let acceptor = self.acceptor.read().clone();
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
             .await
             .map_err(|_| {
                 format!(
@@ -169,4 +213,27 @@ fn acceptor(
         .with_single_cert(chain, key)
         .map_err(|e| format!("the node listener's certificate and key do not fit: {e}"))?;
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_running_listener_renews_its_server_certificate_under_the_same_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let trust = Arc::new(TrustStore::open(dir.path(), true).unwrap());
+        let tls = NodeListenerTls::build(&NodeTlsConfig::default(), &trust)
+            .unwrap()
+            .unwrap();
+        let pin = tls.pin();
+        let now = SystemTime::now();
+        assert!(!tls.renew_if_due(now).unwrap(), "fresh: nothing to do");
+        let before = std::fs::read(dir.path().join(super::super::ca::SERVER_CERT)).unwrap();
+        let near_end = now + Duration::from_secs(380 * 86_400);
+        assert!(tls.renew_if_due(near_end).unwrap());
+        let after = std::fs::read(dir.path().join(super::super::ca::SERVER_CERT)).unwrap();
+        assert_ne!(before, after);
+        assert_eq!(tls.pin(), pin, "same CA, same pin");
+    }
 }
