@@ -4,9 +4,14 @@
 #
 #   scripts/bench.sh [extra iop bench flags, e.g. --requests 5000 --concurrency 8]
 #   MOCK_ARGS="--token-delay-ms 5" scripts/bench.sh --mode stream   # paced tokens
+#   IOP_BENCH_LINK=both scripts/bench.sh      # direct vs plaintext vs TLS node link
 #
-# Builds release binaries, starts the three processes on loopback ports, prints the
-# table `iop bench` produces and stops everything.
+# IOP_BENCH_LINK picks the edge–node link: `tls` (the default, what users get),
+# `plaintext` (node_tls.mode insecure_plaintext), or `both` (two edge + node pairs, one per
+# link, measured in the same interleaved run: targets `plaintext` and `tls`).
+#
+# Builds release binaries, starts the processes on loopback ports, prints the table
+# `iop bench` produces and stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,15 +22,34 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
 trap cleanup EXIT
 
+LINK=${IOP_BENCH_LINK:-tls}
 MOCK_PORT=${MOCK_PORT:-18000}
 NODE_PORT=${NODE_PORT:-17700}
 HTTP_PORT=${HTTP_PORT:-18080}
 
+case "$LINK" in
+    tls | plaintext | both) ;;
+    *) echo "IOP_BENCH_LINK must be tls, plaintext or both (got $LINK)" >&2; exit 2 ;;
+esac
+
 # shellcheck disable=SC2086 # MOCK_ARGS is a list of flags
 "$IOP" mock-provider --listen "127.0.0.1:$MOCK_PORT" --tokens 16 ${MOCK_ARGS:-} >"$WORK/mock.log" 2>&1 &
 PIDS+=($!)
-cat >"$WORK/edge.yaml" <<YAML
-listen: {nodes: "127.0.0.1:$NODE_PORT", http: "127.0.0.1:$HTTP_PORT"}
+
+TARGETS=(--target "direct=http://127.0.0.1:$MOCK_PORT/v1")
+
+# start_pair NAME LINK NODE_PORT HTTP_PORT: an edge and a node whose link is LINK.
+start_pair() {
+    local name=$1 link=$2 node_port=$3 http_port=$4
+    local mode=auto node_args=()
+    if [ "$link" = plaintext ]; then
+        mode=insecure_plaintext
+        node_args=(--insecure-plaintext)
+    fi
+    cat >"$WORK/$name.yaml" <<YAML
+listen: {nodes: "127.0.0.1:$node_port", http: "127.0.0.1:$http_port"}
+state_dir: "$WORK/$name-state"
+node_tls: {mode: $mode}
 nodes:
   - id: bench
     token: bench-token-0123456789
@@ -34,17 +58,28 @@ nodes:
 model_groups:
   - {name: mock-model, members: [{node: bench, provider: mock}], queue: {max_waiting: 1024}}
 YAML
-RUST_LOG=warn "$IOP" edge --config "$WORK/edge.yaml" >"$WORK/edge.log" 2>&1 &
-PIDS+=($!)
-sleep 0.5
-RUST_LOG=warn "$IOP" node --edge "127.0.0.1:$NODE_PORT" --token bench-token-0123456789 --db "$WORK/node.db" >"$WORK/node.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$HTTP_PORT/readyz" >/dev/null && break
-    sleep 0.1
-done
+    if [ "$link" = tls ]; then
+        node_args=(--edge-pin "$(RUST_LOG=warn "$IOP" edge --config "$WORK/$name.yaml" --print-pin)")
+    fi
+    RUST_LOG=warn "$IOP" edge --config "$WORK/$name.yaml" >"$WORK/$name-edge.log" 2>&1 &
+    PIDS+=($!)
+    sleep 0.5
+    RUST_LOG=warn "$IOP" node --edge "127.0.0.1:$node_port" --token bench-token-0123456789 \
+        --db "$WORK/$name-node.db" --state-file "$WORK/$name-node.json" "${node_args[@]}" \
+        >"$WORK/$name-node.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 100); do
+        curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null && break
+        sleep 0.1
+    done
+    TARGETS+=(--target "$name=http://127.0.0.1:$http_port/v1")
+}
 
-"$IOP" bench \
-    --target "direct=http://127.0.0.1:$MOCK_PORT/v1" \
-    --target "iop=http://127.0.0.1:$HTTP_PORT/v1" \
-    --model mock-model "$@"
+if [ "$LINK" = both ]; then
+    start_pair plaintext plaintext "$NODE_PORT" "$HTTP_PORT"
+    start_pair tls tls "$((NODE_PORT + 1))" "$((HTTP_PORT + 1))"
+else
+    start_pair iop "$LINK" "$NODE_PORT" "$HTTP_PORT"
+fi
+
+"$IOP" bench "${TARGETS[@]}" --model mock-model "$@"

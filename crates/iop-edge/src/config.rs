@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -30,6 +30,9 @@ pub const MAX_MAX_FRAME_BYTES: usize = 256 * 1024 * 1024;
 pub const MIN_TOKEN_CHARS: usize = 16;
 /// Largest capacity per lane and `max_concurrency` of one provider.
 pub const MAX_CAPACITY: u32 = 10_000;
+/// The state directory's name beside the config file when `state_dir` is not given.
+pub const DEFAULT_STATE_DIR: &str = "iop-edge-state";
+pub const DEFAULT_CREDENTIAL_DAYS: u32 = 365;
 
 /// An error in the edge config, naming the file and the YAML path it is about.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +73,93 @@ pub struct EdgeConfig {
     pub nodes: Vec<NodeConfig>,
     #[serde(default)]
     pub model_groups: Vec<ModelGroupConfig>,
+    /// Where the edge keeps its CA, server certificate, join tokens and revocations.
+    /// Relative paths are relative to the config file; default `iop-edge-state` beside it.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    /// TLS on the node listener.
+    #[serde(default)]
+    pub node_tls: NodeTlsConfig,
+    /// TLS on the HTTP listener (off unless given).
+    #[serde(default)]
+    pub http_tls: Option<HttpTlsConfig>,
+}
+
+/// How the node listener secures connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeTlsMode {
+    /// The edge's own CA (created in `state_dir` on the first start) signs the server
+    /// certificate and the credentials of nodes that join; nodes trust it by its pin.
+    #[default]
+    Auto,
+    /// The operator's certificate and key; with `client_ca`, nodes may present client
+    /// certificates from that CA (mTLS, the certificate's CN names the node).
+    Provided,
+    /// No encryption: tokens and prompts cross the network in clear.
+    InsecurePlaintext,
+}
+
+impl NodeTlsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeTlsMode::Auto => "auto",
+            NodeTlsMode::Provided => "provided",
+            NodeTlsMode::InsecurePlaintext => "insecure_plaintext",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeTlsConfig {
+    #[serde(default)]
+    pub mode: NodeTlsMode,
+    /// auto: extra DNS names or IPs for the server certificate (for nodes that verify with
+    /// `--edge-ca` and a host name instead of the pin).
+    #[serde(default)]
+    pub names: Vec<String>,
+    /// `host:port` addresses nodes dial, written into join strings; default the node
+    /// listen address when it is a specific one.
+    #[serde(default)]
+    pub advertise: Vec<String>,
+    /// Lifetime of the credential (client certificate) a node receives when it joins.
+    #[serde(default = "default_credential_days")]
+    pub credential_days: u32,
+    /// provided: PEM certificate chain (server certificate first) and its private key.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// provided: PEM CA certificate(s) node client certificates must chain to.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+fn default_credential_days() -> u32 {
+    DEFAULT_CREDENTIAL_DAYS
+}
+
+impl Default for NodeTlsConfig {
+    fn default() -> Self {
+        Self {
+            mode: NodeTlsMode::Auto,
+            names: Vec::new(),
+            advertise: Vec::new(),
+            credential_days: DEFAULT_CREDENTIAL_DAYS,
+            cert: None,
+            key: None,
+            client_ca: None,
+        }
+    }
+}
+
+/// TLS for the HTTP API: PEM certificate chain and key, re-read on SIGHUP.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpTlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 fn default_max_frame_bytes() -> usize {
@@ -378,14 +468,52 @@ pub fn hash_token(token: &str) -> TokenHash {
 }
 
 impl EdgeConfig {
-    /// Reads, parses and validates a config file.
+    /// Reads, parses and validates a config file. Relative paths in it (state, TLS files)
+    /// are taken relative to the file's directory; `state_dir` defaults to
+    /// [`DEFAULT_STATE_DIR`] there.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             file: file.clone(),
             source,
         })?;
-        Self::from_yaml(&text, &file)
+        let mut config = Self::from_yaml(&text, &file)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.resolve_paths(base);
+        Ok(config)
+    }
+
+    /// Makes the state and TLS paths absolute against `base` and fills in the default
+    /// state directory.
+    pub fn resolve_paths(&mut self, base: &Path) {
+        let base = if base.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            base
+        };
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        resolve(
+            self.state_dir
+                .get_or_insert_with(|| PathBuf::from(DEFAULT_STATE_DIR)),
+        );
+        for p in [
+            &mut self.node_tls.cert,
+            &mut self.node_tls.key,
+            &mut self.node_tls.client_ca,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            resolve(p);
+        }
+        if let Some(http) = &mut self.http_tls {
+            resolve(&mut http.cert);
+            resolve(&mut http.key);
+        }
     }
 
     /// Parses and validates YAML text; `file` names it in errors.
@@ -439,6 +567,7 @@ impl EdgeConfig {
             .validate()
             .map_err(|(field, msg)| (format!("limits.http.{field}"), msg))?;
         self.auth.validate(&self.model_groups)?;
+        self.validate_tls()?;
         let mut node_ids = HashSet::new();
         let mut token_owners: HashMap<TokenHash, usize> = HashMap::new();
         for (n, node) in self.nodes.iter().enumerate() {
@@ -455,17 +584,28 @@ impl EdgeConfig {
             let hash = node
                 .token_hash()
                 .map_err(|(field, msg)| (format!("{at}.{field}"), msg))?;
-            if let Some(&first) = token_owners.get(&hash) {
-                return Err((
-                    format!("{at}.{}", node.token_field()),
-                    format!(
-                        "nodes {:?} (nodes[{first}]) and {:?} (nodes[{n}]) have the same token; \
-                         every node needs its own",
-                        self.nodes[first].id, node.id
-                    ),
-                ));
+            match hash {
+                Some(hash) => {
+                    if let Some(&first) = token_owners.get(&hash) {
+                        return Err((
+                            format!("{at}.{}", node.token_field()),
+                            format!(
+                                "nodes {:?} (nodes[{first}]) and {:?} (nodes[{n}]) have the same \
+                                 token; every node needs its own",
+                                self.nodes[first].id, node.id
+                            ),
+                        ));
+                    }
+                    token_owners.insert(hash, n);
+                }
+                None if self.node_tls.mode == NodeTlsMode::InsecurePlaintext => {
+                    return invalid(
+                        format!("{at}.token"),
+                        "one of token, token_env or token_sha256 is required with node_tls.mode insecure_plaintext (without TLS a node has no certificate to register with)",
+                    );
+                }
+                None => {}
             }
-            token_owners.insert(hash, n);
             let mut provider_ids = HashSet::new();
             for (p, provider) in node.providers.iter().enumerate() {
                 let at = format!("{at}.providers[{p}]");
@@ -546,6 +686,56 @@ impl EdgeConfig {
         }
         Ok(())
     }
+
+    fn validate_tls(&self) -> Result<(), (String, String)> {
+        let invalid = |path: &str, message: String| Err((path.to_string(), message));
+        let tls = &self.node_tls;
+        if tls.credential_days == 0 {
+            return invalid("node_tls.credential_days", "must be positive".into());
+        }
+        for (i, addr) in tls.advertise.iter().enumerate() {
+            if addr.trim().is_empty() || !addr.contains(':') || addr.contains('/') {
+                return invalid(
+                    &format!("node_tls.advertise[{i}]"),
+                    format!("{addr:?} must be host:port"),
+                );
+            }
+        }
+        for (i, name) in tls.names.iter().enumerate() {
+            if name.trim().is_empty() {
+                return invalid(&format!("node_tls.names[{i}]"), "must not be empty".into());
+            }
+        }
+        let files = [
+            ("cert", tls.cert.is_some()),
+            ("key", tls.key.is_some()),
+            ("client_ca", tls.client_ca.is_some()),
+        ];
+        match tls.mode {
+            NodeTlsMode::Provided => {
+                for (field, given) in &files[..2] {
+                    if !given {
+                        return invalid(
+                            &format!("node_tls.{field}"),
+                            "required with node_tls.mode provided".into(),
+                        );
+                    }
+                }
+            }
+            mode => {
+                if let Some((field, _)) = files.iter().find(|(_, given)| *given) {
+                    return invalid(
+                        &format!("node_tls.{field}"),
+                        format!(
+                            "only with node_tls.mode provided (the mode is {})",
+                            mode.as_str()
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl NodeConfig {
@@ -560,21 +750,17 @@ impl NodeConfig {
         }
     }
 
-    /// The SHA-256 of this node's token from whichever source is configured; the error
-    /// is `(field, message)`.
-    pub fn token_hash(&self) -> Result<TokenHash, (String, String)> {
+    /// The SHA-256 of this node's static token from whichever source is configured, or
+    /// `None` when it has none (it registers with a certificate: joined, or mTLS); the
+    /// error is `(field, message)`.
+    pub fn token_hash(&self) -> Result<Option<TokenHash>, (String, String)> {
         let sources = [
             self.token.is_some(),
             self.token_env.is_some(),
             self.token_sha256.is_some(),
         ];
         match sources.iter().filter(|s| **s).count() {
-            0 => {
-                return Err((
-                    "token".into(),
-                    "one of token, token_env or token_sha256 is required".into(),
-                ));
-            }
+            0 => return Ok(None),
             1 => {}
             _ => {
                 return Err((
@@ -593,11 +779,13 @@ impl NodeConfig {
                     ),
                 ));
             }
-            return Ok(hash_token(token));
+            return Ok(Some(hash_token(token)));
         }
         if let Some(var) = &self.token_env {
             return match std::env::var(var) {
-                Ok(token) if token.chars().count() >= MIN_TOKEN_CHARS => Ok(hash_token(&token)),
+                Ok(token) if token.chars().count() >= MIN_TOKEN_CHARS => {
+                    Ok(Some(hash_token(&token)))
+                }
                 Ok(token) if !token.is_empty() => Err((
                     "token_env".into(),
                     format!(
@@ -619,7 +807,7 @@ impl NodeConfig {
                 "must be 64 hexadecimal characters (a SHA-256 digest)".to_string(),
             )
         })?;
-        Ok(hash)
+        Ok(Some(hash))
     }
 }
 

@@ -21,14 +21,73 @@ pub mod session;
 pub mod status;
 pub mod throttle;
 pub mod transport;
+pub mod trust;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use iop_proto::trust::Pin;
 use tokio::net::TcpListener;
 
 pub use config::EdgeConfig;
+use config::NodeTlsMode;
+use http::tls::HttpTls;
 pub use service::Edge;
+use service::credentials::NodeListenerInfo;
+use trust::TrustStore;
+use trust::node_tls::NodeListenerTls;
+
+/// Why the edge could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    State(#[from] trust::ca::StateError),
+    #[error("{0}")]
+    Tls(String),
+}
+
+/// Opens the state directory and sets up the node listener's TLS as a start would.
+pub fn node_listener_tls(
+    config: &EdgeConfig,
+) -> Result<(Arc<TrustStore>, Option<NodeListenerTls>), StartError> {
+    let state_dir = config.state_dir.as_deref().ok_or_else(|| {
+        StartError::Tls(
+            "state_dir is not set: the edge needs a directory for its CA and state".into(),
+        )
+    })?;
+    let trust = Arc::new(TrustStore::open(
+        state_dir,
+        config.node_tls.mode == NodeTlsMode::Auto,
+    )?);
+    let tls = NodeListenerTls::build(&config.node_tls, &trust).map_err(StartError::Tls)?;
+    Ok((trust, tls))
+}
+
+/// The pin nodes verify this edge's node listener by (creating the CA on a first start).
+pub fn node_listener_pin(config: &EdgeConfig) -> Result<Option<Pin>, StartError> {
+    Ok(node_listener_tls(config)?.1.and_then(|tls| tls.pin()))
+}
+
+/// Renews the node listener's server certificate while the edge runs (auto mode).
+async fn renew_server_certificate(
+    tls: Arc<NodeListenerTls>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let period = trust::node_tls::RENEW_CHECK;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {
+                if let Err(err) = tls.renew_if_due(std::time::SystemTime::now()) {
+                    tracing::error!(%err, "could not renew the node listener's server certificate; retrying later");
+                }
+            }
+        }
+    }
+}
 
 /// How long a shutdown waits for open responses before closing them.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -38,14 +97,19 @@ pub struct EdgeServer {
     pub edge: Arc<Edge>,
     pub node_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// How the node listener is secured, and the pin nodes verify it by.
+    pub node_tls: NodeTlsMode,
+    pub node_pin: Option<Pin>,
+    http_tls: Option<Arc<HttpTls>>,
     tasks: tokio::task::JoinSet<()>,
 }
 
 impl EdgeServer {
-    /// Binds both listeners (from the config) and starts serving. Refuses a non-loopback
-    /// HTTP address without API keys unless the config allows anonymous access, and
-    /// raises the process's soft open-files limit to its hard limit.
-    pub async fn start(config: EdgeConfig) -> std::io::Result<Self> {
+    /// Opens the state directory, sets up TLS, binds both listeners (from the config) and
+    /// starts serving. Refuses a non-loopback HTTP address without API keys unless the
+    /// config allows anonymous access, and raises the process's soft open-files limit to
+    /// its hard limit.
+    pub async fn start(config: EdgeConfig) -> Result<Self, StartError> {
         config.check_http_exposure().map_err(|(path, message)| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -56,6 +120,11 @@ impl EdgeServer {
             Ok(limit) => tracing::info!(open_files = limit, "open-files limit"),
             Err(err) => tracing::warn!(%err, "cannot raise the open-files limit"),
         }
+        let (trust, node_tls) = node_listener_tls(&config)?;
+        let http_tls = match &config.http_tls {
+            Some(tls) => Some(Arc::new(HttpTls::load(tls).map_err(StartError::Tls)?)),
+            None => None,
+        };
         let nodes = TcpListener::bind(config.listen.nodes).await.map_err(|e| {
             std::io::Error::new(
                 e.kind(),
@@ -70,24 +139,55 @@ impl EdgeServer {
         })?;
         let node_addr = nodes.local_addr()?;
         let http_addr = http.local_addr()?;
-        let edge = Edge::new(config);
+        let mode = config.node_tls.mode;
+        let node_pin = node_tls.as_ref().and_then(NodeListenerTls::pin);
+        if mode == NodeTlsMode::InsecurePlaintext && !node_addr.ip().is_loopback() {
+            tracing::warn!(nodes = %node_addr, "node_tls.mode is insecure_plaintext on a non-loopback address: node tokens, prompts and answers cross the network unencrypted and anyone on the path can take a node's identity");
+        }
+        let edge = Edge::with_trust(config, Some(trust));
+        edge.set_node_listener(NodeListenerInfo {
+            addr: node_addr,
+            mode,
+            pin: node_pin,
+        });
         let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(transport::serve_nodes(edge.clone(), nodes));
+        let node_tls = node_tls.map(Arc::new);
+        if let Some(tls) = node_tls.clone() {
+            tasks.spawn(renew_server_certificate(tls, edge.shutdown_token().clone()));
+        }
+        tasks.spawn(transport::serve_nodes(edge.clone(), nodes, node_tls));
         let http_edge = edge.clone();
+        let http_tls_task = http_tls.clone();
         tasks.spawn(async move {
-            if let Err(err) = http::serve_http(http_edge, http).await {
+            if let Err(err) = http::serve_http(http_edge, http, http_tls_task).await {
                 tracing::error!(%err, "HTTP server failed");
             }
         });
         edge.tasks()
             .spawn(http::auth::summarize_failures(edge.clone()));
-        tracing::info!(nodes = %node_addr, http = %http_addr, "edge listening");
+        tracing::info!(nodes = %node_addr, http = %http_addr, node_tls = mode.as_str(), pin = ?node_pin, https = http_tls.is_some(), "edge listening");
         Ok(Self {
             edge,
             node_addr,
             http_addr,
+            node_tls: mode,
+            node_pin,
+            http_tls,
             tasks,
         })
+    }
+
+    /// Whether the HTTP listener speaks TLS.
+    pub fn https(&self) -> bool {
+        self.http_tls.is_some()
+    }
+
+    /// Re-reads the HTTP certificate and key (SIGHUP); on failure the running ones stay.
+    pub fn reload_http_tls(&self, config: &EdgeConfig) -> Result<(), String> {
+        match (&self.http_tls, &config.http_tls) {
+            (Some(tls), Some(files)) => tls.reload(files),
+            _ => Ok(()),
+        }
     }
 
     /// Stops accepting, closes node connections and waits (a bounded time) for the servers

@@ -144,7 +144,18 @@ impl Registry {
             .authenticate(token)
             .ok_or(ClaimError::UnknownToken)?
             .to_string();
-        let entry = &mut self.entries[self.by_id[&node_id]];
+        self.claim_node(&node_id, generation)?;
+        Ok(node_id)
+    }
+
+    /// Makes `generation` the pending owner of `node_id`, already authenticated some other
+    /// way (a certificate, a join token).
+    pub fn claim_node(&mut self, node_id: &str, generation: Generation) -> Result<(), ClaimError> {
+        let Some(&index) = self.by_id.get(node_id) else {
+            return Err(ClaimError::UnknownToken);
+        };
+        let node_id = node_id.to_string();
+        let entry = &mut self.entries[index];
         if entry.owner.is_some() {
             return Err(ClaimError::Duplicate { node_id });
         }
@@ -152,7 +163,7 @@ impl Registry {
             generation,
             ready: false,
         });
-        Ok(node_id)
+        Ok(())
     }
 
     pub fn ready(&mut self, node_id: &str, generation: Generation) -> ReadyOutcome {
@@ -231,6 +242,20 @@ mod tests {
         let g1 = r.next_generation();
         let g2 = r.next_generation();
         assert_ne!(g1, g2);
+    }
+
+    #[test]
+    fn a_node_authenticated_otherwise_is_claimed_by_id() {
+        let mut r = registry();
+        let g = r.next_generation();
+        assert_eq!(r.claim_node("a", g), Ok(()));
+        assert_eq!(r.state("a"), OwnerState::Pending(g));
+        let g2 = r.next_generation();
+        assert!(matches!(
+            r.claim_node("a", g2),
+            Err(ClaimError::Duplicate { .. })
+        ));
+        assert_eq!(r.claim_node("nope", g2), Err(ClaimError::UnknownToken));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::lease::{AccountView, LaneCounts, LeaseTotals, ProviderKey};
 use crate::registry::OwnerState;
 use crate::service::Edge;
+use crate::service::credentials::LinkStatus;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusSnapshot {
@@ -29,6 +30,11 @@ pub struct NodeStatus {
     pub peer: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connected_for_sec: Option<u64>,
+    /// For a connected (or registering) node: `transport` (`tls` / `plaintext`),
+    /// `credential` (`client_certificate` / `join_token` / `static_token`) and
+    /// `credential_expires_unix_ms`.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkStatus>,
     pub providers: Vec<ProviderStatus>,
 }
 
@@ -128,6 +134,12 @@ impl Edge {
                     },
                     peer: session.as_ref().map(|s| s.peer.clone()),
                     connected_for_sec: session.as_ref().map(|s| s.connected_at.elapsed().as_secs()),
+                    link: match state {
+                        OwnerState::Pending(g) | OwnerState::Ready(g) => {
+                            self.link_status(&node.id, g)
+                        }
+                        OwnerState::Offline => None,
+                    },
                     providers,
                 }
             })

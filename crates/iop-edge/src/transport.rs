@@ -1,13 +1,16 @@
-//! The edge's node listener: accepts TCP connections from nodes and runs one handler per
-//! connection through register → ready → serve, with heartbeats both ways.
+//! The edge's node listener: accepts TCP connections from nodes, runs the TLS handshake
+//! (unless the listener is plaintext), and runs one handler per connection through
+//! register → ready → serve, with heartbeats both ways.
 //!
-//! Until a connection has registered it is untrusted (`limits.nodes`): it counts against
-//! the caps on unauthenticated connections ([`gate`]), its first frame may be at most
+//! Until a connection has registered it is untrusted (`limits.nodes`): from its accept on
+//! it counts against the caps on unauthenticated connections ([`gate`]), its TLS handshake
+//! must finish within `tls_handshake_timeout_sec`, its first frame may be at most
 //! `first_frame_bytes` (refused from the announced length, before anything is buffered),
-//! it must register within `register_timeout_sec`, and bad tokens from its address are
-//! throttled. Those refusals are counted and summarized in one log line per interval, not
-//! a line each. A registered connection gets `max_frame_bytes` and must send ready within
-//! `ready_timeout_sec`, or it is closed and its claim on the node id released.
+//! it must register within `register_timeout_sec`, and bad credentials from its address
+//! (static tokens, join tokens, client certificates) are throttled. Those refusals are
+//! counted and summarized in one log line per interval, not a line each. A registered
+//! connection gets `max_frame_bytes` and must send ready within `ready_timeout_sec`, or it
+//! is closed and its claim on the node id released.
 //!
 //! A connection that sends a bad frame (undecodable, oversized) or stays silent past the
 //! heartbeat timeout is closed with a logged reason; every other connection keeps going.
@@ -22,15 +25,18 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use iop_proto::envelope::kind;
 use iop_proto::pb::{self, envelope::Message};
-use iop_proto::{FrameError, FrameReader, Heartbeat, Outbound, split_stream};
+use iop_proto::{ByteStream, FrameError, FrameReader, Heartbeat, Outbound, split_stream};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::registry::{Generation, ReadyOutcome};
+use crate::service::credentials::ConnectionControl;
 use crate::service::{Edge, Rejection};
 use crate::session::{CommandReply, Delivery, NodeSession};
+use crate::trust::Link;
+use crate::trust::node_tls::{HandshakeError, NodeListenerTls};
 use gate::{NodeGate, Notice, UnauthenticatedSlot};
 
 const WINDOW_OVERRUN: &str = "stream window overrun";
@@ -39,7 +45,12 @@ const BUDGET_OVERRUN: &str = "stream byte budget overrun (limits.nodes.stream_bu
 const FLUSH_GRACE: Duration = Duration::from_millis(500);
 
 /// Accepts node connections until the edge shuts down, then waits for their handlers.
-pub async fn serve_nodes(edge: Arc<Edge>, listener: TcpListener) {
+/// With `tls`, every connection completes a TLS handshake before its first frame is read.
+pub async fn serve_nodes(
+    edge: Arc<Edge>,
+    listener: TcpListener,
+    tls: Option<Arc<NodeListenerTls>>,
+) {
     let connections = TaskTracker::new();
     let shutdown = edge.shutdown_token().clone();
     let gate = NodeGate::new(Instant::now());
@@ -59,12 +70,13 @@ pub async fn serve_nodes(edge: Arc<Edge>, listener: TcpListener) {
                     let limits = &edge.config().limits.nodes;
                     match gate.admit(peer.ip(), limits) {
                         Ok(slot) => {
-                            connections.spawn(handle_connection(
+                            connections.spawn(accept_connection(
                                 edge.clone(),
                                 gate.clone(),
                                 slot,
                                 stream,
                                 peer,
+                                tls.clone(),
                             ));
                         }
                         Err((notice, log)) => {
@@ -87,12 +99,57 @@ pub async fn serve_nodes(edge: Arc<Edge>, listener: TcpListener) {
     connections.wait().await;
 }
 
-async fn handle_connection(
+/// Secures an accepted socket (TLS handshake, bounded in time) and hands it on. The
+/// connection holds its unauthenticated `slot` all along, so the caps on unauthenticated
+/// connections cover TLS handshakes too.
+async fn accept_connection(
     edge: Arc<Edge>,
     gate: Arc<NodeGate>,
     slot: UnauthenticatedSlot,
     stream: TcpStream,
     peer: SocketAddr,
+    tls: Option<Arc<NodeListenerTls>>,
+) {
+    let Some(tls) = tls else {
+        return handle_connection(edge, gate, slot, stream, peer, Link::Plaintext).await;
+    };
+    if let Err(err) = stream.set_nodelay(true) {
+        tracing::warn!(%err, "could not set TCP_NODELAY");
+    }
+    let shutdown = edge.shutdown_token().clone();
+    let within = edge.config().limits.nodes.tls_handshake_timeout();
+    let accepted = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        accepted = tls.accept(stream, within) => accepted,
+    };
+    let err = match accepted {
+        Ok((stream, link)) => {
+            return handle_connection(edge, gate, slot, stream, peer, link).await;
+        }
+        Err(err) => err,
+    };
+    let notice = match &err {
+        HandshakeError::Timeout(_) => Notice::TlsHandshakeTimeout,
+        HandshakeError::Failed(_) => Notice::TlsHandshakeFailed,
+        HandshakeError::ClientCertificate(_) => Notice::BadCredential,
+    };
+    edge.metrics.count_node_refusal(notice.label());
+    let log = match notice {
+        Notice::BadCredential => gate.bad_credential(peer.ip(), Instant::now()),
+        _ => gate.note(notice),
+    };
+    if log {
+        tracing::warn!(%peer, "closing node connection: {err} (further ones are summarized)");
+    }
+}
+
+async fn handle_connection<S: ByteStream>(
+    edge: Arc<Edge>,
+    gate: Arc<NodeGate>,
+    slot: UnauthenticatedSlot,
+    stream: S,
+    peer: SocketAddr,
+    link: Link,
 ) {
     let (mut reader, outbound, writer) = split_stream(stream, edge.config().max_frame_bytes);
     // Until the peer has registered, only a frame the size of a RegisterRequest is read.
@@ -109,6 +166,7 @@ async fn handle_connection(
         peer: peer.to_string(),
         session: None,
         kick: CancellationToken::new(),
+        link,
     };
     connection.run(slot).await;
     drop(connection);
@@ -127,6 +185,8 @@ struct Connection {
     session: Option<Arc<NodeSession>>,
     /// Cancelled by the edge to drop this connection.
     kick: CancellationToken,
+    /// How the connection is secured and which client certificate it presented.
+    link: Link,
 }
 
 impl Connection {
@@ -176,7 +236,7 @@ impl Connection {
             }
         };
         let now = Instant::now();
-        if let Err((retry_after, log)) = self.gate.check_token_attempt(self.ip, now) {
+        if let Err((retry_after, log)) = self.gate.check_credential_attempt(self.ip, now) {
             self.edge
                 .metrics
                 .count_node_refusal(Notice::Throttled.label());
@@ -188,25 +248,33 @@ impl Connection {
             return;
         }
         let generation = self.edge.next_generation();
-        let registered = match self.edge.register(&request.token, generation, &self.peer) {
+        let control = ConnectionControl {
+            outbound: self.outbound.clone(),
+            kick: self.kick.clone(),
+        };
+        let registered = match self
+            .edge
+            .register(&request, &self.link, generation, &self.peer, control)
+        {
             Ok(registered) => registered,
             Err(rejection) => {
-                if rejection == Rejection::UnknownToken {
+                if rejection.is_refused_credential() {
                     self.edge
                         .metrics
-                        .count_node_refusal(Notice::BadToken.label());
-                    if self.gate.bad_token(self.ip, now) {
+                        .count_node_refusal(Notice::BadCredential.label());
+                    // Guesses are logged once per summary window (the edge logged the rest).
+                    if self.gate.bad_credential(self.ip, now) && rejection.is_guess() {
                         self.edge.rejected(&rejection, &self.peer);
                     }
-                } else {
-                    // The token was right (a duplicate, or a config that cannot be built).
-                    self.gate.good_token(self.ip);
+                } else if rejection.credential_was_good() {
+                    // A duplicate, a config that cannot be built, state that cannot be saved.
+                    self.gate.good_credential(self.ip);
                 }
                 self.reject(&rejection).await;
                 return;
             }
         };
-        self.gate.good_token(self.ip);
+        self.gate.good_credential(self.ip);
         slot.authenticated();
         self.reader
             .decoder_mut()
@@ -217,6 +285,7 @@ impl Connection {
             accepted: true,
             node_id: node_id.clone(),
             config: Some(registered.payload),
+            credential: registered.credential,
             ..Default::default()
         };
         let reason = if self.outbound.send(response).await.is_err() {
@@ -241,7 +310,7 @@ impl Connection {
                 reject_reason: rejection.wire_reason() as i32,
                 reason: rejection.to_string(),
                 node_id: rejection.node_id().to_string(),
-                config: None,
+                ..Default::default()
             })
             .await;
     }

@@ -1,10 +1,11 @@
-//! Node configuration (`configs/node.yaml`): where the edge is, the node's token, the run
-//! store, and the reconnect policy. Everything about providers comes from the edge in the
+//! Node configuration (`configs/node.yaml`): where the edge is, how the node verifies it
+//! (pin, CA file) and proves itself (token, client certificate, the state file a join
+//! fills), the run store, and the reconnect policy. Everything about providers comes from the edge in the
 //! `NodeConfigPayload`; this file only says how to reach it.
 //!
 //! Errors name the YAML path of the offending field.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -50,6 +51,46 @@ pub struct NodeConfig {
     pub reconnect: ReconnectConfig,
     #[serde(default = "default_max_frame_bytes")]
     pub max_frame_bytes: usize,
+    /// Pins (`sha256:...`) of the edge's CA, any one of which must match: the edge prints
+    /// its pin at start. One string or a list (a list while the edge's CA is rotated).
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub edge_pin: Vec<String>,
+    /// A PEM file of CA certificates to verify the edge by instead of a pin (host names
+    /// are checked).
+    #[serde(default)]
+    pub edge_ca: Option<PathBuf>,
+    /// Do not verify the edge at all: anyone on the path can read and change everything.
+    #[serde(default)]
+    pub insecure_skip_tls_verify: bool,
+    /// Plain TCP, for an edge whose `node_tls.mode` is `insecure_plaintext`.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
+    /// Where the node keeps the credential it receives when it joins (mode 0600).
+    #[serde(default = "default_state_file")]
+    pub state_file: PathBuf,
+    /// mTLS with an operator's PKI: the node's PEM client certificate (its CN is the node
+    /// id) and key.
+    #[serde(default)]
+    pub client_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub client_key: Option<PathBuf>,
+}
+
+fn default_state_file() -> PathBuf {
+    PathBuf::from(crate::identity::DEFAULT_STATE_FILE)
+}
+
+fn one_or_many<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(de)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 fn default_edge() -> String {
@@ -112,6 +153,13 @@ impl Default for NodeConfig {
             db: default_db(),
             reconnect: ReconnectConfig::default(),
             max_frame_bytes: default_max_frame_bytes(),
+            edge_pin: Vec::new(),
+            edge_ca: None,
+            insecure_skip_tls_verify: false,
+            insecure_plaintext: false,
+            state_file: default_state_file(),
+            client_cert: None,
+            client_key: None,
         }
     }
 }
@@ -180,7 +228,40 @@ impl NodeConfig {
         if self.max_frame_bytes < 1024 {
             return Err(("max_frame_bytes".into(), "must be at least 1024".into()));
         }
+        for (i, pin) in self.edge_pin.iter().enumerate() {
+            if let Err(e) = pin.parse::<iop_proto::trust::Pin>() {
+                return Err((format!("edge_pin[{i}]"), e.to_string()));
+            }
+        }
+        if self.client_cert.is_some() != self.client_key.is_some() {
+            return Err((
+                "client_cert".into(),
+                "client_cert and client_key go together".into(),
+            ));
+        }
+        if self.insecure_plaintext {
+            let tls_fields = [
+                ("edge_pin", !self.edge_pin.is_empty()),
+                ("edge_ca", self.edge_ca.is_some()),
+                ("insecure_skip_tls_verify", self.insecure_skip_tls_verify),
+                ("client_cert", self.client_cert.is_some()),
+            ];
+            if let Some((field, _)) = tls_fields.iter().find(|(_, set)| *set) {
+                return Err((
+                    (*field).into(),
+                    "is a TLS setting, and insecure_plaintext turns TLS off".into(),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The pins of `edge_pin`, parsed (valid after [`NodeConfig::validate`]).
+    pub fn pins(&self) -> Vec<iop_proto::trust::Pin> {
+        self.edge_pin
+            .iter()
+            .filter_map(|p| p.parse().ok())
+            .collect()
     }
 
     /// The token from the config or its environment variable, if either is set.
@@ -238,6 +319,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("reconnect"), "{e}");
+    }
+
+    #[test]
+    fn pins_are_one_or_many_and_checked() {
+        let pin = iop_proto::trust::Pin::of_spki(b"ca").to_string();
+        let c = parse(&format!("edge_pin: \"{pin}\"")).unwrap();
+        assert_eq!(c.pins().len(), 1);
+        let c = parse(&format!("edge_pin: [\"{pin}\", \"{pin}\"]")).unwrap();
+        assert_eq!(c.edge_pin.len(), 2);
+        let e = parse("edge_pin: [\"sha256:nope\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("edge_pin[0]"), "{e}");
+        let e = parse("insecure_plaintext: true\nedge_ca: ca.pem")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("edge_ca"), "{e}");
+        let e = parse("client_cert: c.pem").unwrap_err().to_string();
+        assert!(e.contains("client_key"), "{e}");
     }
 
     #[test]

@@ -2,13 +2,16 @@
 //! is given, runs adapters (OpenAI-compatible, vLLM, Ollama, CLI, mock) and relays their
 //! events or raw HTTP/SSE bytes back, records its runs in SQLite, and reconnects by itself.
 //!
-//! `supervisor` owns the connection life; `session` is one connection; `runtime` is the
+//! `supervisor` owns the connection life; `session` is one connection, `link` how it reaches
+//! and authenticates to the edge (`tls`, `identity`: the state file); `runtime` is the
 //! state that outlives connections (adapters, active runs, store); `runs`, `tunnel` and
 //! `commands` handle the three kinds of work the edge sends.
 
 pub mod adapters;
 pub mod commands;
 pub mod config;
+pub mod identity;
+pub mod link;
 pub mod runs;
 pub mod runtime;
 pub mod session;
@@ -16,10 +19,12 @@ pub mod sink;
 pub mod store;
 pub mod stream;
 pub mod supervisor;
+pub mod tls;
 pub mod tunnel;
 pub mod usage;
 
 pub use config::NodeConfig;
+pub use link::{EdgeLink, Security};
 pub use runtime::NodeRuntime;
 pub use session::EdgeTarget;
 pub use supervisor::{NodeExit, supervise};

@@ -1,5 +1,6 @@
-//! One connection to the edge: dial, register, apply the config payload, start adapters,
-//! send ready, then serve frames until the connection ends — with heartbeats both ways.
+//! One connection to the edge: dial, TLS handshake (the edge verified before anything is
+//! sent), register, apply the config payload, start adapters, send ready, then serve frames
+//! until the connection ends — with heartbeats both ways.
 //!
 //! Only the ready ack makes the node dispatch-ready. When the connection ends, every run
 //! and tunnel started on it is cancelled; the supervisor decides whether to dial again.
@@ -10,17 +11,19 @@ use std::time::Duration;
 use futures::StreamExt;
 use iop_proto::envelope::kind;
 use iop_proto::pb::{self, envelope::Message};
-use iop_proto::{FrameReader, Heartbeat, Outbound, split_stream};
+use iop_proto::{ByteStream, FrameError, FrameReader, Heartbeat, Outbound, split_stream};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::link::{EdgeLink, Security};
 use crate::runtime::{Connection, NodeRuntime};
 use crate::store::now_ms;
 use crate::stream::StreamCredits;
 
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bounds the TLS handshake, and each step of registration.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time runs get to send their cancelled terminals when the connection or process ends.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
@@ -28,8 +31,7 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// How to reach and authenticate with the edge.
 #[derive(Debug, Clone)]
 pub struct EdgeTarget {
-    pub addr: String,
-    pub token: String,
+    pub link: Arc<EdgeLink>,
     pub max_frame_bytes: usize,
 }
 
@@ -57,31 +59,103 @@ pub async fn run_session(
     target: &EdgeTarget,
     shutdown: &CancellationToken,
 ) -> SessionEnd {
+    let addr = target.link.edge_addr().to_string();
     {
         let mut t = runtime.transport.lock();
-        t.edge = target.addr.clone();
+        t.edge = addr.clone();
         t.state = "connecting";
     }
     let dial = tokio::select! {
         _ = shutdown.cancelled() => return SessionEnd::Shutdown,
-        d = timeout(DIAL_TIMEOUT, TcpStream::connect(&target.addr)) => d,
+        d = timeout(DIAL_TIMEOUT, TcpStream::connect(&addr)) => d,
     };
     let stream = match dial {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
-            return retry(format!(
-                "cannot connect to the edge at {}: {e}",
-                target.addr
-            ));
+            target.link.advance();
+            return retry(format!("cannot connect to the edge at {addr}: {e}"));
         }
         Err(_) => {
+            target.link.advance();
             return retry(format!(
-                "connecting to the edge at {} timed out after {}s",
-                target.addr,
+                "connecting to the edge at {addr} timed out after {}s",
                 DIAL_TIMEOUT.as_secs()
             ));
         }
     };
+    let end = match target.link.security() {
+        Security::InsecurePlaintext => {
+            run_connection(runtime, target, &addr, stream, shutdown).await
+        }
+        Security::Tls(_) => {
+            if let Err(err) = stream.set_nodelay(true) {
+                tracing::warn!(%err, "could not set TCP_NODELAY");
+            }
+            match handshake(&target.link, &addr, stream, shutdown).await {
+                Ok(tls) => run_connection(runtime, target, &addr, tls, shutdown).await,
+                Err(end) => end,
+            }
+        }
+    };
+    {
+        let mut t = runtime.transport.lock();
+        t.state = "disconnected";
+        t.connected_since_ms = None;
+        if let SessionEnd::Retry { error, .. } | SessionEnd::Fatal(error) = &end {
+            t.last_error = Some(error.clone());
+        }
+    }
+    end
+}
+
+/// The TLS handshake with the edge, which verifies the edge before anything is sent. A
+/// certificate that does not match the pin ends the node; other failures are retried.
+async fn handshake(
+    link: &EdgeLink,
+    addr: &str,
+    stream: TcpStream,
+    shutdown: &CancellationToken,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, SessionEnd> {
+    let (config, name) = link.client_config().map_err(SessionEnd::Fatal)?;
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let done = tokio::select! {
+        _ = shutdown.cancelled() => return Err(SessionEnd::Shutdown),
+        done = timeout(HANDSHAKE_TIMEOUT, connector.connect(name, stream)) => done,
+    };
+    match done {
+        Ok(Ok(tls)) => Ok(tls),
+        Ok(Err(e)) => {
+            if let Some(mismatch) = crate::tls::is_pin_mismatch(&e) {
+                return Err(SessionEnd::Fatal(format!(
+                    "{mismatch} (edge {addr}). Nothing was sent. Check the pin (--edge-pin, the join string): the edge prints its pin at start. If the edge's CA was rotated, add the new pin"
+                )));
+            }
+            let hint = if e.to_string().contains("corrupt message")
+                || e.kind() == std::io::ErrorKind::UnexpectedEof
+            {
+                " (is the edge's node listener plaintext? then both sides must say insecure_plaintext)"
+            } else {
+                ""
+            };
+            Err(retry(format!(
+                "TLS handshake with the edge at {addr} failed: {e}{hint}"
+            )))
+        }
+        Err(_) => Err(retry(format!(
+            "TLS handshake with the edge at {addr} timed out after {}s",
+            HANDSHAKE_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// Registers and serves over an established (plain or TLS) stream.
+async fn run_connection<S: ByteStream>(
+    runtime: &Arc<NodeRuntime>,
+    target: &EdgeTarget,
+    addr: &str,
+    stream: S,
+    shutdown: &CancellationToken,
+) -> SessionEnd {
     let (reader, outbound, writer) = split_stream(stream, target.max_frame_bytes);
     let mut writer = tokio::spawn(writer.run());
     let conn = Connection {
@@ -95,6 +169,7 @@ pub async fn run_session(
         reader,
         outbound,
         conn,
+        addr: addr.to_string(),
     };
     let end = session.run(target, shutdown).await;
     // Stop everything started on this connection and give it a moment to say so.
@@ -108,14 +183,6 @@ pub async fn run_session(
     {
         writer.abort();
     }
-    {
-        let mut t = runtime.transport.lock();
-        t.state = "disconnected";
-        t.connected_since_ms = None;
-        if let SessionEnd::Retry { error, .. } | SessionEnd::Fatal(error) = &end {
-            t.last_error = Some(error.clone());
-        }
-    }
     end
 }
 
@@ -124,16 +191,60 @@ struct Session {
     reader: FrameReader,
     outbound: Outbound,
     conn: Connection,
+    addr: String,
+}
+
+/// Why the edge refused this node, as a fatal end or a retry.
+fn refused(addr: &str, response: &pb::RegisterResponse) -> SessionEnd {
+    use pb::RegisterRejectReason as R;
+    let reason = &response.reason;
+    match response.reject_reason() {
+        R::UnknownToken => SessionEnd::Fatal(format!(
+            "the edge at {addr} rejected this node's token: {reason} (check --token / IOP_NODE_TOKEN and the edge's nodes[].token, or the join string)"
+        )),
+        R::Revoked => SessionEnd::Fatal(format!(
+            "revoked: the edge at {addr} revoked this node's credentials: {reason}"
+        )),
+        R::JoinTokenExpired => SessionEnd::Fatal(format!("the join token expired: {reason}")),
+        R::JoinTokenUsedUp => SessionEnd::Fatal(format!("the join token is used up: {reason}")),
+        R::ConfigBuildFailed => SessionEnd::Fatal(format!(
+            "the edge could not build this node's config: {reason}"
+        )),
+        // Someone at this node's address sent bad credentials: the wait passes.
+        R::Throttled => retry(format!(
+            "the edge is holding back registrations from this address: {reason}"
+        )),
+        _ => retry(format!("the edge rejected the registration: {reason}")),
+    }
+}
+
+/// A read error that means the edge refused this node's client certificate (TLS 1.3 tells
+/// the client after its side of the handshake): fatal, retrying presents the same one.
+fn certificate_refused(addr: &str, err: &FrameError) -> Option<SessionEnd> {
+    use rustls::AlertDescription as A;
+    let FrameError::Io(io) = err else { return None };
+    let alert = crate::tls::received_alert(io)?;
+    matches!(
+        alert,
+        A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+            | A::UnsupportedCertificate
+            | A::AccessDenied
+            | A::DecryptError
+    )
+    .then(|| {
+        SessionEnd::Fatal(format!(
+            "the edge at {addr} refused this node's client certificate ({alert:?}): it is not from a CA the edge trusts, or it has expired"
+        ))
+    })
 }
 
 impl Session {
     async fn run(&mut self, target: &EdgeTarget, shutdown: &CancellationToken) -> SessionEnd {
-        let hostname = std::env::var("HOSTNAME").unwrap_or_default();
-        let register = pb::RegisterRequest {
-            token: target.token.clone(),
-            node_version: env!("CARGO_PKG_VERSION").to_string(),
-            hostname,
-        };
+        let register = target.link.register_request();
         if self.outbound.send(register).await.is_err() {
             return retry("the edge closed the connection before registration");
         }
@@ -150,22 +261,14 @@ impl Session {
             Err(end) => return end,
         };
         if !response.accepted {
-            return match response.reject_reason() {
-                pb::RegisterRejectReason::UnknownToken => SessionEnd::Fatal(format!(
-                    "the edge at {} rejected this node's token: {} (check --token / IOP_NODE_TOKEN and the edge's nodes[].token)",
-                    target.addr, response.reason
-                )),
-                pb::RegisterRejectReason::ConfigBuildFailed => SessionEnd::Fatal(format!(
-                    "the edge could not build this node's config: {}",
-                    response.reason
-                )),
-                _ => retry(format!(
-                    "the edge rejected the registration: {}",
-                    response.reason
-                )),
-            };
+            return refused(&self.addr, &response);
         }
         let node_id = response.node_id.clone();
+        if let Some(credential) = &response.credential
+            && let Err(e) = target.link.joined(&node_id, credential)
+        {
+            return SessionEnd::Fatal(e);
+        }
         let Some(payload) = response.config else {
             return SessionEnd::Fatal(
                 "the edge accepted the registration but sent no config".into(),
@@ -174,7 +277,7 @@ impl Session {
         if let Err(e) = self.runtime.apply(&payload) {
             return SessionEnd::Fatal(format!("cannot apply the config from the edge: {e}"));
         }
-        tracing::info!(%node_id, edge = %target.addr, "registered; adapters ready");
+        tracing::info!(%node_id, edge = %self.addr, credential = target.link.credential_kind(), "registered; adapters ready");
         if self
             .outbound
             .send(pb::NodeReadyRequest {
@@ -200,7 +303,7 @@ impl Session {
             }
             Err(end) => return end,
         }
-        tracing::info!(%node_id, edge = %target.addr, "dispatch-ready");
+        tracing::info!(%node_id, edge = %self.addr, "dispatch-ready");
         {
             let mut t = self.runtime.transport.lock();
             t.state = "ready";
@@ -232,7 +335,10 @@ impl Session {
                 Ok(None) => {
                     return Err(retry("the edge closed the connection during the handshake"));
                 }
-                Ok(Some(Err(e))) => return Err(retry(format!("bad frame from the edge: {e}"))),
+                Ok(Some(Err(e))) => {
+                    return Err(certificate_refused(&self.addr, &e)
+                        .unwrap_or_else(|| retry(format!("bad frame from the edge: {e}"))));
+                }
                 Ok(Some(Ok(envelope))) => match envelope.message {
                     Some(Message::Ping(p)) => {
                         self.outbound.try_send(pb::Pong { nonce: p.nonce });
@@ -274,6 +380,10 @@ impl Session {
                 self.outbound.try_send(pb::Pong { nonce: p.nonce });
             }
             Message::Pong(_) => {}
+            Message::RegisterResponse(response) if !response.accepted => {
+                // The edge withdrew the registration (an admin revoked this node).
+                return Some(refused(&self.addr, &response));
+            }
             Message::RunRequest(request) => self.runtime.start_run(request, &self.conn),
             Message::ProviderTunnelRequest(request) => {
                 self.runtime.start_tunnel(request, &self.conn)

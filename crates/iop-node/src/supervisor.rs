@@ -59,7 +59,7 @@ pub async fn supervise(
                     }
                 }
                 let interval = policy.interval();
-                tracing::info!(retry_in_sec = interval.as_secs_f64(), edge = %target.addr, "waiting before the next attempt");
+                tracing::info!(retry_in_sec = interval.as_secs_f64(), edge = %target.link.edge_addr(), "waiting before the next attempt");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(interval) => {}

@@ -1,8 +1,9 @@
 //! The Edge–Node wire (`iop.edge-node-runtime-wire`): the protobuf types generated from
 //! `proto/iop/runtime.proto`, the length-prefixed frame codec, and the split connection
-//! (frame reader + batching frame writer) both daemons run over a TCP socket, the
-//! heartbeat both sides keep on it, and the one-scheduler-round yield the relay path uses
-//! to batch what is ready into one write.
+//! (frame reader + batching frame writer) both daemons run over a TCP or TLS stream, the
+//! heartbeat both sides keep on it, the one-scheduler-round yield the relay path uses to
+//! batch what is ready into one write, and the trust material (CA pin, join string) an
+//! operator carries from the edge to a node.
 //!
 //! Nothing above this crate sees bytes: the edge and the node exchange [`pb::Envelope`]s.
 
@@ -10,6 +11,7 @@ pub mod codec;
 pub mod connection;
 pub mod envelope;
 pub mod heartbeat;
+pub mod trust;
 pub mod yield_once;
 
 /// Generated protobuf types of package `iop.runtime.v1`.
@@ -19,7 +21,7 @@ pub mod pb {
 }
 
 pub use codec::{DEFAULT_MAX_FRAME_BYTES, EnvelopeCodec, FrameError};
-pub use connection::{FrameReader, Outbound, split_stream};
+pub use connection::{ByteStream, FrameReader, Outbound, split_stream};
 pub use heartbeat::{HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat};
 pub use yield_once::yield_once;
 

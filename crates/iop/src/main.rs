@@ -39,6 +39,10 @@ enum Command {
     MockProvider(cmd::mock_provider::Args),
     /// Show an edge's nodes, providers, capacity and queues.
     Status(cmd::status::Args),
+    /// Create a join token for a node on a running edge; prints the join string.
+    JoinToken(cmd::join_token::Args),
+    /// Revoke a node's credentials on a running edge and close its connection.
+    Revoke(cmd::revoke::Args),
     /// Load-test an OpenAI-compatible endpoint (or several, side by side).
     Bench(cmd::bench::Args),
 }
@@ -50,7 +54,11 @@ fn main() -> ExitCode {
         Command::Edge(args) => Some(args.runtime.threads),
         Command::Node(args) => Some(args.runtime.threads),
         Command::Demo(args) => Some(args.runtime.threads),
-        Command::MockProvider(_) | Command::Status(_) | Command::Bench(_) => None,
+        Command::MockProvider(_)
+        | Command::Status(_)
+        | Command::JoinToken(_)
+        | Command::Revoke(_)
+        | Command::Bench(_) => None,
     };
     let runtime = match runtime::build(threads) {
         Ok(rt) => rt,
@@ -66,6 +74,8 @@ fn main() -> ExitCode {
             Command::Demo(args) => cmd::demo::run(args).await,
             Command::MockProvider(args) => cmd::mock_provider::run(args).await,
             Command::Status(args) => cmd::status::run(args).await,
+            Command::JoinToken(args) => cmd::join_token::run(args).await,
+            Command::Revoke(args) => cmd::revoke::run(args).await,
             Command::Bench(args) => cmd::bench::run(args).await,
         }
     });

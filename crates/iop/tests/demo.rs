@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use common::*;
 
-async fn start_demo() -> (Proc, String) {
-    let demo = Proc::spawn(
+async fn start_demo(tmp: &std::path::Path) -> (Proc, String) {
+    // The demo keeps its edge state in a temporary directory: the test's own.
+    let demo = Proc::spawn_with_env(
         "demo",
         &["demo", "--http", "127.0.0.1:0", "--token-delay-ms", "2"],
+        &[("TMPDIR", tmp.to_str().unwrap())],
     );
     let line = demo.wait_line("OpenAI API:", Duration::from_secs(20)).await;
     let base = line.split_whitespace().last().unwrap().to_string();
@@ -21,7 +23,8 @@ async fn start_demo() -> (Proc, String) {
 
 #[tokio::test]
 async fn the_printed_curl_line_prints_streamed_text() {
-    let (demo, _) = start_demo().await;
+    let tmp = tempdir();
+    let (demo, _) = start_demo(tmp.path()).await;
     let log = demo.log();
     let curl = log
         .lines()
@@ -72,7 +75,8 @@ async fn the_openai_python_sdk_works_against_the_demo() {
         eprintln!("skipped: {python} has no `openai` package (scripts/test.sh installs it)");
         return;
     }
-    let (_demo, base) = start_demo().await;
+    let tmp = tempdir();
+    let (_demo, base) = start_demo(tmp.path()).await;
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/python/openai_sdk_check.py"

@@ -501,6 +501,12 @@ async fn reaching_ready_resets_the_retry_budget() {
             node_status(s, "n1")["ready"] == true
         })
         .await;
+        // The node counts the session as ready once it read the edge's ack, a moment
+        // after the edge shows it: cut only then.
+        while node.log().matches("dispatch-ready").count() < failures + 1 {
+            assert!(Instant::now() < deadline, "{}", node.log());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
     // Three failures in all, but never two in a row: the node is still serving.
     let (code, _) = chat_completion(&edge, "pool", "still here", json!({})).await;

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -76,7 +75,7 @@ async fn a_wrong_token_is_fatal_for_the_node_and_an_event_on_the_edge() {
     let mut node = start_node("intruder", dir.path(), &edge.nodes, "not-a-token", "");
     let status = node.wait_exit(Duration::from_secs(15)).await;
     assert!(!status.success(), "node must exit non-zero");
-    assert_eq!(status.code(), Some(2));
+    assert_eq!(status.code(), Some(2), "{status:?}: {}", node.log());
     assert!(
         node.has_line("rejected this node's token"),
         "{}",
@@ -161,18 +160,21 @@ async fn a_stopped_node_is_detected_by_heartbeat_timeout() {
         .await;
 }
 
-/// Sends raw bytes on a fresh node connection and returns whether the edge closed it.
-fn edge_closes_after(addr: &str, bytes: &[u8]) -> bool {
-    let mut socket = std::net::TcpStream::connect(addr).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    socket.write_all(bytes).unwrap();
+/// Sends raw bytes inside TLS on a fresh node connection and returns whether the edge
+/// closed it.
+async fn edge_closes_after(addr: &str, bytes: &[u8]) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = common::tls::raw_tls_connect(addr).await;
+    tls.write_all(bytes).await.unwrap();
+    tls.flush().await.unwrap();
     let mut buf = [0u8; 64];
-    match socket.read(&mut buf) {
-        Ok(0) => true,
-        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
-        Ok(_) => false,
+    match tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf)).await {
+        Ok(Ok(0)) => true,
+        Ok(Err(e)) => matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+        ),
+        Ok(Ok(_)) | Err(_) => false,
     }
 }
 
@@ -186,7 +188,7 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
     let mut garbage = 6u32.to_be_bytes().to_vec();
     garbage.extend_from_slice(&[0xff; 6]);
     assert!(
-        edge_closes_after(&edge.nodes, &garbage),
+        edge_closes_after(&edge.nodes, &garbage).await,
         "garbage frame must close the connection"
     );
     edge.proc
@@ -195,7 +197,7 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
 
     let oversized = (64u32 * 1024 * 1024).to_be_bytes();
     assert!(
-        edge_closes_after(&edge.nodes, &oversized),
+        edge_closes_after(&edge.nodes, &oversized).await,
         "oversized frame must close the connection"
     );
     edge.proc

@@ -53,7 +53,7 @@ async fn sighup_applies_new_capacity_groups_and_providers_without_dropping_anyon
     .await;
 
     // A broken file is refused and the running config stays.
-    std::fs::write(&edge.config, "nodes: [{id: n1}]\n").unwrap();
+    std::fs::write(&edge.config, "nodes: [{id: n1, tokn: typo}]\n").unwrap();
     edge.proc.signal(Signal::SIGHUP);
     edge.proc
         .wait_line("config reload failed", Duration::from_secs(5))

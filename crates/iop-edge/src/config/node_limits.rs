@@ -1,12 +1,13 @@
 //! `limits.nodes`: what the node listener allows before a connection has authenticated
-//! (first frame size, register and ready deadlines, connection caps) and after (bytes
-//! buffered per stream), with their defaults and bounds.
+//! (TLS handshake deadline, first frame size, register and ready deadlines, connection
+//! caps) and after (bytes buffered per stream), with their defaults and bounds.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
 pub const DEFAULT_FIRST_FRAME_BYTES: usize = 64 * 1024;
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT_SEC: f64 = 10.0;
 pub const DEFAULT_REGISTER_TIMEOUT_SEC: f64 = 5.0;
 pub const DEFAULT_READY_TIMEOUT_SEC: f64 = 30.0;
 pub const DEFAULT_MAX_UNAUTHENTICATED: usize = 256;
@@ -16,6 +17,7 @@ pub const DEFAULT_SUMMARY_INTERVAL_SEC: f64 = 30.0;
 
 /// Bounds checked by [`NodeLimitsConfig::validate`].
 const MIN_FIRST_FRAME_BYTES: usize = 1024;
+const MAX_TLS_HANDSHAKE_TIMEOUT_SEC: f64 = 300.0;
 const MAX_REGISTER_TIMEOUT_SEC: f64 = 300.0;
 const MAX_READY_TIMEOUT_SEC: f64 = 3600.0;
 const MAX_CONNECTIONS: usize = 65_536;
@@ -29,14 +31,19 @@ pub struct NodeLimitsConfig {
     /// Largest frame a connection may send before it has registered (its RegisterRequest).
     #[serde(default = "default_first_frame_bytes")]
     pub first_frame_bytes: usize,
-    /// A new connection must register within this many seconds.
+    /// A new connection must finish its TLS handshake within this many seconds (the
+    /// connection counts against the caps below meanwhile).
+    #[serde(default = "default_tls_handshake_timeout_sec")]
+    pub tls_handshake_timeout_sec: f64,
+    /// A new connection must register within this many seconds (after its TLS handshake).
     #[serde(default = "default_register_timeout_sec")]
     pub register_timeout_sec: f64,
     /// A registered connection must send ready within this many seconds, or it is closed
     /// and its claim on the node id released.
     #[serde(default = "default_ready_timeout_sec")]
     pub ready_timeout_sec: f64,
-    /// Connections not registered yet, in total; more are closed at once.
+    /// Connections not registered yet (TLS handshakes included), in total; more are closed
+    /// at once.
     #[serde(default = "default_max_unauthenticated")]
     pub max_unauthenticated: usize,
     /// Connections not registered yet from one address (IPv6: one /64).
@@ -46,13 +53,17 @@ pub struct NodeLimitsConfig {
     /// sends more has that stream cut.
     #[serde(default = "default_stream_buffer_bytes")]
     pub stream_buffer_bytes: usize,
-    /// Refused connections and bad tokens are logged as one summary line per interval.
+    /// Refused connections, failed TLS handshakes and bad credentials are logged as one
+    /// summary line per interval.
     #[serde(default = "default_summary_interval_sec")]
     pub summary_interval_sec: f64,
 }
 
 fn default_first_frame_bytes() -> usize {
     DEFAULT_FIRST_FRAME_BYTES
+}
+fn default_tls_handshake_timeout_sec() -> f64 {
+    DEFAULT_TLS_HANDSHAKE_TIMEOUT_SEC
 }
 fn default_register_timeout_sec() -> f64 {
     DEFAULT_REGISTER_TIMEOUT_SEC
@@ -77,6 +88,7 @@ impl Default for NodeLimitsConfig {
     fn default() -> Self {
         Self {
             first_frame_bytes: DEFAULT_FIRST_FRAME_BYTES,
+            tls_handshake_timeout_sec: DEFAULT_TLS_HANDSHAKE_TIMEOUT_SEC,
             register_timeout_sec: DEFAULT_REGISTER_TIMEOUT_SEC,
             ready_timeout_sec: DEFAULT_READY_TIMEOUT_SEC,
             max_unauthenticated: DEFAULT_MAX_UNAUTHENTICATED,
@@ -88,6 +100,10 @@ impl Default for NodeLimitsConfig {
 }
 
 impl NodeLimitsConfig {
+    pub fn tls_handshake_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.tls_handshake_timeout_sec)
+    }
+
     pub fn register_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.register_timeout_sec)
     }
@@ -112,6 +128,11 @@ impl NodeLimitsConfig {
             );
         }
         for (field, value, max) in [
+            (
+                "tls_handshake_timeout_sec",
+                self.tls_handshake_timeout_sec,
+                MAX_TLS_HANDSHAKE_TIMEOUT_SEC,
+            ),
             (
                 "register_timeout_sec",
                 self.register_timeout_sec,

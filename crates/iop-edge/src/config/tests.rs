@@ -40,7 +40,7 @@ fn a_good_config_parses_with_defaults() {
     );
     assert_eq!(
         c.nodes[0].token_hash().unwrap(),
-        hash_token("secret-token-0123456789")
+        Some(hash_token("secret-token-0123456789"))
     );
 }
 
@@ -82,8 +82,13 @@ fn bad_base_url_is_named() {
 }
 
 #[test]
-fn missing_token_is_named() {
-    let text = err_text(&GOOD.replace("token: secret-token-0123456789", ""));
+fn a_node_without_a_token_registers_by_certificate_unless_plaintext() {
+    let c = parse(&GOOD.replace("token: secret-token-0123456789", "")).unwrap();
+    assert_eq!(c.nodes[0].token_hash().unwrap(), None);
+    let text = err_text(&format!(
+        "node_tls: {{mode: insecure_plaintext}}\n{}",
+        GOOD.replace("token: secret-token-0123456789", "")
+    ));
     assert!(text.contains("nodes[0].token: one of token"), "{text}");
 }
 
@@ -116,7 +121,7 @@ fn token_sha256_is_accepted_and_checked() {
     .unwrap();
     assert_eq!(
         c.nodes[0].token_hash().unwrap(),
-        hash_token("secret-token-0123456789")
+        Some(hash_token("secret-token-0123456789"))
     );
     let text = err_text(&GOOD.replace("token: secret-token-0123456789", "token_sha256: abc"));
     assert!(text.contains("nodes[0].token_sha256"), "{text}");
@@ -297,6 +302,10 @@ fn node_limits_have_defaults_and_bounds() {
     let c = parse(GOOD).unwrap();
     let l = &c.limits.nodes;
     assert_eq!(l.first_frame_bytes, 64 * 1024);
+    assert_eq!(
+        l.tls_handshake_timeout(),
+        std::time::Duration::from_secs(10)
+    );
     assert_eq!(l.register_timeout(), std::time::Duration::from_secs(5));
     assert_eq!(l.ready_timeout(), std::time::Duration::from_secs(30));
     assert_eq!(
@@ -309,6 +318,10 @@ fn node_limits_have_defaults_and_bounds() {
         (
             "first_frame_bytes: 33554432",
             "limits.nodes.first_frame_bytes",
+        ),
+        (
+            "tls_handshake_timeout_sec: 0",
+            "limits.nodes.tls_handshake_timeout_sec",
         ),
         (
             "register_timeout_sec: 0",
@@ -333,4 +346,43 @@ fn node_limits_have_defaults_and_bounds() {
         let text = err_text(&format!("limits:\n  nodes: {{{yaml}}}\n{GOOD}"));
         assert!(text.contains(path), "{yaml}: {text}");
     }
+}
+
+#[test]
+fn node_tls_files_belong_to_the_provided_mode() {
+    let text = err_text(&format!(
+        "node_tls: {{mode: provided, cert: c.pem}}\n{GOOD}"
+    ));
+    assert!(text.contains("node_tls.key: required"), "{text}");
+    let text = err_text(&format!("node_tls: {{cert: c.pem}}\n{GOOD}"));
+    assert!(
+        text.contains("node_tls.cert: only with node_tls.mode provided"),
+        "{text}"
+    );
+    let text = err_text(&format!(
+        "node_tls: {{advertise: [edge.example.net]}}\n{GOOD}"
+    ));
+    assert!(text.contains("node_tls.advertise[0]"), "{text}");
+    let text = err_text(&format!("node_tls: {{mode: tls}}\n{GOOD}"));
+    assert!(text.contains("node_tls.mode"), "{text}");
+    parse(&format!(
+        "node_tls: {{mode: provided, cert: c.pem, key: k.pem, client_ca: ca.pem}}\n{GOOD}"
+    ))
+    .unwrap();
+}
+
+#[test]
+fn relative_state_and_tls_paths_are_taken_from_the_config_directory() {
+    let mut c = parse(&format!(
+        "http_tls: {{cert: tls/c.pem, key: /abs/k.pem}}\n{GOOD}"
+    ))
+    .unwrap();
+    c.resolve_paths(std::path::Path::new("/etc/iop"));
+    assert_eq!(
+        c.state_dir.as_deref(),
+        Some(std::path::Path::new("/etc/iop/iop-edge-state"))
+    );
+    let http = c.http_tls.unwrap();
+    assert_eq!(http.cert, std::path::Path::new("/etc/iop/tls/c.pem"));
+    assert_eq!(http.key, std::path::Path::new("/abs/k.pem"));
 }

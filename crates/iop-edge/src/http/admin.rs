@@ -1,6 +1,8 @@
 //! Admin endpoints: `/admin/status` (the snapshot), `/admin/events` (the event bus as SSE:
 //! every prompt and output passes through it), `/metrics` (Prometheus text) — admin keys
-//! only — and the open probes `/healthz` and `/readyz`.
+//! only — and the open probes `/healthz` and `/readyz`. The node credential endpoints
+//! (`/admin/join-tokens`, `/admin/nodes/{node}/revoke`), admin-only too, are in
+//! `http::trust`.
 
 use std::sync::Arc;
 
@@ -23,6 +25,7 @@ pub fn admin_routes() -> Router<Arc<Edge>> {
         .route("/admin/status", get(status))
         .route("/admin/events", get(events))
         .route("/metrics", get(metrics))
+        .merge(super::trust::routes())
 }
 
 /// Routes that are always open (probes).

@@ -1,10 +1,11 @@
 //! The edge's HTTP server: the OpenAI-compatible surface, the native runs API and the
-//! admin endpoints on one listener ([`server`]), with bearer-key auth and roles
-//! ([`auth`]), connection deadlines ([`deadlines`]) and a body size limit.
+//! admin endpoints on one listener ([`server`], HTTPS when `http_tls` is set: [`tls`]),
+//! with bearer-key auth and roles ([`auth`]), connection deadlines ([`deadlines`]) and a
+//! body size limit.
 //!
 //! Routes come in three kinds: the probes are open; the OpenAI and runs APIs take any key;
-//! `/admin/*`, `/metrics` and node commands take admin keys only. On an edge without keys
-//! every route is open.
+//! `/admin/*` (node credentials too: [`trust`]), `/metrics` and node commands take admin
+//! keys only. On an edge without keys every route is open.
 
 pub mod admin;
 pub mod auth;
@@ -16,6 +17,8 @@ pub mod render;
 pub mod request;
 pub mod runs;
 pub mod server;
+pub mod tls;
+pub mod trust;
 
 use std::sync::Arc;
 

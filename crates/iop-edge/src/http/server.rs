@@ -2,8 +2,10 @@
 //! connection is bounded — at most `limits.http.max_connections` open (more are answered
 //! 503 and closed at once), and each one under the deadlines of [`super::deadlines`].
 //!
-//! A connection is served by [`serve_connection`], generic over its byte stream, so a TLS
-//! acceptor can wrap the socket between the accept and hyper. Shutdown stops the accepts,
+//! A connection is served by [`serve_connection`], generic over its byte stream: with
+//! `http_tls` the connection's own task first runs the TLS handshake ([`super::tls`]),
+//! holding its place under the cap and bounded by the header timeout, then hands the TLS
+//! stream to hyper. Shutdown stops the accepts,
 //! lets each connection finish the response it is writing (hyper's graceful shutdown), and
 //! the caller's grace period bounds the wait.
 
@@ -24,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
 use super::deadlines::{Activity, DeadlineIo, Expired, ResponseBody, TimedBody};
+use super::tls::HttpTls;
 use crate::config::HttpLimitsConfig;
 use crate::service::Edge;
 
@@ -70,9 +73,13 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Serves HTTP on `listener` until the edge shuts down; returns once every connection
-/// has closed.
-pub async fn serve_http(edge: Arc<Edge>, listener: TcpListener) -> std::io::Result<()> {
+/// Serves HTTP on `listener` until the edge shuts down (HTTPS with `tls`); returns once
+/// every connection has closed.
+pub async fn serve_http(
+    edge: Arc<Edge>,
+    listener: TcpListener,
+    tls: Option<Arc<HttpTls>>,
+) -> std::io::Result<()> {
     let limits = edge.config().limits.http.clone();
     let open_files = crate::fdlimit::open_files_limit();
     let cap = effective_max_connections(limits.max_connections, open_files);
@@ -109,7 +116,10 @@ pub async fn serve_http(edge: Arc<Edge>, listener: TcpListener) -> std::io::Resu
             }
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
-            refuse(&tcp);
+            // A TLS client could not read a plaintext 503: it is just closed.
+            if tls.is_none() {
+                refuse(&tcp);
+            }
             drop(tcp);
             if let Some(n) = accepted_log(&mut refused) {
                 tracing::warn!(
@@ -121,14 +131,29 @@ pub async fn serve_http(edge: Arc<Edge>, listener: TcpListener) -> std::io::Resu
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        connections.spawn(serve_connection(
-            tcp,
-            peer,
-            router.clone(),
-            limits.clone(),
-            shutdown.clone(),
-            permit,
-        ));
+        let (router, limits, shutdown) = (router.clone(), limits.clone(), shutdown.clone());
+        match tls.clone() {
+            None => {
+                connections.spawn(serve_connection(
+                    tcp, peer, router, limits, shutdown, permit,
+                ));
+            }
+            Some(tls) => {
+                connections.spawn(async move {
+                    let handshake = tls.accept(tcp, limits.header_timeout());
+                    let stream = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        stream = handshake => stream,
+                    };
+                    match stream {
+                        Ok(stream) => {
+                            serve_connection(stream, peer, router, limits, shutdown, permit).await
+                        }
+                        Err(err) => tracing::debug!(%peer, %err, "HTTP TLS handshake failed"),
+                    }
+                });
+            }
+        }
     }
     drop(listener);
     while connections.join_next().await.is_some() {}

@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod command;
+pub mod credentials;
 pub mod group;
 pub mod reload;
 pub mod run;
@@ -33,7 +34,10 @@ use crate::registry::{
 };
 use crate::session::{NodeSession, STREAM_WINDOW};
 use crate::throttle::{FailureThrottle, ThrottlePolicy};
+use crate::trust::join::JoinError;
+use crate::trust::{Link, TrustStore};
 use admission::AdmissionControl;
+use credentials::{ConnectionControl, LinkEntry};
 
 pub use run::{RunSpec, RunStream};
 pub use tunnel::{TunnelItem, TunnelSpec, TunnelStream};
@@ -50,10 +54,24 @@ pub enum Rejection {
         message: String,
     },
     Protocol(String),
-    /// Too many bad tokens from the connection's address lately.
+    /// Too many bad credentials from the connection's address lately.
     Throttled {
         retry_after: std::time::Duration,
     },
+    /// A certificate named a node the config does not have.
+    UnknownNode {
+        node_id: String,
+    },
+    /// An admin revoked the node's credentials.
+    Revoked {
+        node_id: String,
+    },
+    /// The join token was refused.
+    JoinToken(JoinError),
+    /// The node's credential could not be checked or issued (a bad request from it).
+    Credential(String),
+    /// The edge could not do its part (e.g. save state); retrying may help.
+    Unavailable(String),
 }
 
 impl Rejection {
@@ -64,12 +82,64 @@ impl Rejection {
             Rejection::ConfigBuild { .. } => pb::RegisterRejectReason::ConfigBuildFailed,
             Rejection::Protocol(_) => pb::RegisterRejectReason::Protocol,
             Rejection::Throttled { .. } => pb::RegisterRejectReason::Throttled,
+            // A credential the edge cannot accept will not become acceptable by retrying.
+            Rejection::UnknownNode { .. } | Rejection::Credential(_) => {
+                pb::RegisterRejectReason::UnknownToken
+            }
+            Rejection::Revoked { .. } => pb::RegisterRejectReason::Revoked,
+            Rejection::JoinToken(JoinError::Unknown) => pb::RegisterRejectReason::UnknownToken,
+            Rejection::JoinToken(JoinError::Expired { .. }) => {
+                pb::RegisterRejectReason::JoinTokenExpired
+            }
+            Rejection::JoinToken(JoinError::UsedUp { .. }) => {
+                pb::RegisterRejectReason::JoinTokenUsedUp
+            }
+            Rejection::Unavailable(_) => pb::RegisterRejectReason::Unspecified,
         }
+    }
+
+    /// A credential (static token, join token, client certificate) was checked and
+    /// refused: counts against the source address in the node listener's throttle.
+    pub fn is_refused_credential(&self) -> bool {
+        matches!(
+            self,
+            Rejection::UnknownToken
+                | Rejection::UnknownNode { .. }
+                | Rejection::Revoked { .. }
+                | Rejection::JoinToken(_)
+                | Rejection::Credential(_)
+        )
+    }
+
+    /// A refusal anyone can provoke without holding a real credential (a guessed token or
+    /// join token, a malformed credential): reported in the listener's periodic summary,
+    /// not one line each. Refusals that need a real credential (revoked, an expired or
+    /// used-up join token, a certificate naming an unknown node) are logged each time.
+    pub fn is_guess(&self) -> bool {
+        matches!(
+            self,
+            Rejection::UnknownToken
+                | Rejection::JoinToken(JoinError::Unknown)
+                | Rejection::Credential(_)
+        )
+    }
+
+    /// The credential was good and the registration failed for another reason.
+    pub fn credential_was_good(&self) -> bool {
+        matches!(
+            self,
+            Rejection::Duplicate { .. } | Rejection::ConfigBuild { .. } | Rejection::Unavailable(_)
+        )
     }
 
     pub fn node_id(&self) -> &str {
         match self {
-            Rejection::Duplicate { node_id } | Rejection::ConfigBuild { node_id, .. } => node_id,
+            Rejection::Duplicate { node_id }
+            | Rejection::ConfigBuild { node_id, .. }
+            | Rejection::UnknownNode { node_id }
+            | Rejection::Revoked { node_id }
+            | Rejection::JoinToken(JoinError::Expired { node_id })
+            | Rejection::JoinToken(JoinError::UsedUp { node_id, .. }) => node_id,
             _ => "",
         }
     }
@@ -89,9 +159,22 @@ impl std::fmt::Display for Rejection {
             Rejection::Protocol(message) => write!(f, "protocol error: {message}"),
             Rejection::Throttled { retry_after } => write!(
                 f,
-                "too many bad node tokens from this address: retry in {:.1}s",
+                "too many bad node credentials from this address: retry in {:.1}s",
                 retry_after.as_secs_f64()
             ),
+            Rejection::UnknownNode { node_id } => write!(
+                f,
+                "unknown node: the certificate names node {node_id:?}, which is not in the edge config"
+            ),
+            Rejection::Revoked { node_id } => write!(
+                f,
+                "node {node_id}'s credentials were revoked by an admin; it needs a new join token (or a new certificate or token) to register again"
+            ),
+            Rejection::JoinToken(e) => write!(f, "join token refused: {e}"),
+            Rejection::Credential(message) => write!(f, "credential refused: {message}"),
+            Rejection::Unavailable(message) => {
+                write!(f, "the edge cannot register nodes right now: {message}")
+            }
         }
     }
 }
@@ -101,6 +184,8 @@ impl std::fmt::Display for Rejection {
 pub struct Registered {
     pub node_id: String,
     pub payload: pb::NodeConfigPayload,
+    /// The credential issued to a node that registered with a join token.
+    pub credential: Option<pb::NodeCredential>,
 }
 
 /// Where a model-group request's usage is attributed.
@@ -132,6 +217,12 @@ pub struct Edge {
     tasks: TaskTracker,
     shutdown: CancellationToken,
     ids: IdGenerator,
+    /// The CA, join tokens and revocations (`None`: no state directory, e.g. unit tests).
+    trust: Option<Arc<TrustStore>>,
+    /// How each node's current connection reached the edge and what it registered with.
+    links: Mutex<HashMap<String, LinkEntry>>,
+    /// The node listener's bound address and the pin nodes verify it by.
+    node_listener: Mutex<Option<credentials::NodeListenerInfo>>,
 }
 
 /// Ids for runs, tunnels and commands: 128 random bits each (32 hex digits) from a
@@ -164,6 +255,11 @@ impl std::fmt::Debug for Edge {
 
 impl Edge {
     pub fn new(config: EdgeConfig) -> Arc<Self> {
+        Self::with_trust(config, None)
+    }
+
+    /// An edge whose node credentials, join tokens and revocations live in `trust`.
+    pub fn with_trust(config: EdgeConfig, trust: Option<Arc<TrustStore>>) -> Arc<Self> {
         let registry = Registry::new(reload::token_records(&config));
         let plan = reload::AdmissionPlan::of(&config);
         let scheduler = Scheduler::new(plan.providers, plan.groups);
@@ -184,6 +280,9 @@ impl Edge {
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             ids: IdGenerator,
+            trust,
+            links: Mutex::new(HashMap::new()),
+            node_listener: Mutex::new(None),
         })
     }
 
@@ -229,34 +328,44 @@ impl Edge {
         self.registry.lock().next_generation()
     }
 
-    /// Handles a `RegisterRequest`: authenticates the token, claims pending ownership and
-    /// builds the node's config payload. Publishes registered / rejected, except for an
-    /// unknown token: the transport reports those, summarized (they come in floods).
+    /// Handles a `RegisterRequest` arriving over `link`: authenticates the node (client
+    /// certificate, join token or static token), claims pending ownership and builds its
+    /// config payload; a join also issues the node its credential. Publishes registered /
+    /// rejected, except for a refused credential: the transport reports those, summarized
+    /// (guesses come in floods).
     pub fn register(
         &self,
-        token: &str,
+        request: &pb::RegisterRequest,
+        link: &Link,
         generation: Generation,
         peer: &str,
+        control: ConnectionControl,
     ) -> Result<Registered, Rejection> {
-        let result = self.claim(token, generation);
+        let result = self.authenticate_and_claim(request, link, generation, control);
         match &result {
             Ok(r) => {
-                tracing::info!(node_id = %r.node_id, %generation, peer, "node registered (pending ready)");
+                tracing::info!(node_id = %r.node_id, %generation, peer, link = link.name(), joined = r.credential.is_some(), "node registered (pending ready)");
                 self.events
                     .node_event(&r.node_id, NodeEventKind::Registered, "", peer);
             }
-            Err(Rejection::UnknownToken) => {}
+            Err(rejection) if rejection.is_guess() => {}
             Err(rejection) => self.rejected(rejection, peer),
         }
         result
     }
 
-    fn claim(&self, token: &str, generation: Generation) -> Result<Registered, Rejection> {
+    /// Claims pending ownership of an authenticated node and builds its config payload.
+    fn claim(&self, node_id: &str, generation: Generation) -> Result<Registered, Rejection> {
         let mut registry = self.registry.lock();
-        let node_id = registry.claim(token, generation).map_err(|e| match e {
-            ClaimError::UnknownToken => Rejection::UnknownToken,
-            ClaimError::Duplicate { node_id } => Rejection::Duplicate { node_id },
-        })?;
+        registry
+            .claim_node(node_id, generation)
+            .map_err(|e| match e {
+                ClaimError::UnknownToken => Rejection::UnknownNode {
+                    node_id: node_id.to_string(),
+                },
+                ClaimError::Duplicate { node_id } => Rejection::Duplicate { node_id },
+            })?;
+        let node_id = node_id.to_string();
         let config = self.config();
         let node = config
             .nodes
@@ -268,7 +377,11 @@ impl Edge {
                 self.sent_config
                     .lock()
                     .insert(node_id.clone(), payload.config_version);
-                Ok(Registered { node_id, payload })
+                Ok(Registered {
+                    node_id,
+                    payload,
+                    credential: None,
+                })
             }
             Err(message) => {
                 registry.disconnect(&node_id, generation);
@@ -361,6 +474,15 @@ impl Edge {
     /// return its leases and end waiters it leaves without a candidate. Stale: nothing.
     pub fn connection_lost(&self, node_id: &str, generation: Generation, reason: &str) {
         let outcome = self.registry.lock().disconnect(node_id, generation);
+        {
+            let mut links = self.links.lock();
+            if links
+                .get(node_id)
+                .is_some_and(|l| l.generation == generation)
+            {
+                links.remove(node_id);
+            }
+        }
         let DisconnectOutcome::Current { was_ready } = outcome else {
             tracing::debug!(node_id, %generation, reason, "stale disconnect ignored");
             return;

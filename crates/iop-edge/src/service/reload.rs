@@ -93,11 +93,13 @@ pub fn token_records(config: &EdgeConfig) -> Vec<(String, TokenHash)> {
         .nodes
         .iter()
         .map(|n| {
-            // A validated config always yields a hash; a token that cannot be resolved
-            // matches nothing.
+            // A node without a static token (it registers by certificate), or whose token
+            // cannot be resolved, gets a hash no token matches.
             let hash = n
                 .token_hash()
-                .unwrap_or_else(|_| hash_token(&uuid::Uuid::new_v4().to_string()));
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| hash_token(&uuid::Uuid::new_v4().to_string()));
             (n.id.clone(), hash)
         })
         .collect()
@@ -135,6 +137,15 @@ impl Edge {
         }
         if old.limits.http.needs_restart(&new.limits.http) {
             report.needs_restart.push("limits.http");
+        }
+        if new.state_dir != old.state_dir {
+            report.needs_restart.push("state_dir");
+        }
+        if new.node_tls != old.node_tls {
+            report.needs_restart.push("node_tls");
+        }
+        if new.http_tls.is_some() != old.http_tls.is_some() {
+            report.needs_restart.push("http_tls (turning it on or off)");
         }
         // Nodes that left the config lose their connection through the usual loss path.
         for node in &old.nodes {

@@ -1,6 +1,7 @@
 //! The node listener's gate before authentication: caps on connections that have not
-//! registered yet (in total and per source address), the bad-token throttle, and the
-//! periodic summary that replaces a log line per refused connection or guessed token.
+//! registered yet (in total and per source address, TLS handshakes included), the
+//! bad-credential throttle, and the periodic summary that replaces a log line per refused
+//! connection, failed handshake or guessed credential.
 //!
 //! [`UnauthenticatedCounts`] and [`Notices`] are pure state; [`NodeGate`] is their shared,
 //! locked shell and hands out an [`UnauthenticatedSlot`] per admitted connection, released
@@ -17,8 +18,9 @@ use parking_lot::Mutex;
 use crate::config::NodeLimitsConfig;
 use crate::throttle::{FailureSummary, FailureThrottle, ThrottlePolicy, address_group};
 
-/// How bad node tokens are throttled per source address.
-pub const TOKEN_THROTTLE: ThrottlePolicy = ThrottlePolicy {
+/// How bad node credentials (static tokens, join tokens, client certificates) are
+/// throttled per source address.
+pub const CREDENTIAL_THROTTLE: ThrottlePolicy = ThrottlePolicy {
     base_delay: Duration::from_millis(250),
     max_delay: Duration::from_secs(30),
     forgive_after: Duration::from_secs(600),
@@ -32,6 +34,10 @@ pub enum Notice {
     OverTotalCap,
     /// A connection over `max_unauthenticated_per_address`.
     OverAddressCap,
+    /// No completed TLS handshake within `tls_handshake_timeout_sec`.
+    TlsHandshakeTimeout,
+    /// A TLS handshake that failed (not TLS, a protocol error...).
+    TlsHandshakeFailed,
     /// No frame within `register_timeout_sec`.
     RegisterTimeout,
     /// A first frame announced over `first_frame_bytes`.
@@ -40,18 +46,21 @@ pub enum Notice {
     UndecodableFirstFrame,
     /// A first frame that was not a RegisterRequest.
     NotRegister,
-    /// A token no node has.
-    BadToken,
+    /// A credential refused: a token no node has, an unknown join token, a client
+    /// certificate the listener does not trust, a revoked node...
+    BadCredential,
     /// A registration refused because its address is throttled.
     Throttled,
 }
 
 impl Notice {
-    const ALL: [Notice; 8] = [
-        Notice::BadToken,
+    const ALL: [Notice; 10] = [
+        Notice::BadCredential,
         Notice::Throttled,
         Notice::OverTotalCap,
         Notice::OverAddressCap,
+        Notice::TlsHandshakeTimeout,
+        Notice::TlsHandshakeFailed,
         Notice::RegisterTimeout,
         Notice::OversizedFirstFrame,
         Notice::UndecodableFirstFrame,
@@ -67,11 +76,13 @@ impl Notice {
         match self {
             Notice::OverTotalCap => "unauthenticated_cap",
             Notice::OverAddressCap => "address_cap",
+            Notice::TlsHandshakeTimeout => "tls_handshake_timeout",
+            Notice::TlsHandshakeFailed => "tls_handshake_failed",
             Notice::RegisterTimeout => "register_timeout",
             Notice::OversizedFirstFrame => "oversized_first_frame",
             Notice::UndecodableFirstFrame => "undecodable_first_frame",
             Notice::NotRegister => "not_register",
-            Notice::BadToken => "bad_token",
+            Notice::BadCredential => "bad_credential",
             Notice::Throttled => "throttled",
         }
     }
@@ -80,7 +91,7 @@ impl Notice {
     fn describe(self, n: u64) -> String {
         let s = if n == 1 { "" } else { "s" };
         match self {
-            Notice::BadToken => format!("{n} bad node token{s}"),
+            Notice::BadCredential => format!("{n} bad node credential{s}"),
             Notice::Throttled => format!("{n} registration{s} refused while throttled"),
             Notice::OverTotalCap => {
                 format!("{n} connection{s} closed over limits.nodes.max_unauthenticated")
@@ -88,6 +99,8 @@ impl Notice {
             Notice::OverAddressCap => format!(
                 "{n} connection{s} closed over limits.nodes.max_unauthenticated_per_address"
             ),
+            Notice::TlsHandshakeTimeout => format!("{n} TLS handshake timeout{s}"),
+            Notice::TlsHandshakeFailed => format!("{n} failed TLS handshake{s}"),
             Notice::RegisterTimeout => format!("{n} register timeout{s}"),
             Notice::OversizedFirstFrame => format!("{n} oversized first frame{s}"),
             Notice::UndecodableFirstFrame => format!("{n} undecodable first frame{s}"),
@@ -112,15 +125,15 @@ impl Notices {
     }
 
     /// The summary of this window (None when nothing happened), and a fresh window.
-    pub fn take(&mut self, window: Duration, bad_tokens: FailureSummary) -> Option<String> {
+    pub fn take(&mut self, window: Duration, bad_credentials: FailureSummary) -> Option<String> {
         let counts = std::mem::take(&mut self.counts);
-        if counts.iter().all(|n| *n == 0) && bad_tokens.failures == 0 {
+        if counts.iter().all(|n| *n == 0) && bad_credentials.failures == 0 {
             return None;
         }
         let mut parts = Vec::new();
         for notice in Notice::ALL {
-            let n = if notice == Notice::BadToken {
-                bad_tokens.failures
+            let n = if notice == Notice::BadCredential {
+                bad_credentials.failures
             } else {
                 counts[notice.index()]
             };
@@ -128,11 +141,11 @@ impl Notices {
                 continue;
             }
             let mut part = notice.describe(n);
-            if notice == Notice::BadToken {
-                let addresses = bad_tokens.addresses;
+            if notice == Notice::BadCredential {
+                let addresses = bad_credentials.addresses;
                 let s = if addresses == 1 { "" } else { "es" };
                 part.push_str(&format!(" from {addresses} address{s}"));
-                if let Some((top, count)) = bad_tokens.top {
+                if let Some((top, count)) = bad_credentials.top {
                     part.push_str(&format!(", most from {top} ({count})"));
                 }
             }
@@ -215,7 +228,7 @@ impl NodeGate {
         Arc::new(Self {
             state: Mutex::new(GateState {
                 counts: UnauthenticatedCounts::default(),
-                throttle: FailureThrottle::new(TOKEN_THROTTLE),
+                throttle: FailureThrottle::new(CREDENTIAL_THROTTLE),
                 notices: Notices::default(),
                 window_started: now,
             }),
@@ -250,7 +263,11 @@ impl NodeGate {
 
     /// Ok if a registration from `addr` may be checked now; Err(wait) if it is throttled
     /// (counted as [`Notice::Throttled`], with whether to log it).
-    pub fn check_token_attempt(&self, addr: IpAddr, now: Instant) -> Result<(), (Duration, bool)> {
+    pub fn check_credential_attempt(
+        &self,
+        addr: IpAddr,
+        now: Instant,
+    ) -> Result<(), (Duration, bool)> {
         let mut state = self.state.lock();
         state
             .throttle
@@ -258,15 +275,15 @@ impl NodeGate {
             .map_err(|wait| (wait, state.notices.note(Notice::Throttled)))
     }
 
-    /// A bad token from `addr`; true when it is the first in this window (log it).
-    pub fn bad_token(&self, addr: IpAddr, now: Instant) -> bool {
+    /// A refused credential from `addr`; true when it is the first in this window (log it).
+    pub fn bad_credential(&self, addr: IpAddr, now: Instant) -> bool {
         let mut state = self.state.lock();
         state.throttle.failure(addr, now);
-        state.notices.note(Notice::BadToken)
+        state.notices.note(Notice::BadCredential)
     }
 
-    /// A token that belongs to a node came from `addr`.
-    pub fn good_token(&self, addr: IpAddr) {
+    /// A credential that belongs to a node came from `addr`.
+    pub fn good_credential(&self, addr: IpAddr) {
         self.state.lock().throttle.success(addr);
     }
 
@@ -275,8 +292,8 @@ impl NodeGate {
         let mut state = self.state.lock();
         let window = now.saturating_duration_since(state.window_started);
         state.window_started = now;
-        let bad_tokens = state.throttle.take_summary();
-        state.notices.take(window, bad_tokens)
+        let bad_credentials = state.throttle.take_summary();
+        state.notices.take(window, bad_credentials)
     }
 
     /// Connections admitted and not registered yet.
@@ -391,18 +408,20 @@ mod tests {
     fn the_first_of_each_kind_per_window_is_logged_and_all_are_summarized() {
         let start = Instant::now();
         let gate = NodeGate::new(start);
-        assert!(gate.bad_token(ip("10.0.0.1"), start));
+        assert!(gate.bad_credential(ip("10.0.0.1"), start));
         for _ in 0..999 {
-            assert!(!gate.bad_token(ip("10.0.0.1"), start));
+            assert!(!gate.bad_credential(ip("10.0.0.1"), start));
         }
-        assert!(!gate.bad_token(ip("10.0.0.2"), start));
-        let (wait, log) = gate.check_token_attempt(ip("10.0.0.1"), start).unwrap_err();
+        assert!(!gate.bad_credential(ip("10.0.0.2"), start));
+        let (wait, log) = gate
+            .check_credential_attempt(ip("10.0.0.1"), start)
+            .unwrap_err();
         assert!(log && wait > Duration::ZERO);
         assert!(gate.note(Notice::RegisterTimeout));
         let line = gate.take_summary(start + Duration::from_secs(30)).unwrap();
         assert_eq!(
             line,
-            "node listener, last 30s: 1001 bad node tokens from 2 addresses, most from \
+            "node listener, last 30s: 1001 bad node credentials from 2 addresses, most from \
              10.0.0.1 (1000); 1 registration refused while throttled; 1 register timeout"
         );
         assert_eq!(gate.take_summary(start + Duration::from_secs(60)), None);
@@ -413,12 +432,12 @@ mod tests {
     }
 
     #[test]
-    fn a_good_token_clears_the_throttle() {
+    fn a_good_credential_clears_the_throttle() {
         let now = Instant::now();
         let gate = NodeGate::new(now);
-        gate.bad_token(ip("10.0.0.1"), now);
-        assert!(gate.check_token_attempt(ip("10.0.0.1"), now).is_err());
-        gate.good_token(ip("10.0.0.1"));
-        assert!(gate.check_token_attempt(ip("10.0.0.1"), now).is_ok());
+        gate.bad_credential(ip("10.0.0.1"), now);
+        assert!(gate.check_credential_attempt(ip("10.0.0.1"), now).is_err());
+        gate.good_credential(ip("10.0.0.1"));
+        assert!(gate.check_credential_attempt(ip("10.0.0.1"), now).is_ok());
     }
 }

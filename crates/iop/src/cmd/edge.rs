@@ -1,5 +1,6 @@
 //! `iop edge`: loads the edge config, listens for nodes and HTTP clients, reloads the
-//! config on SIGHUP, runs until SIGINT / SIGTERM.
+//! config (and the HTTP certificate) on SIGHUP, runs until SIGINT / SIGTERM. `--print-pin`
+//! prints the pin nodes verify the node listener by and exits.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,9 +12,15 @@ use super::{EXIT_CONFIG, Failure};
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
+The node listener speaks TLS by default: on the first start the edge creates its own CA in
+state_dir (default: iop-edge-state beside the config file) and prints its pin; nodes
+verify the edge by that pin. Add nodes with `iop join-token --node ID` (prints a join
+string for `iop node --join`), remove them with `iop revoke ID`.
+
 SIGHUP re-reads the config file and applies it without dropping connections (listen
-addresses, max_frame_bytes, limits.max_body_bytes and limits.http's timeouts and connection
-cap need a restart). Without auth.keys the edge serves loopback only unless the config says
+addresses, max_frame_bytes, limits.max_body_bytes, limits.http's timeouts and connection
+cap, state_dir and node_tls need a restart); it also re-reads the http_tls certificate and
+key. Without auth.keys the edge serves loopback only unless the config says
 auth.allow_anonymous: true. configs/edge.yaml documents every field.")]
 pub struct Args {
     /// Edge config file (nodes, tokens, providers, model groups).
@@ -25,6 +32,12 @@ pub struct Args {
     /// Serve HTTP here instead of the config's `listen.http`.
     #[arg(long, value_name = "ADDR")]
     listen_http: Option<SocketAddr>,
+    /// Keep the CA, join tokens and revocations here instead of the config's `state_dir`.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Print the pin nodes verify this edge by (creating the CA on a first start) and exit.
+    #[arg(long)]
+    print_pin: bool,
     #[command(flatten)]
     pub runtime: crate::runtime::ThreadsArg,
 }
@@ -38,6 +51,9 @@ impl Args {
         }
         if let Some(addr) = self.listen_http {
             config.listen.http = addr;
+        }
+        if let Some(dir) = &self.state_dir {
+            config.state_dir = Some(dir.clone());
         }
         config.check_http_exposure().map_err(|(path, message)| {
             iop_edge::config::ConfigError::Invalid {
@@ -54,20 +70,58 @@ pub async fn run(args: Args) -> super::Result {
     let config = args
         .load()
         .map_err(|e| Failure::new(EXIT_CONFIG, e.to_string()))?;
+    if args.print_pin {
+        return match iop_edge::node_listener_pin(&config) {
+            Ok(Some(pin)) => {
+                println!("{pin}");
+                Ok(())
+            }
+            Ok(None) => Err(Failure::new(
+                EXIT_CONFIG,
+                format!(
+                    "the node listener has no pin (node_tls.mode {}{})",
+                    config.node_tls.mode.as_str(),
+                    if config.node_tls.mode == iop_edge::config::NodeTlsMode::Provided {
+                        ", and node_tls.cert holds no CA certificate after the server's: nodes verify it with --edge-ca"
+                    } else {
+                        ""
+                    }
+                ),
+            )),
+            Err(e) => Err(Failure::new(EXIT_CONFIG, e.to_string())),
+        };
+    }
     let shutdown = crate::signals::shutdown_on_signal();
     let mut hangup = signal(SignalKind::hangup())?;
     let nodes = config.nodes.len();
     let groups = config.model_groups.len();
-    let server = EdgeServer::start(config).await?;
+    let server = EdgeServer::start(config).await.map_err(|e| match e {
+        iop_edge::StartError::Io(e) => Failure::from(e),
+        other => Failure::new(EXIT_CONFIG, other.to_string()),
+    })?;
+    let pin = server
+        .node_pin
+        .map_or_else(String::new, |pin| format!(" pin={pin}"));
     println!(
-        "iop edge listening: nodes={} http={} ({nodes} nodes, {groups} model groups configured)",
-        server.node_addr, server.http_addr
+        "iop edge listening: nodes={} http={} node_tls={}{pin} https={} ({nodes} nodes, {groups} model groups configured)",
+        server.node_addr,
+        server.http_addr,
+        server.node_tls.as_str(),
+        server.https(),
     );
+    if server.node_tls == iop_edge::config::NodeTlsMode::InsecurePlaintext {
+        println!(
+            "WARNING: node_tls.mode is insecure_plaintext: node tokens and prompts are not encrypted"
+        );
+    }
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = hangup.recv() => match args.load() {
                 Ok(config) => {
+                    if let Err(err) = server.reload_http_tls(&config) {
+                        tracing::error!(%err, "http_tls: the certificate could not be re-read; the running one stays");
+                    }
                     let report = server.edge.reload(config);
                     if !report.needs_restart.is_empty() {
                         tracing::warn!(settings = ?report.needs_restart, "these settings change only on restart");

@@ -3,8 +3,11 @@
 pub mod bench;
 pub mod demo;
 pub mod edge;
+pub mod edge_api;
+pub mod join_token;
 pub mod mock_provider;
 pub mod node;
+pub mod revoke;
 pub mod status;
 
 /// A failed command: what to print and the process exit code.

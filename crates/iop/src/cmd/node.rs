@@ -2,7 +2,9 @@
 //! under the node's policy until SIGINT / SIGTERM, a fatal error, or an exhausted budget.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use iop_node::link::{LinkOptions, from_config};
 use iop_node::store::RunStore;
 use iop_node::{EdgeTarget, NodeConfig, NodeExit, NodeRuntime, supervise};
 
@@ -10,12 +12,22 @@ use super::{EXIT_CONFIG, EXIT_EXHAUSTED, Failure};
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
+Joining: on the edge, `iop join-token --node ID` prints a join string; on the node,
+`iop node --join '<join string>'` is all it takes. The node verifies the edge by the pin in
+the string, receives a credential (a client certificate, private key made here) and keeps
+it in --state-file (0600); later starts need no flag (or the same --join, which is then
+ignored).
+
+Static tokens work too: --token with --edge-pin (the edge prints its pin at start) or
+--edge-ca. The node fails closed: a certificate that does not match the pin ends it.
+
 The node gets its providers from the edge at registration and reconnects by itself under
 reconnect.max_attempts (default 10, 0 = unlimited) and reconnect.interval_sec (default 10).
 
 Exit status: 0 after SIGINT/SIGTERM (runs are cancelled and their clients told), 2 for a
-config or credential error (e.g. the edge does not know the token), 3 when the retry
-budget runs out, 1 for anything else.")]
+config or credential error (the edge does not know the token, the join token expired or
+is used up, the node was revoked, the edge's certificate does not match the pin), 3 when
+the retry budget runs out, 1 for anything else.")]
 pub struct Args {
     /// Node config file (edge address, token, store, reconnect policy). Optional: flags
     /// and defaults cover everything.
@@ -30,6 +42,38 @@ pub struct Args {
     /// Run store database: a path or a `file:` URI (overrides the config's `db`).
     #[arg(long)]
     db: Option<String>,
+    /// Join an edge with a join string (`iop1:...`, from `iop join-token` on the edge).
+    #[arg(
+        long,
+        env = "IOP_NODE_JOIN",
+        hide_env_values = true,
+        value_name = "JOIN_STRING"
+    )]
+    join: Option<String>,
+    /// Trust the edge whose CA has this pin (`sha256:...`, printed by the edge at start).
+    /// Repeat to accept several (while the edge's CA is rotated).
+    #[arg(long = "edge-pin", value_name = "PIN")]
+    edge_pin: Vec<String>,
+    /// Verify the edge against these PEM CA certificates (host name checked) instead of a pin.
+    #[arg(long, value_name = "FILE")]
+    edge_ca: Option<PathBuf>,
+    /// Where the node keeps the credential a join gives it (default iop-node-state.json).
+    #[arg(long, value_name = "FILE")]
+    state_file: Option<PathBuf>,
+    /// mTLS: this node's PEM client certificate (CN = node id) from the operator's CA.
+    #[arg(long, value_name = "FILE", requires = "client_key")]
+    client_cert: Option<PathBuf>,
+    /// mTLS: the client certificate's PEM private key.
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    client_key: Option<PathBuf>,
+    /// Do not verify the edge's certificate. Anyone on the path can then read the node's
+    /// token and every prompt, and pose as the edge.
+    #[arg(long)]
+    insecure_skip_tls_verify: bool,
+    /// Speak plain TCP (an edge with node_tls.mode insecure_plaintext): the token and every
+    /// prompt cross the network readable by anyone on the path.
+    #[arg(long)]
+    insecure_plaintext: bool,
     #[command(flatten)]
     pub runtime: crate::runtime::ThreadsArg,
 }
@@ -40,31 +84,59 @@ pub async fn run(args: Args) -> super::Result {
         Some(path) => NodeConfig::load(path).map_err(|e| config_error(e.to_string()))?,
         None => NodeConfig::default(),
     };
+    let explicit_edge = args
+        .edge
+        .clone()
+        .or_else(|| (config.edge != iop_node::config::DEFAULT_EDGE).then(|| config.edge.clone()));
     if let Some(edge) = args.edge {
         config.edge = edge;
     }
     if let Some(db) = args.db {
         config.db = db;
     }
+    config.edge_pin.extend(args.edge_pin);
+    if let Some(ca) = args.edge_ca {
+        config.edge_ca = Some(ca);
+    }
+    if let Some(path) = args.state_file {
+        config.state_file = path;
+    }
+    if args.client_cert.is_some() {
+        config.client_cert = args.client_cert;
+        config.client_key = args.client_key;
+    }
+    config.insecure_skip_tls_verify |= args.insecure_skip_tls_verify;
+    config.insecure_plaintext |= args.insecure_plaintext;
     config
         .validate()
         .map_err(|(path, message)| config_error(format!("{path}: {message}")))?;
     let token = match args.token {
-        Some(t) => t,
-        None => config.resolve_token().map_err(config_error)?.ok_or_else(|| {
-            config_error("no node token: pass --token, set IOP_NODE_TOKEN, or give token/token_env in the config".into())
-        })?,
+        Some(t) => Some(t),
+        None => config.resolve_token().map_err(config_error)?,
     };
+    let link = from_config(
+        &config,
+        LinkOptions {
+            join: args.join,
+            token,
+            edge: explicit_edge,
+        },
+    )
+    .map_err(config_error)?;
+    if config.insecure_skip_tls_verify {
+        tracing::warn!(
+            "insecure_skip_tls_verify: the edge is not verified; anyone on the path can pose as it and read everything"
+        );
+    }
     let (store, store_thread) =
         RunStore::open(&config.db).map_err(|e| config_error(e.to_string()))?;
     let runtime = NodeRuntime::new(Some(store));
     let target = EdgeTarget {
-        addr: config.edge.clone(),
-        token,
+        link: Arc::new(link),
         max_frame_bytes: config.max_frame_bytes,
     };
     let shutdown = crate::signals::shutdown_on_signal();
-    tracing::info!(edge = %target.addr, db = %config.db, "node starting");
+    tracing::info!(edge = %target.link.edge_addr(), credential = target.link.credential_kind(), db = %config.db, "node starting");
     let result = supervise(runtime.clone(), target, config.reconnect, shutdown).await;
     drop(runtime);
     store_thread.join();

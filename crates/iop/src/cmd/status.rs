@@ -2,38 +2,23 @@
 
 use serde_json::Value;
 
+use super::edge_api::EdgeApi;
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The edge's HTTP address.
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
-    url: String,
-    /// An admin API key, if the edge has keys (`/admin/status` is admin-only).
-    #[arg(long, env = "IOP_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    #[command(flatten)]
+    api: EdgeApi,
     /// Print the JSON snapshot as it is.
     #[arg(long)]
     json: bool,
 }
 
 pub async fn run(args: Args) -> super::Result {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let url = format!("{}/admin/status", args.url.trim_end_matches('/'));
-    let mut request = reqwest::Client::new().get(&url);
-    if let Some(key) = &args.api_key {
-        request = request.bearer_auth(key);
-    }
-    let response = request
-        .send()
-        .await
-        .map_err(|e| format!("cannot reach {url}: {e}"))?;
-    let status = response.status();
-    let body: Value = response
-        .json()
-        .await
-        .map_err(|e| format!("{url}: not a status snapshot: {e}"))?;
-    if !status.is_success() {
-        return Err(format!("{url}: {status}: {body}").into());
-    }
+    let client = args.api.client()?;
+    let body = args
+        .api
+        .send(client.get(args.api.url("/admin/status")))
+        .await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&body)?);
         return Ok(());
@@ -65,6 +50,31 @@ pub async fn run(args: Args) -> super::Result {
             );
         }
     }
+    let nodes: Vec<&Value> = body["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["transport"].is_string())
+        .collect();
+    if !nodes.is_empty() {
+        println!();
+        println!(
+            "{:<16} {:<10} {:<20} CREDENTIAL EXPIRES",
+            "NODE", "LINK", "CREDENTIAL"
+        );
+        for node in nodes {
+            let expires = node["credential_expires_unix_ms"]
+                .as_u64()
+                .map_or_else(|| "never".to_string(), expiry);
+            println!(
+                "{:<16} {:<10} {:<20} {}",
+                node["id"].as_str().unwrap_or(""),
+                node["transport"].as_str().unwrap_or(""),
+                node["credential"].as_str().unwrap_or(""),
+                expires
+            );
+        }
+    }
     let groups = body["model_groups"].as_array().cloned().unwrap_or_default();
     if !groups.is_empty() {
         println!();
@@ -91,4 +101,21 @@ pub async fn run(args: Args) -> super::Result {
         }
     }
     Ok(())
+}
+
+/// A Unix-milliseconds expiry as how far away it is.
+fn expiry(unix_ms: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    if unix_ms <= now {
+        return "expired".into();
+    }
+    let secs = (unix_ms - now) / 1000;
+    match secs {
+        s if s >= 2 * 86_400 => format!("in {}d", s / 86_400),
+        s if s >= 2 * 3600 => format!("in {}h", s / 3600),
+        s => format!("in {}m", s / 60),
+    }
 }

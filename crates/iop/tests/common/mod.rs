@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod node_wire;
+pub mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -145,6 +146,8 @@ pub struct EdgeProc {
     pub nodes: String,
     pub http: String,
     pub config: PathBuf,
+    /// The pin of the node listener's CA (`None` for a plaintext listener).
+    pub pin: Option<String>,
 }
 
 impl EdgeProc {
@@ -190,11 +193,18 @@ async fn spawn_edge(dir: &Path, config: &str, nodes: &str, http: &str, args: &[&
             .unwrap_or_else(|| panic!("no {key} in {line:?}"))
             .to_string()
     };
+    let pin = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("pin="))
+        .map(String::from);
+    let nodes = field("nodes=");
+    tls::remember_pin(&nodes, pin.as_deref());
     EdgeProc {
-        nodes: field("nodes="),
+        nodes,
         http: field("http="),
         proc,
         config: path,
+        pin,
     }
 }
 
@@ -217,8 +227,9 @@ pub fn start_node_with(
     std::fs::write(
         &config,
         format!(
-            "edge: \"{edge_nodes}\"\ntoken: \"{token}\"\ndb: \"{}\"\n{extra}\n",
-            db.display()
+            "edge: \"{edge_nodes}\"\ntoken: \"{token}\"\ndb: \"{}\"\n{}{extra}\n",
+            db.display(),
+            tls::node_trust_yaml(name, dir, edge_nodes),
         ),
     )
     .unwrap();
@@ -404,6 +415,7 @@ impl CuttableProxy {
     pub async fn start(upstream: &str) -> CuttableProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
+        tls::alias_pin(&addr, upstream);
         let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
         let upstream = upstream.to_string();

@@ -1,6 +1,7 @@
 //! Wire-level helpers for tests that attack the node listener: connections from a chosen
-//! loopback address, a fake node speaking `iop_proto` frames (it registers, answers pings
-//! and does whatever the test says with what it receives), and a process's resident memory.
+//! loopback address (plain TCP, or TLS as the listener speaks by default), a fake node
+//! speaking `iop_proto` frames over TLS (it registers, answers pings and does whatever the
+//! test says with what it receives), and a process's resident memory.
 
 use std::time::Duration;
 
@@ -8,6 +9,11 @@ use iop_proto::pb::{self, envelope::Message};
 use iop_proto::{FrameReader, Outbound, split_stream};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::mpsc;
+
+use super::tls::raw_tls_handshake;
+
+/// A TLS connection to the node listener, not verifying the edge (the tests attack it).
+pub type TlsLink = tokio_rustls::client::TlsStream<TcpStream>;
 
 /// Resident memory of a process (`VmRSS` of `/proc/<pid>/status`), in bytes.
 pub fn rss_bytes(pid: i32) -> u64 {
@@ -57,19 +63,29 @@ pub async fn connect_from(source: &str, addr: &str) -> std::io::Result<TcpStream
     socket.connect(addr.parse().unwrap()).await
 }
 
-/// Sends one RegisterRequest on a fresh connection from `source` and returns the answer
-/// (`None` if the edge closed the connection without one).
+/// A TLS connection to the node listener at `addr` from the loopback address `source`; an
+/// error when the edge closes the connection before the handshake completes.
+pub async fn tls_connect_from(source: &str, addr: &str) -> std::io::Result<TlsLink> {
+    raw_tls_handshake(connect_from(source, addr).await?).await
+}
+
+/// A RegisterRequest with a static token.
+fn register_request(token: &str, hostname: &str) -> pb::RegisterRequest {
+    pb::RegisterRequest {
+        token: token.to_string(),
+        node_version: "test".into(),
+        hostname: hostname.into(),
+        ..Default::default()
+    }
+}
+
+/// Sends one RegisterRequest on a fresh TLS connection from `source` and returns the
+/// answer (`None` if the edge closed the connection without one).
 pub async fn register_once(source: &str, addr: &str, token: &str) -> Option<pb::RegisterResponse> {
-    let stream = connect_from(source, addr).await.ok()?;
+    let stream = tls_connect_from(source, addr).await.ok()?;
     let (mut reader, outbound, writer) = split_stream(stream, iop_proto::DEFAULT_MAX_FRAME_BYTES);
     let writer = tokio::spawn(writer.run());
-    let sent = outbound
-        .send(pb::RegisterRequest {
-            token: token.to_string(),
-            node_version: "test".into(),
-            hostname: "attacker".into(),
-        })
-        .await;
+    let sent = outbound.send(register_request(token, "attacker")).await;
     let answer = match sent {
         Ok(()) => {
             match tokio::time::timeout(Duration::from_secs(10), next_frame(&mut reader)).await {
@@ -88,7 +104,7 @@ async fn next_frame(reader: &mut FrameReader) -> Option<Message> {
     reader.next().await?.ok()?.message
 }
 
-/// A fake node: one connection to the edge whose frames (all but pings, which it answers)
+/// A fake node: one TLS connection to the edge whose frames (all but pings, which it answers)
 /// reach the test through [`FakeNode::next`].
 pub struct FakeNode {
     pub outbound: Outbound,
@@ -98,14 +114,14 @@ pub struct FakeNode {
 }
 
 impl FakeNode {
-    /// Connects from `source`, registers with `token` and returns the fake node with the
-    /// edge's answer (accepted or not).
+    /// Connects from `source` over TLS, registers with `token` and returns the fake node
+    /// with the edge's answer (accepted or not).
     pub async fn register(
         source: &str,
         addr: &str,
         token: &str,
     ) -> (FakeNode, pb::RegisterResponse) {
-        let stream = connect_from(source, addr).await.unwrap();
+        let stream = tls_connect_from(source, addr).await.unwrap();
         let (mut reader, outbound, writer) =
             split_stream(stream, iop_proto::DEFAULT_MAX_FRAME_BYTES);
         let writer = tokio::spawn(async move {
@@ -135,11 +151,7 @@ impl FakeNode {
             tasks: vec![writer, reader],
         };
         node.outbound
-            .send(pb::RegisterRequest {
-                token: token.to_string(),
-                node_version: "test".into(),
-                hostname: "fake".into(),
-            })
+            .send(register_request(token, "fake"))
             .await
             .unwrap();
         let response = match node.next(Duration::from_secs(10)).await {

@@ -1,18 +1,21 @@
-//! The node listener and what nodes send, attacked: anonymous peers announcing huge
-//! frames, idling, or guessing tokens; a peer that registers and never becomes ready; a
-//! node relaying impossible heads or flooding a stream; a provider that dies mid-event.
+//! The node listener and what nodes send, attacked over the TLS the listener speaks by
+//! default: anonymous peers announcing huge frames after a TLS handshake, idling before or
+//! after one, or guessing tokens, join tokens and client certificates; a peer that
+//! registers and never becomes ready; a node relaying impossible heads or flooding a
+//! stream; a provider that dies mid-event.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iop_proto::pb::{self, envelope::Message, provider_tunnel_frame::Frame};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use iop_proto::Outbound;
 
-use crate::common::node_wire::{FakeNode, RssPeak, connect_from, header, register_once};
+use crate::common::node_wire::{
+    FakeNode, RssPeak, connect_from, header, register_once, tls_connect_from,
+};
 use crate::common::*;
 
 const TOKEN: &str = "token-n1-0123456789";
@@ -34,7 +37,7 @@ async fn refusals(edge: &EdgeProc, reason: &str) -> u64 {
 }
 
 /// Reads until the peer closes the connection; false if it is still open after `within`.
-async fn closed_by_peer(stream: &mut TcpStream, within: Duration) -> bool {
+async fn closed_by_peer(stream: &mut (impl AsyncRead + Unpin), within: Duration) -> bool {
     let mut buf = [0u8; 4096];
     tokio::time::timeout(within, async {
         loop {
@@ -48,17 +51,23 @@ async fn closed_by_peer(stream: &mut TcpStream, within: Duration) -> bool {
     .is_ok()
 }
 
-/// Announces a 16 MiB frame as the first thing on a connection, sends up to 1 MiB of it,
-/// and returns whether the edge closed the connection.
+/// Completes a TLS handshake, announces a 16 MiB frame as the first thing on the
+/// connection, sends up to 1 MiB of it, and returns whether the edge closed the connection.
 async fn announce_huge_frame(addr: String) -> bool {
-    let Ok(mut stream) = TcpStream::connect(&addr).await else {
+    let Ok(mut stream) = tls_connect_from("127.0.0.1", &addr).await else {
         return false;
     };
-    let _ = stream.write_all(&(16u32 << 20).to_be_bytes()).await;
     let chunk = vec![0u8; 64 * 1024];
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        if stream
+            .write_all(&(16u32 << 20).to_be_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
         for _ in 0..16 {
-            if stream.write_all(&chunk).await.is_err() {
+            if stream.write_all(&chunk).await.is_err() || stream.flush().await.is_err() {
                 return;
             }
         }
@@ -70,7 +79,8 @@ async fn announce_huge_frame(addr: String) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_huge_first_frames_cost_no_memory_and_real_traffic_goes_on() {
     let dir = tempdir();
-    // Caps high enough that every attacker gets in: the first-frame cap alone must hold.
+    // Caps high enough that every attacker gets in and completes its TLS handshake: the
+    // first-frame cap alone must hold.
     let config = format!(
         r#"
 limits:
@@ -130,6 +140,7 @@ model_groups:
         edge.proc.log()
     );
     assert_eq!(refusals(&edge, "oversized_first_frame").await, 200);
+    assert_eq!(refusals(&edge, "tls_handshake_failed").await, 0);
     let lines = edge
         .proc
         .log()
@@ -149,7 +160,7 @@ async fn unregistered_connections_are_capped_in_total_and_per_address_and_time_o
     let config = format!(
         r#"
 limits:
-  nodes: {{register_timeout_sec: 5, max_unauthenticated: 24, max_unauthenticated_per_address: 16, summary_interval_sec: 1}}
+  nodes: {{tls_handshake_timeout_sec: 2, register_timeout_sec: 5, max_unauthenticated: 24, max_unauthenticated_per_address: 16, summary_interval_sec: 1}}
 nodes:
   - id: n1
     token: {TOKEN}
@@ -161,31 +172,48 @@ nodes:
     let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
     wait_ready(&edge, "n1").await;
 
-    // 20 idle connections from one address (16 fit), then 20 from another (8 more fit
-    // under the total of 24).
-    let mut idle = Vec::new();
-    for source in ["127.0.0.3", "127.0.0.4"] {
-        for _ in 0..20 {
-            idle.push(connect_from(source, &edge.nodes).await.unwrap());
+    // 20 connections from one address that finish their TLS handshake and then say nothing
+    // (16 fit; the edge closes the other 4 before their handshake completes), then 20 from
+    // another that never even start TLS (8 more fit under the total of 24: the caps hold
+    // from the accept on, TLS handshakes included).
+    let mut registered_late = Vec::new();
+    let mut over_cap = 0;
+    for _ in 0..20 {
+        match tls_connect_from("127.0.0.3", &edge.nodes).await {
+            Ok(stream) => registered_late.push(stream),
+            Err(_) => over_cap += 1,
         }
     }
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(connect_from("127.0.0.4", &edge.nodes).await.unwrap());
+    }
     let mut closing = tokio::task::JoinSet::new();
-    for mut stream in idle {
+    for mut stream in registered_late {
+        closing.spawn(async move { closed_by_peer(&mut stream, Duration::from_secs(20)).await });
+    }
+    for mut stream in silent {
         closing.spawn(async move { closed_by_peer(&mut stream, Duration::from_secs(20)).await });
     }
     while let Some(closed) = closing.join_next().await {
         assert!(closed.unwrap(), "an idle connection was never closed");
     }
+    assert_eq!(over_cap, 4, "handshakes refused over the per-address cap");
     assert_eq!(refusals(&edge, "address_cap").await, 4);
     assert_eq!(refusals(&edge, "unauthenticated_cap").await, 12);
-    assert_eq!(refusals(&edge, "register_timeout").await, 24);
+    assert_eq!(refusals(&edge, "register_timeout").await, 16);
+    assert_eq!(refusals(&edge, "tls_handshake_timeout").await, 8);
     edge.proc
         .wait_line("node listener, last", Duration::from_secs(5))
         .await;
     let log = edge.proc.log();
     let lines = log
         .lines()
-        .filter(|l| l.contains("closed at once") || l.contains("RegisterRequest within"))
+        .filter(|l| {
+            l.contains("closed at once")
+                || l.contains("RegisterRequest within")
+                || l.contains("TLS handshake not finished")
+        })
         .count();
     // One line for the first of each kind per summary interval, not one per connection.
     assert!(
@@ -281,12 +309,13 @@ nodes:
             Duration::from_secs(15),
         )
         .await;
-    assert!(summary.contains("bad node token"), "{summary}");
+    assert!(summary.contains("bad node credential"), "{summary}");
     let log = edge.proc.log();
     let lines = log
         .lines()
         .filter(|l| {
             l.contains("node token")
+                || l.contains("node credential")
                 || l.contains("registration rejected")
                 || l.contains("registration refused")
         })
