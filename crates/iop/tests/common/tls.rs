@@ -199,6 +199,15 @@ pub async fn raw_tls_handshake(
     raw_handshake(tcp, None).await
 }
 
+/// [`raw_tls_handshake`] presenting a client certificate (PEM certificate and key).
+pub async fn raw_tls_handshake_with_cert(
+    tcp: TcpStream,
+    cert_pem: &str,
+    key_pem: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    raw_handshake(tcp, Some((cert_pem, key_pem))).await
+}
+
 async fn raw_handshake(
     tcp: TcpStream,
     client_cert: Option<(&str, &str)>,

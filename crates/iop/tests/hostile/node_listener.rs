@@ -16,6 +16,7 @@ use iop_proto::Outbound;
 use crate::common::node_wire::{
     FakeNode, RssPeak, connect_from, header, register_once, tls_connect_from,
 };
+use crate::common::tls::{TestCa, raw_tls_handshake_with_cert};
 use crate::common::*;
 
 const TOKEN: &str = "token-n1-0123456789";
@@ -324,6 +325,126 @@ nodes:
     assert!(refusals(&edge, "throttled").await >= 900);
 
     // A node on another address is not held back by the guesser.
+    let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
+    wait_ready(&edge, "n1").await;
+}
+
+/// Sends one RegisterRequest carrying a join token on a fresh TLS connection from
+/// `source` and returns the answer.
+async fn join_once(source: &str, addr: &str, join_token: &str) -> pb::RegisterResponse {
+    let stream = tls_connect_from(source, addr).await.unwrap();
+    let (mut reader, outbound, writer) =
+        iop_proto::split_stream(stream, iop_proto::DEFAULT_MAX_FRAME_BYTES);
+    let writer = tokio::spawn(writer.run());
+    outbound
+        .send(pb::RegisterRequest {
+            join_token: join_token.to_string(),
+            credential_csr: vec![0x30; 16],
+            node_version: "test".into(),
+            hostname: "attacker".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        use futures::StreamExt;
+        match reader.next().await {
+            Some(Ok(pb::Envelope {
+                message: Some(Message::RegisterResponse(r)),
+            })) => r,
+            other => panic!("expected a register response, got {other:?}"),
+        }
+    })
+    .await
+    .expect("the edge answers a join");
+    writer.abort();
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guessed_join_tokens_and_untrusted_client_certificates_are_throttled_too() {
+    let dir = tempdir();
+    let config = format!(
+        r#"
+limits:
+  nodes: {{summary_interval_sec: 5}}
+nodes:
+  - id: n1
+    token: {TOKEN}
+    providers:
+      - {{id: mock, kind: mock}}
+"#
+    );
+    let edge = start_edge(dir.path(), &config).await;
+
+    // Join-token guesses from one address are refused, then throttled.
+    let mut refused = 0;
+    let mut throttled = false;
+    for i in 0..50 {
+        let answer = join_once(
+            "127.0.0.5",
+            &edge.nodes,
+            &format!("{i:016x}.guessed-secret"),
+        )
+        .await;
+        assert!(!answer.accepted);
+        match answer.reject_reason() {
+            pb::RegisterRejectReason::UnknownToken => refused += 1,
+            pb::RegisterRejectReason::Throttled => {
+                throttled = true;
+                break;
+            }
+            other => panic!("unexpected answer {other:?}: {}", answer.reason),
+        }
+    }
+    assert!(
+        throttled && refused >= 1,
+        "join-token guesses were not throttled ({refused} refused)"
+    );
+
+    // Client certificates from a CA the edge does not trust fail the handshake and count
+    // as bad credentials of their address...
+    let stranger = TestCa::new("stranger");
+    let (cert, key) = stranger.client_cert("n1");
+    let before = refusals(&edge, "bad_credential").await;
+    for _ in 0..6 {
+        let tcp = connect_from("127.0.0.6", &edge.nodes).await.unwrap();
+        // TLS 1.3: the client finishes its side first; the edge refuses afterwards.
+        if let Ok(mut tls) = raw_tls_handshake_with_cert(tcp, &cert, &key).await {
+            assert!(closed_by_peer(&mut tls, Duration::from_secs(10)).await);
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while refusals(&edge, "bad_credential").await < before + 6 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refused certificates were not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ...so that address now waits even with the right token (6 failures: 8 s).
+    let answer = register_once("127.0.0.6", &edge.nodes, TOKEN)
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.reject_reason(),
+        pb::RegisterRejectReason::Throttled,
+        "{}",
+        answer.reason
+    );
+    // Counted in the listener's summary, not a line each.
+    edge.proc
+        .wait_line("bad node credential", Duration::from_secs(20))
+        .await;
+    let lines = edge
+        .proc
+        .log()
+        .lines()
+        .filter(|l| l.contains("registration rejected") || l.contains("client certificate refused"))
+        .count();
+    assert!(lines < 6, "{lines} log lines about refused credentials");
+
+    // A node on another address is not held back.
     let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
     wait_ready(&edge, "n1").await;
 }
