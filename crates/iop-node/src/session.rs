@@ -421,3 +421,44 @@ impl Session {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(reason: pb::RegisterRejectReason) -> SessionEnd {
+        refused(
+            "edge:7700",
+            &pb::RegisterResponse {
+                accepted: false,
+                reject_reason: reason as i32,
+                reason: "the edge's reason".into(),
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_throttled_registration_is_retried_and_refused_credentials_are_fatal() {
+        use pb::RegisterRejectReason as R;
+        assert!(matches!(refusal(R::Throttled), SessionEnd::Retry { .. }));
+        assert!(matches!(
+            refusal(R::DuplicateConnection),
+            SessionEnd::Retry { .. }
+        ));
+        for (reason, says) in [
+            (R::Revoked, "revoked"),
+            (R::JoinTokenExpired, "join token expired"),
+            (R::JoinTokenUsedUp, "join token is used up"),
+            (R::UnknownToken, "rejected this node's token"),
+        ] {
+            match refusal(reason) {
+                SessionEnd::Fatal(message) => {
+                    assert!(message.contains(says), "{reason:?}: {message}");
+                    assert!(message.contains("the edge's reason"), "{message}");
+                }
+                other => panic!("{reason:?} should be fatal, got {other:?}"),
+            }
+        }
+    }
+}
