@@ -342,6 +342,66 @@ async fn revoking_a_node_closes_its_session_at_once_and_survives_an_edge_restart
     wait_ready(&edge, "gpu").await;
 }
 
+/// Runs `iop <args> --url <edge>` with `key` as `IOP_API_KEY` (none: unset); returns
+/// (success, stderr).
+async fn iop_with_key(edge: &EdgeProc, args: &[&str], key: Option<&str>) -> (bool, String) {
+    let mut command = tokio::process::Command::new(IOP);
+    command
+        .args(args)
+        .args(["--url", &format!("http://{}", edge.http)])
+        .env_remove("IOP_API_KEY");
+    if let Some(key) = key {
+        command.env("IOP_API_KEY", key);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(20), command.output())
+        .await
+        .expect("the iop command finishes")
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn join_tokens_and_revocation_take_an_admin_key() {
+    let dir = tempdir();
+    let config = format!(
+        "auth:\n  keys:\n    - {{name: ops, role: admin, key: {TEST_API_KEY}}}\n    - {{name: alice, role: client, key: alice-key-0123456789}}\n{GPU}"
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    for args in [
+        &["join-token", "--node", "gpu"][..],
+        &["join-token", "--list"][..],
+        &["revoke", "gpu"][..],
+        &["status"][..],
+    ] {
+        let (ok, stderr) = iop_with_key(&edge, args, Some("alice-key-0123456789")).await;
+        assert!(
+            !ok && stderr.contains("403"),
+            "{args:?} with a client key: {stderr}"
+        );
+        let (ok, stderr) = iop_with_key(&edge, args, None).await;
+        assert!(
+            !ok && stderr.contains("401"),
+            "{args:?} without a key: {stderr}"
+        );
+    }
+    // The admin key (from the environment, as an operator would set it) does it all.
+    let (ok, stderr) =
+        iop_with_key(&edge, &["join-token", "--node", "gpu"], Some(TEST_API_KEY)).await;
+    assert!(ok, "{stderr}");
+    let join = join_token(&edge, "gpu", &[]).await;
+    let _node = start_joining_node("gpu", dir.path(), &join, &[]);
+    wait_ready(&edge, "gpu").await;
+    let (ok, stderr) = iop_with_key(&edge, &["revoke", "gpu"], Some(TEST_API_KEY)).await;
+    assert!(ok, "{stderr}");
+    wait_status(&edge, Duration::from_secs(10), "gpu disconnected", |s| {
+        node_status(s, "gpu")["connected"] == false
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn mtls_with_an_operator_ca_admits_its_certificates_and_refuses_others() {
     let dir = tempdir();
@@ -472,6 +532,51 @@ async fn https_serves_and_rereads_its_certificate_on_sighup() {
         .await;
     assert_eq!(https_healthz(&edge.http, &second.cert_pem).await, Ok(200));
     assert!(https_healthz(&edge.http, &first.cert_pem).await.is_err());
+}
+
+#[tokio::test]
+async fn https_handshakes_hold_a_connection_place_and_end_at_the_header_timeout() {
+    use tokio::io::AsyncReadExt;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempdir();
+    let ca = TestCa::new("https");
+    let (cert, key) = ca.server_cert(&["localhost"]);
+    std::fs::write(dir.path().join("http.pem"), cert).unwrap();
+    std::fs::write(dir.path().join("http.key"), key).unwrap();
+    let config = format!(
+        "http_tls: {{cert: http.pem, key: http.key}}\nlimits:\n  http: {{header_timeout_sec: 3, max_connections: 4}}\n{GPU}"
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    // Four connections that never start their TLS handshake take every place...
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(tokio::net::TcpStream::connect(&edge.http).await.unwrap());
+    }
+    // ...so a fifth is closed at once, while they are still open.
+    let mut fifth = tokio::net::TcpStream::connect(&edge.http).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(10), fifth.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "a connection over the cap is closed: {read:?}"
+    );
+    let still_open = silent
+        .iter()
+        .filter(|s| matches!(s.try_read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock))
+        .count();
+    assert_eq!(
+        still_open, 4,
+        "the handshakes in progress hold their places"
+    );
+    // The handshakes end at the header timeout (3 s; allowed 15 s), and the places return.
+    for mut stream in silent {
+        let read = tokio::time::timeout(Duration::from_secs(15), stream.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "a silent TLS connection outlived the header timeout: {read:?}"
+        );
+    }
+    assert_eq!(https_healthz(&edge.http, &ca.cert_pem).await, Ok(200));
 }
 
 #[tokio::test]

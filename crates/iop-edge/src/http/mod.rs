@@ -151,6 +151,21 @@ auth:
                 "{path}"
             );
         }
+        // The node credential endpoints are admin-only too.
+        for (method, path) in [
+            ("GET", "/admin/join-tokens"),
+            ("POST", "/admin/join-tokens"),
+            ("DELETE", "/admin/join-tokens/0123456789abcdef"),
+            ("POST", "/admin/nodes/n1/revoke"),
+        ] {
+            assert_eq!(status_of(KEYS, method, path, alice).await, 403, "{path}");
+            assert_eq!(status_of(KEYS, method, path, None).await, 401, "{path}");
+            let as_admin = status_of(KEYS, method, path, admin).await;
+            assert!(
+                as_admin != 401 && as_admin != 403,
+                "{method} {path}: {as_admin}"
+            );
+        }
         assert_eq!(status_of(KEYS, "GET", "/admin/status", admin).await, 200);
         assert_eq!(status_of(KEYS, "GET", "/metrics", admin).await, 200);
         assert_eq!(status_of(KEYS, "GET", "/v1/models", alice).await, 200);
