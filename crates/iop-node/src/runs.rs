@@ -77,15 +77,13 @@ impl NodeRuntime {
             options: request.options.unwrap_or_default(),
             session_id: request.session_id,
         };
-        let outcome = match instance.gate.clone().try_acquire_owned() {
-            Err(_) => Outcome::Returned(Err(crate::adapters::AdapterError::new(
-                "capacity",
-                format!(
-                    "adapter {} is at its max concurrency ({})",
-                    instance.spec.id,
-                    instance.max_concurrency()
-                ),
-            ))),
+        let slot = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(Outcome::Cancelled),
+            slot = instance.acquire_slot() => slot.ok_or_else(|| Outcome::Returned(Err(instance.at_capacity()))),
+        };
+        let outcome = match slot {
+            Err(outcome) => outcome,
             Ok(_permit) => {
                 tokio::select! {
                     biased;

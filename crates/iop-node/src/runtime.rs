@@ -13,13 +13,20 @@ use iop_proto::Outbound;
 use iop_proto::pb;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::adapters::{self, Adapter};
 use crate::store::RunStore;
 use crate::stream::StreamCredits;
+
+/// How long a run or tunnel waits for a slot of its adapter's capacity gate before it is
+/// refused. The edge admits against the same capacity and counts a slot free as soon as it
+/// has sent the cancel of the stream that held it; that stream lets go of the slot a moment
+/// later, once the node has handled the cancel, possibly after it read the next request.
+/// Work beyond what the edge admitted is still refused, after this grace.
+pub const SLOT_GRACE: Duration = Duration::from_millis(250);
 
 /// One provider's adapter with its node-local capacity gate, shared by runs and tunnels.
 #[derive(Debug)]
@@ -44,9 +51,38 @@ impl AdapterInstance {
         adapters::kind_name(self.spec.kind())
     }
 
+    /// Takes one slot of the capacity gate, waiting at most [`SLOT_GRACE`] for one to be
+    /// let go; `None` when the adapter is still at its max concurrency.
+    pub async fn acquire_slot(&self) -> Option<OwnedSemaphorePermit> {
+        acquire_within(&self.gate, SLOT_GRACE).await
+    }
+
+    /// The error of a run or tunnel refused for capacity.
+    pub fn at_capacity(&self) -> crate::adapters::AdapterError {
+        crate::adapters::AdapterError::new(
+            "capacity",
+            format!(
+                "adapter {} is at its max concurrency ({})",
+                self.spec.id,
+                self.max_concurrency()
+            ),
+        )
+    }
+
     pub fn record_usage(&self, usage: Option<&pb::Usage>, tunnel: bool) {
         self.usage.lock().record(usage, tunnel);
     }
+}
+
+/// One permit of `gate`, at once or once one is let go within `grace`.
+async fn acquire_within(gate: &Arc<Semaphore>, grace: Duration) -> Option<OwnedSemaphorePermit> {
+    if let Ok(permit) = gate.clone().try_acquire_owned() {
+        return Some(permit);
+    }
+    tokio::time::timeout(grace, gate.clone().acquire_owned())
+        .await
+        .ok()?
+        .ok()
 }
 
 /// Token totals of one adapter since the node started.
@@ -228,6 +264,25 @@ impl NodeRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_let_go_within_the_grace_is_taken_and_a_held_one_is_refused() {
+        let gate = Arc::new(Semaphore::new(1));
+        let held = gate.clone().try_acquire_owned().unwrap();
+        tokio::spawn(async move {
+            tokio::time::sleep(SLOT_GRACE / 2).await;
+            drop(held);
+        });
+        let permit = acquire_within(&gate, SLOT_GRACE).await;
+        assert!(permit.is_some(), "a slot freed during the grace is taken");
+        let started = tokio::time::Instant::now();
+        assert!(acquire_within(&gate, SLOT_GRACE).await.is_none());
+        assert_eq!(
+            started.elapsed(),
+            SLOT_GRACE,
+            "refused once the grace is over"
+        );
+    }
 
     #[test]
     fn usage_totals_saturate_instead_of_wrapping() {

@@ -120,22 +120,20 @@ impl NodeRuntime {
             .await;
             return;
         };
-        let Ok(_permit) = instance.gate.clone().try_acquire_owned() else {
-            out.error(
-                "capacity",
-                format!(
-                    "adapter {} is at its max concurrency ({})",
-                    instance.spec.id,
-                    instance.max_concurrency()
-                ),
-            )
-            .await;
-            return;
-        };
         let cancel = conn.cancel.child_token();
         self.tunnels
             .lock()
             .insert(request.request_id.clone(), cancel.clone());
+        let slot = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return self.end_tunnel(&request.request_id),
+            slot = instance.acquire_slot() => slot,
+        };
+        let Some(_permit) = slot else {
+            let refused = instance.at_capacity();
+            out.error(&refused.code, refused.message).await;
+            return self.end_tunnel(&request.request_id);
+        };
         let credit = conn
             .credits
             .open(&request.request_id, request.initial_credit);
