@@ -380,9 +380,10 @@ fn stored_runs(db: &Path) -> Vec<(String, String, Option<i64>, Option<String>)> 
         .unwrap_or_default()
 }
 
-/// Starts a run on the slow mock and returns its id and response once a delta arrived.
-async fn slow_run(edge: &EdgeProc) -> (String, reqwest::Response) {
-    let mut response = client()
+/// Starts a run on the slow mock through `http` and returns its id and response once a
+/// delta arrived.
+async fn slow_run(http: &reqwest::Client, edge: &EdgeProc) -> (String, reqwest::Response) {
+    let mut response = http
         .post(edge.url("/v1/runs"))
         .json(&json!({"node": "n1", "adapter": "slow", "input": "go"}))
         .send()
@@ -402,10 +403,14 @@ async fn slow_run(edge: &EdgeProc) -> (String, reqwest::Response) {
 async fn an_abort_storm_leaves_a_record_for_every_run_and_none_running() {
     let s = setup().await;
     let db = s.dir.join("n1.db");
-    // 500 runs, 250 clients at a time, each leaving after the first delta.
+    // 500 runs, 250 clients at a time, each leaving after the first delta. One HTTP client
+    // for all of them: building one per request (its TLS roots and pool) starves this
+    // test's single thread on a busy machine, and connections the edge accepted then wait
+    // longer than its header timeout for their request head.
+    let http = client();
     let ids: Vec<String> = futures::stream::iter(0..500)
         .map(|_| async {
-            let (run_id, response) = slow_run(&s.edge).await;
+            let (run_id, response) = slow_run(&http, &s.edge).await;
             drop(response);
             run_id
         })
@@ -453,8 +458,9 @@ async fn runs_of_a_node_killed_mid_run_are_interrupted_when_it_starts_again() {
     let mut s = setup().await;
     let db = s.dir.join("n1.db");
     let mut live = Vec::new();
+    let http = client();
     for _ in 0..3 {
-        live.push(slow_run(&s.edge).await);
+        live.push(slow_run(&http, &s.edge).await);
     }
     let ids: Vec<String> = live.iter().map(|(id, _)| id.clone()).collect();
     eventually(
