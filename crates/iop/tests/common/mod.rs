@@ -22,6 +22,8 @@ pub struct Proc {
     pub name: String,
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// The threads collecting stdout and stderr into `lines`.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Proc {
@@ -39,22 +41,24 @@ impl Proc {
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn iop");
         let lines = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
         for stream in [
             Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
             Box::new(child.stderr.take().unwrap()),
         ] {
             let lines = lines.clone();
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines() {
                     let Ok(line) = line else { break };
                     lines.lock().unwrap().push(line);
                 }
-            });
+            }));
         }
         Proc {
             name: name.to_string(),
             child,
             lines,
+            readers,
         }
     }
 
@@ -107,11 +111,17 @@ impl Proc {
         let _ = self.child.wait();
     }
 
-    /// Waits for the process to exit.
+    /// Waits for the process to exit, then (for at most 5 s more, in case a child of it
+    /// still holds its output open) for the last lines it wrote to be collected, so the
+    /// log is complete when this returns.
     pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
+                let drained = Instant::now() + Duration::from_secs(5);
+                while self.readers.iter().any(|r| !r.is_finished()) && Instant::now() < drained {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 return status;
             }
             if Instant::now() > deadline {
