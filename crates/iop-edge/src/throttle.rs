@@ -1,5 +1,5 @@
-//! Throttle of failed authentication attempts (bad node tokens, bad API keys) per source
-//! address, with growing delays.
+//! Throttle of failed authentication attempts (bad node credentials, bad API keys) per
+//! source address, with growing delays.
 //!
 //! Pure state, no I/O, no clock: every call takes `now`. After `n` consecutive failures
 //! from an address, its next attempt may proceed only `base_delay * 2^(n-1)` (at most
