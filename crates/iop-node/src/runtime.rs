@@ -2,8 +2,9 @@
 //! the edge's config, the active runs and tunnels, the run store and usage totals.
 //!
 //! Adapter instances are stable: applying a config keeps the instance (and so its capacity
-//! gate and CLI sessions) of every provider whose spec did not change, across config
-//! refreshes and reconnects alike.
+//! gate, CLI sessions and probe history) of every provider whose spec did not change,
+//! across config refreshes and reconnects alike. Each instance is probed by a task of its
+//! own (`probe`); a change of any provider's health bumps [`NodeRuntime::health_changed`].
 
 use foldhash::HashMap;
 use std::sync::Arc;
@@ -13,11 +14,12 @@ use iop_proto::Outbound;
 use iop_proto::pb;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::adapters::{self, Adapter};
+use crate::health::ProbeTracker;
 use crate::store::RunStore;
 use crate::stream::StreamCredits;
 
@@ -28,6 +30,16 @@ pub struct AdapterInstance {
     pub adapter: Arc<dyn Adapter>,
     pub gate: Arc<Semaphore>,
     pub usage: Mutex<UsageTotals>,
+    /// What the provider's probes found.
+    pub health: Mutex<ProbeTracker>,
+    /// Stops the probe task when the instance is dropped.
+    pub probe_stop: CancellationToken,
+}
+
+impl Drop for AdapterInstance {
+    fn drop(&mut self) {
+        self.probe_stop.cancel();
+    }
 }
 
 impl AdapterInstance {
@@ -108,6 +120,8 @@ pub struct NodeRuntime {
     pub(crate) tunnels: Mutex<HashMap<String, CancellationToken>>,
     pub(crate) transport: Mutex<TransportStatus>,
     pub(crate) started: Instant,
+    /// Bumped whenever a provider's settled health changes (or the adapters change).
+    health_changed: watch::Sender<u64>,
 }
 
 /// Builds the HTTP clients all adapters share: pooled, `TCP_NODELAY`, no proxy from the
@@ -135,6 +149,7 @@ impl NodeRuntime {
             tunnels: Mutex::new(HashMap::default()),
             transport: Mutex::new(TransportStatus::default()),
             started: Instant::now(),
+            health_changed: watch::Sender::new(0),
         })
     }
 
@@ -178,6 +193,8 @@ impl NodeRuntime {
                     adapter,
                     gate: Arc::new(Semaphore::new(permits)),
                     usage: Mutex::new(UsageTotals::default()),
+                    health: Mutex::new(crate::probe::tracker_for(spec)),
+                    probe_stop: CancellationToken::new(),
                 }),
             );
         }
@@ -192,9 +209,30 @@ impl NodeRuntime {
             version = payload.config_version,
             "config applied"
         );
+        for (id, instance) in &next {
+            if !current.get(id).is_some_and(|c| Arc::ptr_eq(c, instance)) {
+                crate::probe::start(instance, self.health_changed.clone());
+            }
+        }
         *self.adapters.write() = next;
         *self.node_id.write() = payload.node_id.clone();
+        // Replaced instances start over (unknown, or healthy for the mock): say so.
+        self.health_changed.send_modify(|n| *n = n.wrapping_add(1));
         Ok(())
+    }
+
+    /// Subscribes to health changes: the receiver sees a change whenever some provider's
+    /// reportable health may differ from what was last read.
+    pub fn watch_health(&self) -> watch::Receiver<u64> {
+        self.health_changed.subscribe()
+    }
+
+    /// Every provider's health as the node reports it.
+    pub fn health_reports(&self) -> Vec<pb::ProviderHealth> {
+        self.adapters()
+            .iter()
+            .map(|a| a.health.lock().report(&a.spec.id))
+            .collect()
     }
 
     /// Cancels every active run and tunnel (local shutdown).

@@ -300,3 +300,71 @@ fn node_limits_have_defaults_and_bounds() {
         assert!(text.contains(path), "{yaml}: {text}");
     }
 }
+
+#[test]
+fn health_settings_have_defaults_and_per_provider_overrides() {
+    let c = parse(GOOD).unwrap();
+    assert_eq!(c.health.interval_sec, 5.0);
+    assert_eq!(c.health.ejection.consecutive_failures, 3);
+    assert_eq!(c.model_groups[0].queue.wait_for_reconnect_sec, 0);
+    let probe = c.health.probe_settings(None);
+    assert_eq!(probe.timeout, std::time::Duration::from_secs(2));
+    let c = parse(&format!(
+        "{}health: {{interval_sec: 2, ejection: {{base_sec: 5, max_sec: 50}}}}\n",
+        GOOD.replace(
+            "capacity: {normal: 2, long: 1}",
+            "capacity: {normal: 2, long: 1}\n        health: {interval_sec: 0.5}"
+        )
+        .replace(
+            "members: [{node: gpu, provider: vllm, model: meta/llama}]",
+            "members: [{node: gpu, provider: vllm, model: meta/llama}]\n    queue: {wait_for_reconnect_sec: 10}"
+        )
+    ))
+    .unwrap();
+    let own = c
+        .health
+        .probe_settings(c.nodes[0].providers[0].health.as_ref());
+    assert_eq!(own.interval, std::time::Duration::from_millis(500));
+    assert_eq!(
+        own.timeout,
+        std::time::Duration::from_secs(2),
+        "edge-wide default"
+    );
+    assert_eq!(
+        c.health.probe_settings(None).interval,
+        std::time::Duration::from_secs(2)
+    );
+    assert_eq!(
+        c.health.ejection.policy().base,
+        std::time::Duration::from_secs(5)
+    );
+    assert_eq!(c.model_groups[0].queue.wait_for_reconnect_sec, 10);
+}
+
+#[test]
+fn bad_health_settings_name_their_path() {
+    let with = |extra: &str| err_text(&format!("{GOOD}{extra}\n"));
+    assert!(with("health: {interval_sec: 0}").contains("health.interval_sec"));
+    assert!(with("health: {timeout_sec: -1}").contains("health.timeout_sec"));
+    assert!(with("health: {unhealthy_after: 0}").contains("health.unhealthy_after"));
+    assert!(
+        with("health: {ejection: {base_sec: 60, max_sec: 30}}").contains("health.ejection.max_sec")
+    );
+    assert!(with("health: {probe: yes}").contains("unknown field"));
+    let e = err_text(&GOOD.replace(
+        "capacity: {normal: 2, long: 1}",
+        "capacity: {normal: 2, long: 1}\n        health: {interval_sec: 99999}",
+    ));
+    assert!(
+        e.contains("nodes[0].providers[0].health.interval_sec"),
+        "{e}"
+    );
+    let e = err_text(&GOOD.replace(
+        "members: [{node: gpu, provider: vllm, model: meta/llama}]",
+        "members: [{node: gpu, provider: vllm, model: meta/llama}]\n    queue: {wait_for_reconnect_sec: 999999}",
+    ));
+    assert!(
+        e.contains("model_groups[0].queue.wait_for_reconnect_sec"),
+        "{e}"
+    );
+}

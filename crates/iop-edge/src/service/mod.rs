@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod command;
 pub mod group;
+pub mod health;
 pub mod reload;
 pub mod run;
 pub mod tunnel;
@@ -159,7 +160,8 @@ impl Edge {
     pub fn new(config: EdgeConfig) -> Arc<Self> {
         let registry = Registry::new(reload::token_records(&config));
         let plan = reload::AdmissionPlan::of(&config);
-        let scheduler = Scheduler::new(plan.providers, plan.groups);
+        let mut scheduler = Scheduler::new(plan.providers, plan.groups);
+        scheduler.set_ejection_policy(plan.ejection);
         Arc::new(Edge {
             metrics: Metrics::new(),
             api_keys: RwLock::new(Arc::new(reload::key_hashes(&config))),
@@ -241,7 +243,7 @@ impl Edge {
             .iter()
             .find(|n| n.id == node_id)
             .expect("registry built from config");
-        match build_payload(node, config.max_frame_bytes) {
+        match build_payload(node, &config.health, config.max_frame_bytes) {
             Ok(payload) => {
                 self.sent_config
                     .lock()
@@ -319,7 +321,7 @@ impl Edge {
         let Some(node) = config.nodes.iter().find(|n| n.id == node_id) else {
             return;
         };
-        let Ok(payload) = build_payload(node, config.max_frame_bytes) else {
+        let Ok(payload) = build_payload(node, &config.health, config.max_frame_bytes) else {
             return;
         };
         let mut sent = self.sent_config.lock();

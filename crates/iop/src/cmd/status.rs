@@ -39,10 +39,11 @@ pub async fn run(args: Args) -> super::Result {
         return Ok(());
     }
     println!(
-        "{:<16} {:<12} {:<16} {:<14} {:<12} {:>10} {:>10}",
-        "NODE", "STATE", "PROVIDER", "KIND", "STATUS", "CAP n/l", "BUSY n/l"
+        "{:<16} {:<12} {:<16} {:<14} {:<12} {:<10} {:>10} {:>10}",
+        "NODE", "STATE", "PROVIDER", "KIND", "STATUS", "HEALTH", "CAP n/l", "BUSY n/l"
     );
     let lanes = |v: &Value| format!("{}/{}", v["normal"], v["long"]);
+    let mut notes = Vec::new();
     for node in body["nodes"].as_array().into_iter().flatten() {
         let providers = node["providers"].as_array().cloned().unwrap_or_default();
         if providers.is_empty() {
@@ -53,16 +54,47 @@ pub async fn run(args: Args) -> super::Result {
             );
         }
         for p in providers {
+            let ejected = p["ejected"].is_object();
             println!(
-                "{:<16} {:<12} {:<16} {:<14} {:<12} {:>10} {:>10}",
+                "{:<16} {:<12} {:<16} {:<14} {:<12} {:<10} {:>10} {:>10}",
                 node["id"].as_str().unwrap_or(""),
                 node["state"].as_str().unwrap_or(""),
                 p["id"].as_str().unwrap_or(""),
                 p["kind"].as_str().unwrap_or(""),
-                p["status"].as_str().unwrap_or(""),
+                if ejected {
+                    "ejected"
+                } else {
+                    p["status"].as_str().unwrap_or("")
+                },
+                p["health"].as_str().unwrap_or(""),
                 lanes(&p["capacity"]),
                 lanes(&p["in_flight"]),
             );
+            let name = format!(
+                "{}/{}",
+                node["id"].as_str().unwrap_or(""),
+                p["id"].as_str().unwrap_or("")
+            );
+            if ejected {
+                notes.push(format!(
+                    "{name}: ejected for {}s more: {}",
+                    p["ejected"]["remaining_sec"],
+                    p["ejected"]["reason"].as_str().unwrap_or("")
+                ));
+            }
+            if let Some(error) = p["last_error"].as_str() {
+                let ago = p["last_error_unix_ms"]
+                    .as_u64()
+                    .map(|at| format!(" ({}s ago)", now_ms().saturating_sub(at) / 1000))
+                    .unwrap_or_default();
+                notes.push(format!("{name}: last failed probe{ago}: {error}"));
+            }
+        }
+    }
+    if !notes.is_empty() {
+        println!();
+        for note in notes {
+            println!("{note}");
         }
     }
     let groups = body["model_groups"].as_array().cloned().unwrap_or_default();
@@ -91,4 +123,11 @@ pub async fn run(args: Args) -> super::Result {
         }
     }
     Ok(())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
