@@ -123,6 +123,11 @@ impl ProbeTracker {
         self.settings
     }
 
+    /// New probe settings (a config change); the streaks so far count under them.
+    pub fn set_settings(&mut self, settings: HealthSettings) {
+        self.settings = settings;
+    }
+
     /// Takes one probe's result; returns whether the settled health changed.
     pub fn record(&mut self, result: Result<(), String>, now_ms: u64) -> bool {
         let next = match result {

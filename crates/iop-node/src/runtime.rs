@@ -3,7 +3,8 @@
 //!
 //! Adapter instances are stable: applying a config keeps the instance (and so its capacity
 //! gate, CLI sessions and probe history) of every provider whose spec did not change,
-//! across config refreshes and reconnects alike. Each instance is probed by a task of its
+//! across config refreshes and reconnects alike (a change of its probe settings alone keeps
+//! it too). Each instance is probed by a task of its
 //! own (`probe`); a change of any provider's health bumps [`NodeRuntime::health_changed`].
 
 use foldhash::HashMap;
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::adapters::{self, Adapter};
-use crate::health::ProbeTracker;
+use crate::health::{HealthSettings, ProbeTracker};
 use crate::store::RunStore;
 use crate::stream::StreamCredits;
 
@@ -124,6 +125,14 @@ pub struct NodeRuntime {
     health_changed: watch::Sender<u64>,
 }
 
+/// A provider spec without its probe settings.
+fn without_health(spec: &pb::ProviderSpec) -> pb::ProviderSpec {
+    pb::ProviderSpec {
+        health: None,
+        ..spec.clone()
+    }
+}
+
 /// Builds the HTTP clients all adapters share: pooled, `TCP_NODELAY`, no proxy from the
 /// environment (providers sit next to the node).
 pub fn http_clients() -> adapters::HttpClients {
@@ -177,11 +186,21 @@ impl NodeRuntime {
         let current = self.adapters.read().clone();
         let mut next = HashMap::default();
         for (i, spec) in payload.providers.iter().enumerate() {
-            if let Some(existing) = current.get(&spec.id)
-                && existing.spec == *spec
-            {
-                next.insert(spec.id.clone(), existing.clone());
-                continue;
+            if let Some(existing) = current.get(&spec.id) {
+                if existing.spec == *spec {
+                    next.insert(spec.id.clone(), existing.clone());
+                    continue;
+                }
+                // Only the probe settings changed: keep the instance (its gate, sessions
+                // and probe history) and probe it the new way from the next probe on.
+                if without_health(&existing.spec) == without_health(spec) {
+                    existing
+                        .health
+                        .lock()
+                        .set_settings(HealthSettings::of(spec.health.as_ref()));
+                    next.insert(spec.id.clone(), existing.clone());
+                    continue;
+                }
             }
             let adapter = adapters::build(spec, &self.http)
                 .map_err(|e| format!("providers[{i}] ({}): {e}", spec.id))?;
@@ -248,5 +267,56 @@ impl NodeRuntime {
 
     pub fn active_runs(&self) -> usize {
         self.runs.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(interval_ms: u32, max_concurrency: u32) -> pb::NodeConfigPayload {
+        pb::NodeConfigPayload {
+            node_id: "n".into(),
+            providers: vec![pb::ProviderSpec {
+                id: "agent".into(),
+                kind: pb::ProviderKind::Cli as i32,
+                max_concurrency,
+                cli: Some(pb::CliSpec {
+                    argv: vec!["cat".into()],
+                    ..Default::default()
+                }),
+                health: Some(pb::HealthCheckSpec {
+                    interval_ms,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            config_version: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_change_of_probe_settings_alone_keeps_the_adapter_instance() {
+        let runtime = NodeRuntime::new(None);
+        runtime.apply(&payload(1000, 2)).unwrap();
+        let first = runtime.adapter("agent").unwrap();
+        runtime.apply(&payload(250, 2)).unwrap();
+        let second = runtime.adapter("agent").unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &second),
+            "same gate, sessions and probe history"
+        );
+        assert_eq!(
+            second.health.lock().settings().interval,
+            Duration::from_millis(250)
+        );
+        runtime.apply(&payload(250, 3)).unwrap();
+        let third = runtime.adapter("agent").unwrap();
+        assert!(
+            !Arc::ptr_eq(&second, &third),
+            "another limit is another instance"
+        );
+        drop((first, second));
+        assert_eq!(runtime.health_reports().len(), 1);
     }
 }
