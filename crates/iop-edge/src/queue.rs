@@ -265,6 +265,10 @@ impl<W> Scheduler<W> {
         self.ejection = policy;
     }
 
+    pub fn ejection_policy(&self) -> EjectionPolicy {
+        self.ejection
+    }
+
     pub fn group_index(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
     }

@@ -108,7 +108,20 @@ impl Probe {
                 program,
                 search_path,
                 working_dir,
-            } => runnable(program, search_path.as_deref(), working_dir.as_deref()),
+            } => {
+                // A few stat calls, off the event loop: a hung file system must not stall
+                // the relay.
+                let (program, search_path, working_dir) =
+                    (program.clone(), search_path.clone(), working_dir.clone());
+                let check = tokio::task::spawn_blocking(move || {
+                    runnable(&program, search_path.as_deref(), working_dir.as_deref())
+                });
+                match tokio::time::timeout(timeout, check).await {
+                    Ok(Ok(result)) => result,
+                    Ok(Err(_)) => Err("the check failed".into()),
+                    Err(_) => Err(format!("no answer within {}ms", timeout.as_millis())),
+                }
+            }
         }
     }
 }

@@ -285,4 +285,18 @@ nodes:
         .unwrap()
         .to_string();
     assert!(error.ends_with("no-such-agent: no such file"), "{error}");
+    // `iop status` shows it too.
+    let out = std::process::Command::new(IOP)
+        .args(["status", "--url", &edge.url("")])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{table}");
+    assert!(out.status.success(), "{table}");
+    let row = table.lines().find(|l| l.contains(" agent ")).unwrap();
+    assert!(row.contains("unhealthy"), "{table}");
+    assert!(
+        table.contains("n1/agent: last failed probe") && table.contains("no such file"),
+        "{table}"
+    );
 }

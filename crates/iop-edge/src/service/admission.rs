@@ -368,7 +368,11 @@ impl AdmissionControl {
         now: Instant,
     ) -> Option<Verdict> {
         let key = ProviderKey::new(node, provider);
-        let verdict = self.scheduler.lock().report_outcome(&key, outcome, now)?;
+        let (verdict, threshold) = {
+            let mut scheduler = self.scheduler.lock();
+            let threshold = scheduler.ejection_policy().consecutive_failures;
+            (scheduler.report_outcome(&key, outcome, now)?, threshold)
+        };
         match &verdict {
             Verdict::Ejected {
                 duration,
@@ -383,12 +387,14 @@ impl AdmissionControl {
                 %reason,
                 "provider ejected: no new requests until the time is up or a probe finds it healthy"
             ),
-            Verdict::Kept { failures } => tracing::warn!(
+            // Said once per streak: a failing last member would otherwise log every request.
+            Verdict::Kept { failures } if *failures == threshold => tracing::warn!(
                 node_id = node,
                 provider,
                 failures,
                 "provider keeps failing but is not ejected: it is the last usable member of a model group"
             ),
+            Verdict::Kept { .. } => {}
             Verdict::Unchanged => {}
         }
         Some(verdict)
