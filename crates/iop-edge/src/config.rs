@@ -28,6 +28,8 @@ pub const MIN_MAX_FRAME_BYTES: usize = 64 * 1024;
 pub const MAX_MAX_FRAME_BYTES: usize = 256 * 1024 * 1024;
 /// Shortest inline (or environment) node token accepted.
 pub const MIN_TOKEN_CHARS: usize = 16;
+/// Longest `queue.wait_for_reconnect_sec`.
+pub const MAX_WAIT_FOR_RECONNECT_SEC: u64 = 3600;
 /// Largest capacity per lane and `max_concurrency` of one provider.
 pub const MAX_CAPACITY: u32 = 10_000;
 /// The state directory's name beside the config file when `state_dir` is not given.
@@ -83,6 +85,9 @@ pub struct EdgeConfig {
     /// TLS on the HTTP listener (off unless given).
     #[serde(default)]
     pub http_tls: Option<HttpTlsConfig>,
+    /// Provider health probes (by the nodes) and passive ejection (by the edge).
+    #[serde(default)]
+    pub health: HealthConfig,
 }
 
 /// How the node listener secures connections.
@@ -222,7 +227,9 @@ impl Default for LimitsConfig {
     }
 }
 
+pub mod health;
 pub mod node_limits;
+pub use health::{EjectionConfig, HealthConfig, ProviderHealthConfig};
 pub use node_limits::NodeLimitsConfig;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -327,6 +334,9 @@ pub struct ProviderConfig {
     pub cli: Option<CliConfig>,
     #[serde(default)]
     pub mock: Option<MockConfig>,
+    /// This provider's probe settings (unset: the edge-wide `health`).
+    #[serde(default)]
+    pub health: Option<ProviderHealthConfig>,
 }
 
 fn yes() -> bool {
@@ -441,6 +451,10 @@ pub struct QueueConfig {
     pub max_waiting: usize,
     #[serde(default = "default_queue_timeout")]
     pub timeout_sec: u64,
+    /// When no member's node is connected: how long a request waits for one to reconnect
+    /// (at most `timeout_sec`); 0 fails it at once with 503.
+    #[serde(default)]
+    pub wait_for_reconnect_sec: u64,
 }
 
 fn default_max_waiting() -> usize {
@@ -456,6 +470,7 @@ impl Default for QueueConfig {
         Self {
             max_waiting: DEFAULT_QUEUE_MAX_WAITING,
             timeout_sec: DEFAULT_QUEUE_TIMEOUT_SEC,
+            wait_for_reconnect_sec: 0,
         }
     }
 }
@@ -566,6 +581,9 @@ impl EdgeConfig {
             .http
             .validate()
             .map_err(|(field, msg)| (format!("limits.http.{field}"), msg))?;
+        self.health
+            .validate()
+            .map_err(|(field, msg)| (format!("health.{field}"), msg))?;
         self.auth.validate(&self.model_groups)?;
         self.validate_tls()?;
         let mut node_ids = HashSet::new();
@@ -642,6 +660,12 @@ impl EdgeConfig {
             }
             if group.queue.timeout_sec == 0 {
                 return invalid(format!("{at}.queue.timeout_sec"), "must be positive");
+            }
+            if group.queue.wait_for_reconnect_sec > MAX_WAIT_FOR_RECONNECT_SEC {
+                return Err((
+                    format!("{at}.queue.wait_for_reconnect_sec"),
+                    format!("must be at most {MAX_WAIT_FOR_RECONNECT_SEC}"),
+                ));
             }
             for (m, member) in group.members.iter().enumerate() {
                 let at = format!("{at}.members[{m}]");
@@ -861,6 +885,11 @@ fn validate_provider(p: &ProviderConfig) -> Result<(), (String, String)> {
         }
     } else if p.cli.is_some() {
         return err("cli", format!("only for kind cli, not {}", p.kind.as_str()));
+    }
+    if let Some(health) = &p.health {
+        health
+            .validate()
+            .map_err(|(field, msg)| (format!("health.{field}"), msg))?;
     }
     if p.mock.is_some() && p.kind != ProviderKind::Mock {
         return err(

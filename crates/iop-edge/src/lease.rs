@@ -186,6 +186,16 @@ impl Leases {
         a.enabled && a.online.is_some() && a.capacity.get(lane) > 0
     }
 
+    /// Whether the account could take a request of either lane right now.
+    pub fn serves_any(&self, id: AccountId) -> bool {
+        self.serves(id, Lane::Normal) || self.serves(id, Lane::Long)
+    }
+
+    /// The dispatch-ready generation serving the account, if it is online.
+    pub fn online_generation(&self, id: AccountId) -> Option<Generation> {
+        self.accounts[id.0].online
+    }
+
     /// Whether the account has a free slot of `lane`.
     pub fn has_free(&self, id: AccountId, lane: Lane) -> bool {
         let a = &self.accounts[id.0];

@@ -2,14 +2,16 @@
 //! admits requests against per-provider capacity with a queue, and serves the
 //! OpenAI-compatible API, the native runs API and the admin endpoints over HTTP.
 //!
-//! Pure state machines (`registry`, `lease`, `queue`) hold no I/O; `service` is their async
+//! Pure state machines (`registry`, `lease`, `queue`, `health`, `ejection`) hold no I/O; `service` is their async
 //! shell and the single authority over node lifecycle; `transport` and `http` only move
 //! bytes to and from it.
 
 pub mod auth;
 pub mod config;
+pub mod ejection;
 pub mod events;
 pub mod fdlimit;
+pub mod health;
 pub mod http;
 pub mod lease;
 pub mod metrics;

@@ -5,7 +5,7 @@ use iop_proto::pb;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::config::{NodeConfig, ProviderConfig, ProviderKind};
+use crate::config::{HealthConfig, NodeConfig, ProviderConfig, ProviderKind};
 
 /// Bytes kept free in a frame around the payload (the rest of the `RegisterResponse`).
 const FRAME_MARGIN: usize = 256;
@@ -20,7 +20,9 @@ pub fn provider_kind(kind: ProviderKind) -> pb::ProviderKind {
     }
 }
 
-fn provider_spec(p: &ProviderConfig) -> pb::ProviderSpec {
+fn provider_spec(p: &ProviderConfig, health: &HealthConfig) -> pb::ProviderSpec {
+    let probe = health.probe_settings(p.health.as_ref());
+    let ms = |d: std::time::Duration| d.as_millis().clamp(1, u32::MAX as u128) as u32;
     pb::ProviderSpec {
         id: p.id.clone(),
         kind: provider_kind(p.kind) as i32,
@@ -48,19 +50,27 @@ fn provider_spec(p: &ProviderConfig) -> pb::ProviderSpec {
             reasoning: m.reasoning,
             text: m.text.clone().unwrap_or_default(),
         }),
+        health: Some(pb::HealthCheckSpec {
+            interval_ms: ms(probe.interval),
+            timeout_ms: ms(probe.timeout),
+            unhealthy_after: probe.unhealthy_after,
+            healthy_after: probe.healthy_after,
+        }),
     }
 }
 
-/// The payload for `node`, or why it cannot be sent (it would not fit in one frame).
+/// The payload for `node` (its providers probed as `health` says), or why it cannot be
+/// sent (it would not fit in one frame).
 pub fn build_payload(
     node: &NodeConfig,
+    health: &HealthConfig,
     max_frame_bytes: usize,
 ) -> Result<pb::NodeConfigPayload, String> {
     let providers: Vec<pb::ProviderSpec> = node
         .providers
         .iter()
         .filter(|p| p.enabled)
-        .map(provider_spec)
+        .map(|p| provider_spec(p, health))
         .collect();
     let mut payload = pb::NodeConfigPayload {
         node_id: node.id.clone(),
@@ -103,28 +113,34 @@ nodes:
     #[test]
     fn payload_carries_enabled_providers() {
         let c = config();
-        let p = build_payload(&c.nodes[0], 1 << 20).unwrap();
+        let p = build_payload(&c.nodes[0], &c.health, 1 << 20).unwrap();
         assert_eq!(p.node_id, "n");
         let ids: Vec<_> = p.providers.iter().map(|p| p.id.as_str()).collect();
         assert_eq!(ids, ["m", "o"]);
         assert_eq!(p.providers[0].mock.as_ref().unwrap().tokens, 3);
         assert_eq!(p.providers[1].max_concurrency, 3);
+        let health = p.providers[1].health.unwrap();
+        assert_eq!((health.interval_ms, health.timeout_ms), (5000, 2000));
         assert_ne!(p.config_version, 0);
     }
 
     #[test]
     fn version_changes_with_content() {
         let mut c = config();
-        let a = build_payload(&c.nodes[0], 1 << 20).unwrap().config_version;
+        let a = build_payload(&c.nodes[0], &c.health, 1 << 20)
+            .unwrap()
+            .config_version;
         c.nodes[0].providers[0].capacity.normal = 9;
-        let b = build_payload(&c.nodes[0], 1 << 20).unwrap().config_version;
+        let b = build_payload(&c.nodes[0], &c.health, 1 << 20)
+            .unwrap()
+            .config_version;
         assert_ne!(a, b);
     }
 
     #[test]
     fn an_oversized_payload_fails_to_build() {
         let c = config();
-        let err = build_payload(&c.nodes[0], 300).unwrap_err();
+        let err = build_payload(&c.nodes[0], &c.health, 300).unwrap_err();
         assert!(err.contains("frame limit"), "{err}");
     }
 }

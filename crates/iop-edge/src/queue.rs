@@ -9,16 +9,33 @@
 //!   holds up normal requests behind it.
 //! - Whenever capacity may have appeared (release, node ready) the queues are pumped and
 //!   the caller gets the waiters to wake with their grants.
+//! - Members whose provider is excluded (probed unhealthy, or ejected after failed
+//!   requests: [`crate::health`]) get no new requests while the group has another member
+//!   that is online and not excluded; a group whose every online member is excluded uses
+//!   them all rather than none.
+//! - A request to a group none of whose members is online ends at once
+//!   ([`Admission::Offline`]), unless the group waits for a reconnect
+//!   (`wait_for_reconnect`): then it queues, *stranded*, and the caller ends it once it has
+//!   been stranded that long ([`Scheduler::expire_stranded`]).
 //! - When a node's current generation is lost, every waiter of a group referencing it that
-//!   has no live candidate left ends unavailable at once.
-//! - A request arriving while no member is live waits like any other (a node may be
-//!   reconnecting), up to the caller's timeout.
+//!   has no live candidate left ends unavailable at once, or is stranded in a group that
+//!   waits for reconnects.
+//!
+//! Every call that may grant takes `now` (ejections end with time).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use crate::ejection::EjectionPolicy;
+use crate::health::ProviderHealth;
 use crate::lease::{AccountId, Lane, LaneCounts, LeaseId, Leases, ProviderKey};
 use crate::registry::Generation;
+
+mod candidates;
+mod offline;
+
+pub use candidates::HealthView;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WaiterId(pub u64);
@@ -29,6 +46,9 @@ pub struct GroupSpec {
     pub name: String,
     pub members: Vec<MemberSpec>,
     pub max_waiting: usize,
+    /// How long a request waits for a member to reconnect when none is online; zero ends
+    /// it at once.
+    pub wait_for_reconnect: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -62,6 +82,11 @@ pub enum Admission {
     },
     /// No member of the group is configured with capacity in this lane.
     NoCapacityInLane,
+    /// No member that serves the lane is online, and the group does not wait for
+    /// reconnects: the members (`node/provider`) that are offline.
+    Offline {
+        members: Vec<String>,
+    },
     UnknownGroup,
 }
 
@@ -79,6 +104,9 @@ pub struct Lost<W> {
     pub released: Vec<LeaseId>,
     /// Waiters left without a live candidate: they end unavailable.
     pub unavailable: Vec<W>,
+    /// Waiters left without a live candidate in groups that wait for reconnects: they stay
+    /// queued, stranded (see [`Scheduler::stranded_deadline`]).
+    pub stranded: usize,
 }
 
 #[derive(Debug)]
@@ -93,6 +121,8 @@ struct Waiter<W> {
     seq: u64,
     lane: Lane,
     payload: W,
+    /// Since when no member that serves its lane has been online.
+    stranded_since: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -100,6 +130,7 @@ struct Group<W> {
     name: String,
     members: Vec<Member>,
     max_waiting: usize,
+    wait_for_reconnect: Duration,
     waiters: VecDeque<Waiter<W>>,
     cursor: usize,
 }
@@ -110,6 +141,9 @@ pub struct Scheduler<W> {
     groups: Vec<Group<W>>,
     by_name: foldhash::HashMap<String, usize>,
     last_waiter: u64,
+    /// Probe health and ejection per provider.
+    health: foldhash::HashMap<AccountId, ProviderHealth>,
+    ejection: EjectionPolicy,
 }
 
 impl<W> Scheduler<W> {
@@ -128,6 +162,8 @@ impl<W> Scheduler<W> {
             groups: Vec::new(),
             by_name: foldhash::HashMap::default(),
             last_waiter: 0,
+            health: foldhash::HashMap::default(),
+            ejection: EjectionPolicy::default(),
         };
         for spec in groups {
             let members = spec
@@ -147,6 +183,7 @@ impl<W> Scheduler<W> {
                 name: spec.name,
                 members,
                 max_waiting: spec.max_waiting,
+                wait_for_reconnect: spec.wait_for_reconnect,
                 waiters: VecDeque::new(),
                 cursor: 0,
             });
@@ -163,12 +200,14 @@ impl<W> Scheduler<W> {
     /// are rebuilt, and waiters move to the group of the same name in queue order. Returns
     /// the waiters of groups that no longer exist (they end with an error) and the waiters
     /// the new capacity lets through at once. `online` gives the current generation of
-    /// each dispatch-ready node, for providers added to it.
+    /// each dispatch-ready node, for providers added to it. Waiters left without a live
+    /// candidate are stranded (they wait for a reconnect as their group allows).
     pub fn reconfigure(
         &mut self,
         providers: impl IntoIterator<Item = (ProviderKey, LaneCounts, bool)>,
         groups: impl IntoIterator<Item = GroupSpec>,
         online: &HashMap<String, Generation>,
+        now: Instant,
     ) -> (Vec<W>, Vec<Dispatch<W>>) {
         let configured: Vec<(ProviderKey, LaneCounts, bool)> = providers.into_iter().collect();
         let keep: Vec<ProviderKey> = configured.iter().map(|(k, _, _)| k.clone()).collect();
@@ -206,6 +245,7 @@ impl<W> Scheduler<W> {
                 name: spec.name,
                 members,
                 max_waiting: spec.max_waiting,
+                wait_for_reconnect: spec.wait_for_reconnect,
                 waiters,
                 cursor,
             });
@@ -215,8 +255,18 @@ impl<W> Scheduler<W> {
             .flat_map(|g| g.waiters.into_iter().map(|w| w.payload))
             .collect();
         let mut woken = Vec::new();
-        self.pump(&mut woken);
+        self.pump(&mut woken, now);
+        self.restrand(now);
         (orphaned, woken)
+    }
+
+    /// The policy of passive ejection (from the config).
+    pub fn set_ejection_policy(&mut self, policy: EjectionPolicy) {
+        self.ejection = policy;
+    }
+
+    pub fn ejection_policy(&self) -> EjectionPolicy {
+        self.ejection
     }
 
     pub fn group_index(&self, name: &str) -> Option<usize> {
@@ -240,8 +290,9 @@ impl<W> Scheduler<W> {
     }
 
     /// Admits a request of `lane` to `group`: a grant now, or a place in the queue holding
-    /// `payload` until [`Dispatch`] or [`Lost::unavailable`] hands it back.
-    pub fn admit(&mut self, group: &str, lane: Lane, payload: W) -> Admission {
+    /// `payload` until [`Dispatch`], [`Lost::unavailable`] or
+    /// [`Scheduler::expire_stranded`] hands it back.
+    pub fn admit(&mut self, group: &str, lane: Lane, payload: W, now: Instant) -> Admission {
         let Some(g) = self.group_index(group) else {
             return Admission::UnknownGroup;
         };
@@ -252,8 +303,14 @@ impl<W> Scheduler<W> {
         if !configured {
             return Admission::NoCapacityInLane;
         }
-        if let Some(grant) = self.try_grant(g, lane) {
+        if let Some(grant) = self.try_grant(g, lane, now) {
             return Admission::Granted(grant);
+        }
+        let live = self.has_live_candidate(g, lane);
+        if !live && self.groups[g].wait_for_reconnect.is_zero() {
+            return Admission::Offline {
+                members: self.offline_members(g, lane),
+            };
         }
         let group = &mut self.groups[g];
         if group.waiters.len() >= group.max_waiting {
@@ -268,6 +325,7 @@ impl<W> Scheduler<W> {
             seq: id.0,
             lane,
             payload,
+            stranded_since: (!live).then_some(now),
         });
         Admission::Queued(id)
     }
@@ -285,33 +343,55 @@ impl<W> Scheduler<W> {
 
     /// Returns a lease (at most once) and serves the waiters the freed slot allows.
     /// Returns whether the lease was live.
-    pub fn release(&mut self, lease: LeaseId, woken: &mut Vec<Dispatch<W>>) -> bool {
+    pub fn release(&mut self, lease: LeaseId, woken: &mut Vec<Dispatch<W>>, now: Instant) -> bool {
         if self.leases.release(lease).is_none() {
             return false;
         }
-        self.pump(woken);
+        self.pump(woken, now);
         true
     }
 
     /// The node's generation became dispatch-ready: its providers come online and the
-    /// queued waiters they can serve are dispatched at once.
-    pub fn node_ready(&mut self, node: &str, generation: Generation) -> Vec<Dispatch<W>> {
+    /// queued waiters they can serve are dispatched at once; the others are no longer
+    /// stranded if a member now serves them.
+    pub fn node_ready(
+        &mut self,
+        node: &str,
+        generation: Generation,
+        now: Instant,
+    ) -> Vec<Dispatch<W>> {
         self.leases.activate(node, generation);
         let mut woken = Vec::new();
-        self.pump(&mut woken);
+        self.pump(&mut woken, now);
+        self.restrand(now);
         woken
     }
 
     /// The node's generation is gone: fence its providers, return its leases once, and end
-    /// the waiters it leaves without a live candidate. A stale generation changes nothing.
-    pub fn node_lost(&mut self, node: &str, generation: Generation) -> Lost<W> {
+    /// the waiters it leaves without a live candidate (or strand them, in groups that wait
+    /// for reconnects). Its providers' probe health becomes unknown. A stale generation
+    /// changes nothing.
+    pub fn node_lost(&mut self, node: &str, generation: Generation, now: Instant) -> Lost<W> {
+        let going: Vec<AccountId> = self
+            .leases
+            .accounts()
+            .filter(|&id| {
+                &*self.leases.key(id).node == node
+                    && self.leases.online_generation(id) == Some(generation)
+            })
+            .collect();
         let Some(released) = self.leases.fence(node, generation) else {
             return Lost {
                 released: Vec::new(),
                 unavailable: Vec::new(),
+                stranded: 0,
             };
         };
+        for id in going {
+            self.health.entry(id).or_default().node_gone();
+        }
         let mut unavailable = Vec::new();
+        let mut stranded = 0;
         let leases = &self.leases;
         for group in &mut self.groups {
             let affected = group
@@ -321,13 +401,20 @@ impl<W> Scheduler<W> {
             if !affected {
                 continue;
             }
+            let waits = !group.wait_for_reconnect.is_zero();
             let mut kept = VecDeque::with_capacity(group.waiters.len());
-            for w in group.waiters.drain(..) {
+            for mut w in group.waiters.drain(..) {
                 let live = group
                     .members
                     .iter()
                     .any(|m| leases.serves(m.account, w.lane));
                 if live {
+                    kept.push_back(w);
+                } else if waits {
+                    if w.stranded_since.is_none() {
+                        w.stranded_since = Some(now);
+                        stranded += 1;
+                    }
                     kept.push_back(w);
                 } else {
                     unavailable.push(w.payload);
@@ -338,6 +425,7 @@ impl<W> Scheduler<W> {
         Lost {
             released,
             unavailable,
+            stranded,
         }
     }
 
@@ -349,14 +437,15 @@ impl<W> Scheduler<W> {
             .any(|m| self.leases.serves(m.account, lane))
     }
 
-    fn try_grant(&mut self, g: usize, lane: Lane) -> Option<Grant> {
+    fn try_grant(&mut self, g: usize, lane: Lane, now: Instant) -> Option<Grant> {
         let group = &self.groups[g];
         let n = group.members.len();
+        let honour = self.exclusions_apply(g, lane, now);
         let mut best: Option<(u32, usize)> = None;
         for step in 0..n {
             let i = (group.cursor + step) % n;
             let account = group.members[i].account;
-            if !self.leases.has_free(account, lane) {
+            if !self.candidate(account, lane, honour, now) {
                 continue;
             }
             let load = self.leases.in_flight_total(account);
@@ -383,7 +472,7 @@ impl<W> Scheduler<W> {
     }
 
     /// Dispatches waiters, oldest first across all groups, while any can get a slot.
-    fn pump(&mut self, woken: &mut Vec<Dispatch<W>>) {
+    fn pump(&mut self, woken: &mut Vec<Dispatch<W>>, now: Instant) {
         loop {
             let mut oldest: Option<(u64, usize, usize)> = None;
             for (g, group) in self.groups.iter().enumerate() {
@@ -394,10 +483,11 @@ impl<W> Scheduler<W> {
                         continue;
                     }
                     seen[lane_slot] = true;
+                    let honour = self.exclusions_apply(g, w.lane, now);
                     let can = group
                         .members
                         .iter()
-                        .any(|m| self.leases.has_free(m.account, w.lane));
+                        .any(|m| self.candidate(m.account, w.lane, honour, now));
                     if can && oldest.is_none_or(|(seq, _, _)| w.seq < seq) {
                         oldest = Some((w.seq, g, i));
                     }
@@ -409,7 +499,7 @@ impl<W> Scheduler<W> {
             let Some((_, g, i)) = oldest else { return };
             let waiter = self.groups[g].waiters.remove(i).expect("index from scan");
             let grant = self
-                .try_grant(g, waiter.lane)
+                .try_grant(g, waiter.lane, now)
                 .expect("scan found a free slot");
             woken.push(Dispatch {
                 waiter: waiter.payload,
@@ -419,5 +509,7 @@ impl<W> Scheduler<W> {
     }
 }
 
+#[cfg(test)]
+mod health_tests;
 #[cfg(test)]
 mod tests;

@@ -1,11 +1,21 @@
 //! The `/admin/status` snapshot: every configured node and provider, connected or not, with
-//! capacity and in-flight per lane, and the waiting count of every model group.
+//! capacity and in-flight per lane, probe health, last probe error and ejection, how each
+//! connected node's link is secured and authenticated, and the waiting count of every model
+//! group.
+//!
+//! [`Edge::snapshot`] reads the state it needs under each lock once ([`StatusInput`]);
+//! [`StatusSnapshot::of`] is a pure function of that reading and `now`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::config::EdgeConfig;
+use crate::health::ProbeHealth;
 use crate::lease::{AccountView, LaneCounts, LeaseTotals, ProviderKey};
+use crate::queue::HealthView;
 use crate::registry::OwnerState;
 use crate::service::Edge;
 use crate::service::credentials::LinkStatus;
@@ -44,10 +54,33 @@ pub struct ProviderStatus {
     pub kind: &'static str,
     /// `available`, `unavailable` (node offline) or `disabled`.
     pub status: &'static str,
-    /// `online` or `offline`.
+    /// What the node's probes say: `healthy`, `unhealthy` or `unknown` (not probed enough
+    /// yet); `offline` while the node is not connected.
     pub health: &'static str,
+    /// When the health began (unix ms, the node's clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_since_unix_ms: Option<u64>,
+    /// The last failed probe (kept after recovery) and when (unix ms, the node's clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error_unix_ms: Option<u64>,
+    /// Set while the provider is ejected after failed requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ejected: Option<EjectedStatus>,
     pub capacity: LaneCounts,
     pub in_flight: LaneCounts,
+}
+
+/// An ejection in progress.
+#[derive(Debug, Clone, Serialize)]
+pub struct EjectedStatus {
+    /// When it ends at the latest (unix ms, the edge's clock).
+    pub until_unix_ms: u64,
+    pub remaining_sec: f64,
+    /// How many times in a row it was ejected (each lasts longer).
+    pub times: u32,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -64,63 +97,104 @@ pub struct MemberStatus {
     pub model: String,
 }
 
+/// What a snapshot is made of, read from the edge at one moment.
+#[derive(Debug, Clone)]
+pub struct StatusInput {
+    pub config: Arc<EdgeConfig>,
+    pub accounts: HashMap<ProviderKey, (AccountView, HealthView)>,
+    pub waiting: HashMap<String, LaneCounts>,
+    pub leases: LeaseTotals,
+    pub nodes: HashMap<String, NodeReading>,
+    pub now: Instant,
+    pub now_unix_ms: u64,
+}
+
+/// One node's connection as the snapshot reads it.
+#[derive(Debug, Clone)]
+pub struct NodeReading {
+    pub owner: OwnerState,
+    /// The dispatch-ready session's peer and start.
+    pub session: Option<(String, Instant)>,
+    /// How the registered (or registering) connection is secured and authenticated.
+    pub link: Option<LinkStatus>,
+}
+
 impl Edge {
+    /// The status snapshot now.
     pub fn snapshot(&self) -> StatusSnapshot {
+        let now = crate::service::admission::clock();
         let config = self.config();
         // Counters from one moment, under one lock.
-        let (views, waiting, leases) = self.admission.inspect(|s| {
+        let (accounts, waiting, leases) = self.admission.inspect(|s| {
             let l = s.leases();
-            let views: HashMap<ProviderKey, AccountView> = l
+            let accounts = l
                 .accounts()
-                .map(|id| (l.key(id).clone(), l.view(id)))
+                .map(|id| (l.key(id).clone(), (l.view(id), s.health_view(id, now))))
                 .collect();
-            let waiting: HashMap<String, LaneCounts> = s
+            let waiting = s
                 .group_names()
                 .enumerate()
                 .map(|(i, name)| (name.to_string(), s.waiting(i)))
                 .collect();
-            (views, waiting, l.totals())
+            (accounts, waiting, l.totals())
         });
         let nodes = config
             .nodes
             .iter()
             .map(|node| {
-                let state = self.owner_state(&node.id);
+                let owner = self.owner_state(&node.id);
+                let session = matches!(owner, OwnerState::Ready(_))
+                    .then(|| self.session(&node.id))
+                    .flatten()
+                    .map(|s| (s.peer.clone(), s.connected_at));
+                let link = match owner {
+                    OwnerState::Pending(g) | OwnerState::Ready(g) => self.link_status(&node.id, g),
+                    OwnerState::Offline => None,
+                };
+                (
+                    node.id.clone(),
+                    NodeReading {
+                        owner,
+                        session,
+                        link,
+                    },
+                )
+            })
+            .collect();
+        StatusSnapshot::of(&StatusInput {
+            config,
+            accounts,
+            waiting,
+            leases,
+            nodes,
+            now,
+            now_unix_ms: crate::events::unix_ms(),
+        })
+    }
+}
+
+impl StatusSnapshot {
+    /// The snapshot of `input`: a pure function of it.
+    pub fn of(input: &StatusInput) -> StatusSnapshot {
+        let config = &input.config;
+        let nodes = config
+            .nodes
+            .iter()
+            .map(|node| {
+                let reading = input.nodes.get(&node.id);
+                let state = reading.map_or(OwnerState::Offline, |r| r.owner);
                 let ready = matches!(state, OwnerState::Ready(_));
-                let session = if ready { self.session(&node.id) } else { None };
+                let session = reading.and_then(|r| r.session.clone());
                 let providers = node
                     .providers
                     .iter()
                     .map(|p| {
-                        let view = views.get(&ProviderKey::new(&node.id, &p.id)).copied();
-                        let (capacity, in_flight) =
-                            view.map(|v| (v.capacity, v.in_flight)).unwrap_or_default();
-                        let online = ready && view.is_some_and(|v| v.online);
-                        let (status, health, capacity, in_flight) = if !p.enabled {
-                            (
-                                "disabled",
-                                if online { "online" } else { "offline" },
-                                LaneCounts::default(),
-                                in_flight,
-                            )
-                        } else if online {
-                            ("available", "online", capacity, in_flight)
-                        } else {
-                            (
-                                "unavailable",
-                                "offline",
-                                LaneCounts::default(),
-                                LaneCounts::default(),
-                            )
-                        };
-                        ProviderStatus {
-                            id: p.id.clone(),
-                            kind: p.kind.as_str(),
-                            status,
-                            health,
-                            capacity,
-                            in_flight,
-                        }
+                        let (view, health) = input
+                            .accounts
+                            .get(&ProviderKey::new(&node.id, &p.id))
+                            .cloned()
+                            .map_or((None, HealthView::default()), |(v, h)| (Some(v), h));
+                        provider_status(p, ready, view, health, input)
                     })
                     .collect();
                 NodeStatus {
@@ -132,14 +206,11 @@ impl Edge {
                         OwnerState::Pending(_) => "registering",
                         OwnerState::Ready(_) => "ready",
                     },
-                    peer: session.as_ref().map(|s| s.peer.clone()),
-                    connected_for_sec: session.as_ref().map(|s| s.connected_at.elapsed().as_secs()),
-                    link: match state {
-                        OwnerState::Pending(g) | OwnerState::Ready(g) => {
-                            self.link_status(&node.id, g)
-                        }
-                        OwnerState::Offline => None,
-                    },
+                    peer: session.as_ref().map(|(peer, _)| peer.clone()),
+                    connected_for_sec: session
+                        .as_ref()
+                        .map(|(_, at)| input.now.saturating_duration_since(*at).as_secs()),
+                    link: reading.and_then(|r| r.link.clone()),
                     providers,
                 }
             })
@@ -149,7 +220,7 @@ impl Edge {
             .iter()
             .map(|g| GroupStatus {
                 name: g.name.clone(),
-                waiting: waiting.get(&g.name).copied().unwrap_or_default(),
+                waiting: input.waiting.get(&g.name).copied().unwrap_or_default(),
                 members: g
                     .members
                     .iter()
@@ -164,7 +235,53 @@ impl Edge {
         StatusSnapshot {
             nodes,
             model_groups,
-            leases,
+            leases: input.leases,
         }
+    }
+}
+
+fn provider_status(
+    p: &crate::config::ProviderConfig,
+    ready: bool,
+    view: Option<AccountView>,
+    health: HealthView,
+    input: &StatusInput,
+) -> ProviderStatus {
+    let (capacity, in_flight) = view.map(|v| (v.capacity, v.in_flight)).unwrap_or_default();
+    let online = ready && view.is_some_and(|v| v.online);
+    let (status, capacity, in_flight) = if !p.enabled {
+        ("disabled", LaneCounts::default(), in_flight)
+    } else if online {
+        ("available", capacity, in_flight)
+    } else {
+        ("unavailable", LaneCounts::default(), LaneCounts::default())
+    };
+    let probed = online && p.enabled;
+    let ejected = health.ejected_until.map(|until| {
+        let remaining = until.saturating_duration_since(input.now);
+        EjectedStatus {
+            until_unix_ms: input.now_unix_ms + remaining.as_millis() as u64,
+            remaining_sec: (remaining.as_secs_f64() * 10.0).ceil() / 10.0,
+            times: health.times_ejected,
+            reason: health.ejection_reason.clone().unwrap_or_default(),
+        }
+    });
+    ProviderStatus {
+        id: p.id.clone(),
+        kind: p.kind.as_str(),
+        status,
+        health: if probed {
+            health.probe.as_str()
+        } else {
+            "offline"
+        },
+        health_since_unix_ms: health
+            .since_unix_ms
+            .filter(|_| probed && health.probe != ProbeHealth::Unknown),
+        last_error: health.last_error.as_ref().map(|(e, _)| e.clone()),
+        last_error_unix_ms: health.last_error.as_ref().map(|(_, at)| *at),
+        ejected,
+        capacity,
+        in_flight,
     }
 }

@@ -416,6 +416,13 @@ impl Connection {
                     );
                 }
             }
+            Message::ProviderHealthReport(report) => {
+                if self.session.is_some() {
+                    self.edge.provider_health(node_id, generation, &report);
+                } else {
+                    tracing::warn!(node_id, "health report before ready ignored");
+                }
+            }
             Message::NodeCommandResponse(response) => {
                 if let Some(session) = &self.session {
                     let id = response.command_id.clone();

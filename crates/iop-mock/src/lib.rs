@@ -14,6 +14,10 @@
 //!
 //! `GET /mock/stats` counts requests, completed responses and responses the client
 //! abandoned before the end (the client closed its connection).
+//!
+//! Health checks find vLLM's `GET /health` and Ollama's `GET /api/version` here too;
+//! `POST /mock/faults` makes requests or health checks fail until switched back
+//! ([`health`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,8 +34,11 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+mod health;
 mod ollama;
 mod openai;
+
+pub use health::Faults;
 
 const WORDS: &[&str] = &[
     "Hello",
@@ -139,6 +146,7 @@ impl Drop for Tracked {
 struct Mock {
     config: Arc<MockConfig>,
     stats: Arc<MockStats>,
+    faults: Arc<Faults>,
 }
 
 /// What a request asks of the mock.
@@ -253,9 +261,16 @@ pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {
     let mock = Mock {
         config: Arc::new(config),
         stats: stats.clone(),
+        faults: Arc::default(),
     };
     let router = Router::new()
-        .route("/v1/models", get(openai::models))
+        .route("/health", get(health::health))
+        .route("/api/version", get(health::version))
+        .route(
+            "/mock/faults",
+            get(health::show_faults).post(health::set_faults),
+        )
+        .route("/v1/models", get(health::models))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(openai::embeddings))

@@ -25,7 +25,7 @@ async fn ollama(mock: Mock, body: Bytes, chat: bool) -> Response {
         Ok(begun) => begun,
         Err(e) => return bad_request(e),
     };
-    if plan.model.contains("fail-500") {
+    if plan.model.contains("fail-500") || mock.faults.requests_fail() {
         tracked.finish();
         return (
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -58,7 +58,7 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
         Ok(begun) => begun,
         Err(e) => return bad_request(e),
     };
-    if plan.model.contains("fail-500") {
+    if plan.model.contains("fail-500") || mock.faults.requests_fail() {
         tracked.finish();
         return openai_error(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -2,8 +2,10 @@
 //! the edge's config, the active runs and tunnels, the run store and usage totals.
 //!
 //! Adapter instances are stable: applying a config keeps the instance (and so its capacity
-//! gate and CLI sessions) of every provider whose spec did not change, across config
-//! refreshes and reconnects alike.
+//! gate, CLI sessions and probe history) of every provider whose spec did not change,
+//! across config refreshes and reconnects alike (a change of its probe settings alone keeps
+//! it too). Each instance is probed by a task of its
+//! own (`probe`); a change of any provider's health bumps [`NodeRuntime::health_changed`].
 
 use foldhash::HashMap;
 use std::sync::Arc;
@@ -13,11 +15,12 @@ use iop_proto::Outbound;
 use iop_proto::pb;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::adapters::{self, Adapter};
+use crate::health::{HealthSettings, ProbeTracker};
 use crate::store::RunStore;
 use crate::stream::StreamCredits;
 
@@ -35,6 +38,16 @@ pub struct AdapterInstance {
     pub adapter: Arc<dyn Adapter>,
     pub gate: Arc<Semaphore>,
     pub usage: Mutex<UsageTotals>,
+    /// What the provider's probes found.
+    pub health: Mutex<ProbeTracker>,
+    /// Stops the probe task when the instance is dropped.
+    pub probe_stop: CancellationToken,
+}
+
+impl Drop for AdapterInstance {
+    fn drop(&mut self) {
+        self.probe_stop.cancel();
+    }
 }
 
 impl AdapterInstance {
@@ -156,6 +169,16 @@ pub struct NodeRuntime {
     pub(crate) tunnels: Mutex<HashMap<String, CancellationToken>>,
     pub(crate) transport: Mutex<TransportStatus>,
     pub(crate) started: Instant,
+    /// Bumped whenever a provider's settled health changes (or the adapters change).
+    health_changed: watch::Sender<u64>,
+}
+
+/// A provider spec without its probe settings.
+fn without_health(spec: &pb::ProviderSpec) -> pb::ProviderSpec {
+    pb::ProviderSpec {
+        health: None,
+        ..spec.clone()
+    }
 }
 
 /// Builds the HTTP clients all adapters share: pooled, `TCP_NODELAY`, no proxy from the
@@ -183,6 +206,7 @@ impl NodeRuntime {
             tunnels: Mutex::new(HashMap::default()),
             transport: Mutex::new(TransportStatus::default()),
             started: Instant::now(),
+            health_changed: watch::Sender::new(0),
         })
     }
 
@@ -210,11 +234,21 @@ impl NodeRuntime {
         let current = self.adapters.read().clone();
         let mut next = HashMap::default();
         for (i, spec) in payload.providers.iter().enumerate() {
-            if let Some(existing) = current.get(&spec.id)
-                && existing.spec == *spec
-            {
-                next.insert(spec.id.clone(), existing.clone());
-                continue;
+            if let Some(existing) = current.get(&spec.id) {
+                if existing.spec == *spec {
+                    next.insert(spec.id.clone(), existing.clone());
+                    continue;
+                }
+                // Only the probe settings changed: keep the instance (its gate, sessions
+                // and probe history) and probe it the new way from the next probe on.
+                if without_health(&existing.spec) == without_health(spec) {
+                    existing
+                        .health
+                        .lock()
+                        .set_settings(HealthSettings::of(spec.health.as_ref()));
+                    next.insert(spec.id.clone(), existing.clone());
+                    continue;
+                }
             }
             let adapter = adapters::build(spec, &self.http)
                 .map_err(|e| format!("providers[{i}] ({}): {e}", spec.id))?;
@@ -226,6 +260,8 @@ impl NodeRuntime {
                     adapter,
                     gate: Arc::new(Semaphore::new(permits)),
                     usage: Mutex::new(UsageTotals::default()),
+                    health: Mutex::new(crate::probe::tracker_for(spec)),
+                    probe_stop: CancellationToken::new(),
                 }),
             );
         }
@@ -240,9 +276,30 @@ impl NodeRuntime {
             version = payload.config_version,
             "config applied"
         );
+        for (id, instance) in &next {
+            if !current.get(id).is_some_and(|c| Arc::ptr_eq(c, instance)) {
+                crate::probe::start(instance, self.health_changed.clone());
+            }
+        }
         *self.adapters.write() = next;
         *self.node_id.write() = payload.node_id.clone();
+        // Replaced instances start over (unknown, or healthy for the mock): say so.
+        self.health_changed.send_modify(|n| *n = n.wrapping_add(1));
         Ok(())
+    }
+
+    /// Subscribes to health changes: the receiver sees a change whenever some provider's
+    /// reportable health may differ from what was last read.
+    pub fn watch_health(&self) -> watch::Receiver<u64> {
+        self.health_changed.subscribe()
+    }
+
+    /// Every provider's health as the node reports it.
+    pub fn health_reports(&self) -> Vec<pb::ProviderHealth> {
+        self.adapters()
+            .iter()
+            .map(|a| a.health.lock().report(&a.spec.id))
+            .collect()
     }
 
     /// Cancels every active run and tunnel (local shutdown).
@@ -338,5 +395,51 @@ mod tests {
             ),
             (6, 4, 1, 1)
         );
+    }
+
+    fn payload(interval_ms: u32, max_concurrency: u32) -> pb::NodeConfigPayload {
+        pb::NodeConfigPayload {
+            node_id: "n".into(),
+            providers: vec![pb::ProviderSpec {
+                id: "agent".into(),
+                kind: pb::ProviderKind::Cli as i32,
+                max_concurrency,
+                cli: Some(pb::CliSpec {
+                    argv: vec!["cat".into()],
+                    ..Default::default()
+                }),
+                health: Some(pb::HealthCheckSpec {
+                    interval_ms,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            config_version: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_change_of_probe_settings_alone_keeps_the_adapter_instance() {
+        let runtime = NodeRuntime::new(None);
+        runtime.apply(&payload(1000, 2)).unwrap();
+        let first = runtime.adapter("agent").unwrap();
+        runtime.apply(&payload(250, 2)).unwrap();
+        let second = runtime.adapter("agent").unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &second),
+            "same gate, sessions and probe history"
+        );
+        assert_eq!(
+            second.health.lock().settings().interval,
+            Duration::from_millis(250)
+        );
+        runtime.apply(&payload(250, 3)).unwrap();
+        let third = runtime.adapter("agent").unwrap();
+        assert!(
+            !Arc::ptr_eq(&second, &third),
+            "another limit is another instance"
+        );
+        drop((first, second));
+        assert_eq!(runtime.health_reports().len(), 1);
     }
 }

@@ -25,6 +25,8 @@ use crate::stream::StreamCredits;
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bounds the TLS handshake, and each step of registration.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Wait before trying again to queue a health report that found the queue full.
+const HEALTH_RETRY: Duration = Duration::from_millis(500);
 /// Time runs get to send their cancelled terminals when the connection or process ends.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
@@ -184,6 +186,24 @@ async fn run_connection<S: ByteStream>(
         writer.abort();
     }
     end
+}
+
+/// The provider health this connection last reported, by provider id.
+#[derive(Debug, Default)]
+struct HealthReported(std::collections::HashMap<String, pb::ProviderHealth>);
+
+impl HealthReported {
+    /// Whether `h` says something the edge has not heard on this connection (a provider
+    /// never reported counts as unknown without an error).
+    fn differs(&self, h: &pb::ProviderHealth) -> bool {
+        match self.0.get(&h.provider_id) {
+            Some(last) => {
+                (last.state, &last.last_error, last.last_error_unix_ms)
+                    != (h.state, &h.last_error, h.last_error_unix_ms)
+            }
+            None => h.state() != pb::ProviderHealthState::Unknown || !h.last_error.is_empty(),
+        }
+    }
 }
 
 struct Session {
@@ -352,9 +372,17 @@ impl Session {
 
     async fn serve(&mut self, shutdown: &CancellationToken) -> SessionEnd {
         let mut heartbeat = Heartbeat::new();
+        let mut health = self.runtime.watch_health();
+        health.mark_unchanged();
+        let mut reported = HealthReported::default();
+        let mut retry_health = self.report_health(&mut reported);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return SessionEnd::Shutdown,
+                Ok(()) = health.changed() => retry_health = self.report_health(&mut reported),
+                _ = tokio::time::sleep(HEALTH_RETRY), if retry_health => {
+                    retry_health = self.report_health(&mut reported);
+                }
                 frame = timeout_at(heartbeat.deadline(), self.reader.next()) => match frame {
                     Err(_) => return retry(heartbeat.timeout_reason("edge")),
                     Ok(None) => return retry("the edge closed the connection"),
@@ -371,6 +399,32 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Tells the edge every provider health that differs from what this connection last
+    /// reported (at first: from unknown). Returns whether the report could not be queued
+    /// and must be tried again.
+    fn report_health(&mut self, reported: &mut HealthReported) -> bool {
+        let changed: Vec<pb::ProviderHealth> = self
+            .runtime
+            .health_reports()
+            .into_iter()
+            .filter(|h| reported.differs(h))
+            .collect();
+        if changed.is_empty() {
+            return false;
+        }
+        let report = pb::ProviderHealthReport {
+            providers: changed.clone(),
+        };
+        // Never wait here: a full queue is tried again after HEALTH_RETRY.
+        if !self.outbound.try_send(report) {
+            return true;
+        }
+        for h in changed {
+            reported.0.insert(h.provider_id.clone(), h);
+        }
+        false
     }
 
     fn dispatch(&mut self, envelope: pb::Envelope) -> Option<SessionEnd> {

@@ -31,6 +31,7 @@ into_envelope! {
     Pong => Pong,
     EdgeNodeEvent => EdgeNodeEvent,
     StreamCredit => StreamCredit,
+    ProviderHealthReport => ProviderHealthReport,
 }
 
 /// A short name of the envelope's message kind, for logs.
@@ -54,6 +55,7 @@ pub fn kind(envelope: &Envelope) -> &'static str {
         Some(Message::Pong(_)) => "pong",
         Some(Message::EdgeNodeEvent(_)) => "edge_node_event",
         Some(Message::StreamCredit(_)) => "stream_credit",
+        Some(Message::ProviderHealthReport(_)) => "provider_health_report",
     }
 }
 

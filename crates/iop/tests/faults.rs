@@ -25,6 +25,15 @@ model_groups:
     )
 }
 
+/// `config` with a group that waits up to 20 s for its node to reconnect (instead of
+/// failing at once while the node is away).
+fn waiting_config(tokens: u32, delay_ms: u32, normal: u32) -> String {
+    config(tokens, delay_ms, normal).replace(
+        "{name: pool, members: [{node: n1, provider: mock}]}",
+        "{name: pool, members: [{node: n1, provider: mock}], queue: {wait_for_reconnect_sec: 20}}",
+    )
+}
+
 const FAST_RECONNECT: &str = "reconnect: {max_attempts: 0, interval_sec: 1}";
 
 /// What one streaming client received.
@@ -78,7 +87,7 @@ async fn node_runs(edge: &EdgeProc) -> u64 {
 #[tokio::test]
 async fn a_waiter_queued_across_a_reconnect_is_dispatched_exactly_once() {
     let dir = tempdir();
-    let edge = start_edge(dir.path(), &config(5, 10, 1)).await;
+    let edge = start_edge(dir.path(), &waiting_config(5, 10, 1)).await;
     let proxy = CuttableProxy::start(&edge.nodes).await;
     let node = start_node(
         "n1",
@@ -389,7 +398,7 @@ enum Outcome {
 #[tokio::test]
 async fn two_hundred_requests_with_aborts_and_a_node_restart_leave_nothing_behind() {
     let dir = tempdir();
-    let edge = Arc::new(start_edge(dir.path(), &config(8, 5, 4)).await);
+    let edge = Arc::new(start_edge(dir.path(), &waiting_config(8, 5, 4)).await);
     let mut node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
     wait_ready(&edge, "n1").await;
     let mut rng = Lcg(0x1f0b);
@@ -460,9 +469,9 @@ async fn two_hundred_requests_with_aborts_and_a_node_restart_leave_nothing_behin
         .count();
     let aborted = outcomes.iter().filter(|o| **o == Outcome::Aborted).count();
     let failed = outcomes.len() - completed - aborted;
-    // Only what the kill caught may fail: the 4 requests in flight on the node and the
-    // waiters queued for it (at most 16 clients in all), which end unavailable at once.
-    // Everything sent after the kill waits for the new node and completes.
+    // Only what the kill caught may fail: the requests in flight on the node (at most 16
+    // clients in all). Waiters and everything sent after the kill wait for the new node
+    // (the group waits for reconnects) and complete.
     assert!(
         failed <= 16 && completed > 0,
         "completed {completed}, failed {failed}, aborted {aborted}"

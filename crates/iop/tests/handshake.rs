@@ -45,12 +45,14 @@ async fn register_then_ready_shows_in_status_and_offline_nodes_stay_listed() {
     }
     let _node = start_node("n1", dir.path(), &edge.nodes, "token-one-0123456789", "");
     wait_ready(&edge, "n1").await;
+    // The mock needs no probe: the node reports it healthy once it is ready.
     let s = status(&edge).await;
     let p = provider(&s, "n1", "mock");
-    assert_eq!(
-        (p["status"].as_str(), p["health"].as_str()),
-        (Some("available"), Some("online"))
-    );
+    assert_eq!(p["status"], "available", "{s}");
+    wait_status(&edge, Duration::from_secs(5), "n1/mock healthy", |s| {
+        provider(s, "n1", "mock")["health"] == "healthy"
+    })
+    .await;
     assert_eq!(p["capacity"], serde_json::json!({"normal": 2, "long": 1}));
     assert_eq!(node_status(&s, "n2")["connected"], false);
     edge.proc

@@ -14,7 +14,7 @@ struct Setup {
     plain: MockProc,
     cached: MockProc,
     edge: EdgeProc,
-    _node: Proc,
+    node: Proc,
 }
 
 async fn setup_with(auth: &str) -> Setup {
@@ -60,7 +60,7 @@ model_groups:
         plain,
         cached,
         edge,
-        _node: node,
+        node,
     }
 }
 
@@ -511,14 +511,22 @@ async fn client_errors_come_back_in_openai_error_shape() {
 async fn provider_failures_become_useful_errors() {
     let s = setup().await;
     let url = s.edge.url("/v1/chat/completions");
-    // Connection refused.
+    // Connection refused: the message names the provider and the cause, never its
+    // internal address (the node logs that).
     let (status, _, body) = post(&url, &chat("dead", false)).await;
     assert_eq!(status, 502, "{body}");
     let e = error_of(&body);
     assert_eq!(e["code"], "provider_unreachable");
     let message = e["message"].as_str().unwrap();
-    assert!(message.contains("127.0.0.1:9"), "{e}");
+    assert!(
+        !message.contains("127.0.0.1") && !message.contains("http://"),
+        "{e}"
+    );
+    assert!(message.contains("provider dead: cannot connect"), "{e}");
     assert_eq!(message.matches("refused").count(), 1, "{e}");
+    s.node
+        .wait_line("127.0.0.1:9", Duration::from_secs(5))
+        .await;
     // Timeout waiting for the provider.
     let (status, _, body) = post(&url, &chat("hang", false)).await;
     assert_eq!(status, 504, "{body}");

@@ -191,12 +191,12 @@ fn cli_session_settings_are_bounded_and_carried_to_the_node() {
         assert!(text.contains(path), "{fields}: {text}");
     }
     let c = parse(&cli("max_sessions: 4, session_idle_sec: 30")).unwrap();
-    let payload = crate::payload::build_payload(&c.nodes[0], 1 << 20).unwrap();
+    let payload = crate::payload::build_payload(&c.nodes[0], &c.health, 1 << 20).unwrap();
     let spec = payload.providers[1].cli.as_ref().unwrap();
     assert_eq!((spec.max_sessions, spec.session_idle_sec), (4, 30));
     // Unset, they travel as 0: the node's defaults.
     let c = parse(GOOD).unwrap();
-    let payload = crate::payload::build_payload(&c.nodes[0], 1 << 20).unwrap();
+    let payload = crate::payload::build_payload(&c.nodes[0], &c.health, 1 << 20).unwrap();
     let spec = payload.providers[1].cli.as_ref().unwrap();
     assert_eq!((spec.max_sessions, spec.session_idle_sec), (0, 0));
 }
@@ -385,4 +385,72 @@ fn relative_state_and_tls_paths_are_taken_from_the_config_directory() {
     let http = c.http_tls.unwrap();
     assert_eq!(http.cert, std::path::Path::new("/etc/iop/tls/c.pem"));
     assert_eq!(http.key, std::path::Path::new("/abs/k.pem"));
+}
+
+#[test]
+fn health_settings_have_defaults_and_per_provider_overrides() {
+    let c = parse(GOOD).unwrap();
+    assert_eq!(c.health.interval_sec, 5.0);
+    assert_eq!(c.health.ejection.consecutive_failures, 3);
+    assert_eq!(c.model_groups[0].queue.wait_for_reconnect_sec, 0);
+    let probe = c.health.probe_settings(None);
+    assert_eq!(probe.timeout, std::time::Duration::from_secs(2));
+    let c = parse(&format!(
+        "{}health: {{interval_sec: 2, ejection: {{base_sec: 5, max_sec: 50}}}}\n",
+        GOOD.replace(
+            "capacity: {normal: 2, long: 1}",
+            "capacity: {normal: 2, long: 1}\n        health: {interval_sec: 0.5}"
+        )
+        .replace(
+            "members: [{node: gpu, provider: vllm, model: meta/llama}]",
+            "members: [{node: gpu, provider: vllm, model: meta/llama}]\n    queue: {wait_for_reconnect_sec: 10}"
+        )
+    ))
+    .unwrap();
+    let own = c
+        .health
+        .probe_settings(c.nodes[0].providers[0].health.as_ref());
+    assert_eq!(own.interval, std::time::Duration::from_millis(500));
+    assert_eq!(
+        own.timeout,
+        std::time::Duration::from_secs(2),
+        "edge-wide default"
+    );
+    assert_eq!(
+        c.health.probe_settings(None).interval,
+        std::time::Duration::from_secs(2)
+    );
+    assert_eq!(
+        c.health.ejection.policy().base,
+        std::time::Duration::from_secs(5)
+    );
+    assert_eq!(c.model_groups[0].queue.wait_for_reconnect_sec, 10);
+}
+
+#[test]
+fn bad_health_settings_name_their_path() {
+    let with = |extra: &str| err_text(&format!("{GOOD}{extra}\n"));
+    assert!(with("health: {interval_sec: 0}").contains("health.interval_sec"));
+    assert!(with("health: {timeout_sec: -1}").contains("health.timeout_sec"));
+    assert!(with("health: {unhealthy_after: 0}").contains("health.unhealthy_after"));
+    assert!(
+        with("health: {ejection: {base_sec: 60, max_sec: 30}}").contains("health.ejection.max_sec")
+    );
+    assert!(with("health: {probe: yes}").contains("unknown field"));
+    let e = err_text(&GOOD.replace(
+        "capacity: {normal: 2, long: 1}",
+        "capacity: {normal: 2, long: 1}\n        health: {interval_sec: 99999}",
+    ));
+    assert!(
+        e.contains("nodes[0].providers[0].health.interval_sec"),
+        "{e}"
+    );
+    let e = err_text(&GOOD.replace(
+        "members: [{node: gpu, provider: vllm, model: meta/llama}]",
+        "members: [{node: gpu, provider: vllm, model: meta/llama}]\n    queue: {wait_for_reconnect_sec: 999999}",
+    ));
+    assert!(
+        e.contains("model_groups[0].queue.wait_for_reconnect_sec"),
+        "{e}"
+    );
 }

@@ -169,7 +169,7 @@ impl From<AdmitError> for ApiError {
                     message,
                 )
             },
-            AdmitError::Unavailable { .. } => ApiError::new(
+            AdmitError::Unavailable { .. } | AdmitError::Offline { .. } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 "model_unavailable",

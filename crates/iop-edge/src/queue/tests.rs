@@ -1,10 +1,17 @@
 //! Unit and property tests of admission, leases and waiters together.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
 
 use proptest::prelude::*;
 
 use super::*;
+
+/// A fixed moment: these tests do not depend on time (the health tests pass their own).
+fn now() -> Instant {
+    static T0: OnceLock<Instant> = OnceLock::new();
+    *T0.get_or_init(Instant::now)
+}
 
 fn key(node: &str, provider: &str) -> ProviderKey {
     ProviderKey::new(node, provider)
@@ -24,6 +31,15 @@ fn group(name: &str, members: Vec<MemberSpec>) -> GroupSpec {
         name: name.into(),
         members,
         max_waiting: 8,
+        wait_for_reconnect: Duration::ZERO,
+    }
+}
+
+/// A group whose requests wait up to 30 s for a member to reconnect.
+fn waiting_group(name: &str, members: Vec<MemberSpec>) -> GroupSpec {
+    GroupSpec {
+        wait_for_reconnect: Duration::from_secs(30),
+        ..group(name, members)
     }
 }
 
@@ -51,20 +67,20 @@ fn aliases_share_one_lease_account_in_fifo_order() {
             group("alias-b", vec![member("n", "p", 1, 0)]),
         ],
     );
-    s.node_ready("n", Generation(1));
-    let first = granted(s.admit("alias-a", Lane::Normal, "first"));
-    queued(s.admit("alias-b", Lane::Normal, "second"));
-    queued(s.admit("alias-a", Lane::Normal, "third"));
+    s.node_ready("n", Generation(1), now());
+    let first = granted(s.admit("alias-a", Lane::Normal, "first", now()));
+    queued(s.admit("alias-b", Lane::Normal, "second", now()));
+    queued(s.admit("alias-a", Lane::Normal, "third", now()));
 
     let mut woken = Vec::new();
-    assert!(s.release(first.lease, &mut woken));
+    assert!(s.release(first.lease, &mut woken, now()));
     assert_eq!(woken.len(), 1);
     assert_eq!(woken[0].waiter, "second");
     let second = woken.pop().unwrap().grant;
-    assert!(s.release(second.lease, &mut woken));
+    assert!(s.release(second.lease, &mut woken, now()));
     assert_eq!(woken[0].waiter, "third");
     let third = woken.pop().unwrap().grant;
-    assert!(s.release(third.lease, &mut woken));
+    assert!(s.release(third.lease, &mut woken, now()));
     assert!(woken.is_empty());
     let account = s.leases().account(&key("n", "p")).unwrap();
     assert_eq!(s.leases().view(account).in_flight, LaneCounts::default());
@@ -73,18 +89,18 @@ fn aliases_share_one_lease_account_in_fifo_order() {
 #[test]
 fn long_requests_wait_for_the_long_slot_while_normal_ones_flow() {
     let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 2, 1)])]);
-    s.node_ready("n", Generation(1));
-    let long1 = granted(s.admit("g", Lane::Long, "long-1"));
-    queued(s.admit("g", Lane::Long, "long-2"));
+    s.node_ready("n", Generation(1), now());
+    let long1 = granted(s.admit("g", Lane::Long, "long-1", now()));
+    queued(s.admit("g", Lane::Long, "long-2", now()));
     // Normal requests are not held up by the long waiter ahead of them.
-    let n1 = granted(s.admit("g", Lane::Normal, "n1"));
-    let n2 = granted(s.admit("g", Lane::Normal, "n2"));
-    queued(s.admit("g", Lane::Normal, "n3"));
+    let n1 = granted(s.admit("g", Lane::Normal, "n1", now()));
+    let n2 = granted(s.admit("g", Lane::Normal, "n2", now()));
+    queued(s.admit("g", Lane::Normal, "n3", now()));
     let mut woken = Vec::new();
-    s.release(n1.lease, &mut woken);
+    s.release(n1.lease, &mut woken, now());
     assert_eq!(woken.iter().map(|d| d.waiter).collect::<Vec<_>>(), ["n3"]);
     woken.clear();
-    s.release(long1.lease, &mut woken);
+    s.release(long1.lease, &mut woken, now());
     assert_eq!(
         woken.iter().map(|d| d.waiter).collect::<Vec<_>>(),
         ["long-2"]
@@ -96,13 +112,13 @@ fn long_requests_wait_for_the_long_slot_while_normal_ones_flow() {
 #[test]
 fn a_lane_no_member_has_is_refused_at_once() {
     let mut s: Scheduler<()> = Scheduler::new([], [group("g", vec![member("n", "p", 2, 0)])]);
-    s.node_ready("n", Generation(1));
+    s.node_ready("n", Generation(1), now());
     assert!(matches!(
-        s.admit("g", Lane::Long, ()),
+        s.admit("g", Lane::Long, (), now()),
         Admission::NoCapacityInLane
     ));
     assert!(matches!(
-        s.admit("nope", Lane::Normal, ()),
+        s.admit("nope", Lane::Normal, (), now()),
         Admission::UnknownGroup
     ));
 }
@@ -116,12 +132,12 @@ fn the_queue_is_bounded() {
             ..group("g", vec![member("n", "p", 1, 0)])
         }],
     );
-    s.node_ready("n", Generation(1));
-    granted(s.admit("g", Lane::Normal, 0));
-    queued(s.admit("g", Lane::Normal, 1));
-    queued(s.admit("g", Lane::Normal, 2));
+    s.node_ready("n", Generation(1), now());
+    granted(s.admit("g", Lane::Normal, 0, now()));
+    queued(s.admit("g", Lane::Normal, 1, now()));
+    queued(s.admit("g", Lane::Normal, 2, now()));
     assert!(matches!(
-        s.admit("g", Lane::Normal, 3),
+        s.admit("g", Lane::Normal, 3, now()),
         Admission::QueueFull { max_waiting: 2 }
     ));
 }
@@ -129,17 +145,17 @@ fn the_queue_is_bounded() {
 #[test]
 fn losing_the_only_node_ends_its_waiters_unavailable_and_returns_leases() {
     let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
-    s.node_ready("n", Generation(1));
-    let running = granted(s.admit("g", Lane::Normal, "running"));
-    queued(s.admit("g", Lane::Normal, "w1"));
-    queued(s.admit("g", Lane::Normal, "w2"));
-    let lost = s.node_lost("n", Generation(1));
+    s.node_ready("n", Generation(1), now());
+    let running = granted(s.admit("g", Lane::Normal, "running", now()));
+    queued(s.admit("g", Lane::Normal, "w1", now()));
+    queued(s.admit("g", Lane::Normal, "w2", now()));
+    let lost = s.node_lost("n", Generation(1), now());
     assert_eq!(lost.released, vec![running.lease]);
     assert_eq!(lost.unavailable, vec!["w1", "w2"]);
     assert_eq!(s.waiting(0), LaneCounts::default());
     // The running request's guard releases later: a no-op.
     let mut woken = Vec::new();
-    assert!(!s.release(running.lease, &mut woken));
+    assert!(!s.release(running.lease, &mut woken, now()));
 }
 
 #[test]
@@ -151,16 +167,16 @@ fn waiters_keep_waiting_while_another_member_is_live() {
             vec![member("a", "p", 1, 0), member("b", "p", 1, 0)],
         )],
     );
-    s.node_ready("a", Generation(1));
-    s.node_ready("b", Generation(2));
-    let on_a = granted(s.admit("g", Lane::Normal, "x"));
-    let on_b = granted(s.admit("g", Lane::Normal, "y"));
+    s.node_ready("a", Generation(1), now());
+    s.node_ready("b", Generation(2), now());
+    let on_a = granted(s.admit("g", Lane::Normal, "x", now()));
+    let on_b = granted(s.admit("g", Lane::Normal, "y", now()));
     assert_ne!(on_a.node, on_b.node);
-    queued(s.admit("g", Lane::Normal, "w"));
-    let lost = s.node_lost(&on_a.node.clone(), on_a.generation);
+    queued(s.admit("g", Lane::Normal, "w", now()));
+    let lost = s.node_lost(&on_a.node.clone(), on_a.generation, now());
     assert!(lost.unavailable.is_empty());
     let mut woken = Vec::new();
-    s.release(on_b.lease, &mut woken);
+    s.release(on_b.lease, &mut woken, now());
     assert_eq!(woken[0].waiter, "w");
     assert_eq!(woken[0].grant.node, on_b.node);
 }
@@ -168,10 +184,10 @@ fn waiters_keep_waiting_while_another_member_is_live() {
 #[test]
 fn stale_loss_changes_nothing() {
     let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
-    s.node_ready("n", Generation(2));
-    let g = granted(s.admit("g", Lane::Normal, "x"));
-    queued(s.admit("g", Lane::Normal, "w"));
-    let lost = s.node_lost("n", Generation(1));
+    s.node_ready("n", Generation(2), now());
+    let g = granted(s.admit("g", Lane::Normal, "x", now()));
+    queued(s.admit("g", Lane::Normal, "w", now()));
+    let lost = s.node_lost("n", Generation(1), now());
     assert!(lost.released.is_empty());
     assert!(lost.unavailable.is_empty());
     assert!(s.leases().is_live(g.lease));
@@ -179,15 +195,16 @@ fn stale_loss_changes_nothing() {
 
 #[test]
 fn a_waiter_queued_while_offline_is_dispatched_once_on_ready() {
-    let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
-    let id = queued(s.admit("g", Lane::Normal, "early"));
-    let woken = s.node_ready("n", Generation(7));
+    let mut s: Scheduler<&str> =
+        Scheduler::new([], [waiting_group("g", vec![member("n", "p", 1, 0)])]);
+    let id = queued(s.admit("g", Lane::Normal, "early", now()));
+    let woken = s.node_ready("n", Generation(7), now());
     assert_eq!(woken.len(), 1);
     assert_eq!(woken[0].waiter, "early");
     assert_eq!(woken[0].grant.generation, Generation(7));
     assert!(s.cancel_waiter(id).is_none());
     // A duplicate activation dispatches nothing more.
-    assert!(s.node_ready("n", Generation(7)).is_empty());
+    assert!(s.node_ready("n", Generation(7), now()).is_empty());
 }
 
 #[test]
@@ -199,10 +216,10 @@ fn least_loaded_member_first_and_ties_round_robin() {
             vec![member("a", "p", 4, 0), member("b", "p", 4, 0)],
         )],
     );
-    s.node_ready("a", Generation(1));
-    s.node_ready("b", Generation(2));
+    s.node_ready("a", Generation(1), now());
+    s.node_ready("b", Generation(2), now());
     let nodes: Vec<Arc<str>> = (0..4)
-        .map(|_| granted(s.admit("g", Lane::Normal, ())).node)
+        .map(|_| granted(s.admit("g", Lane::Normal, (), now())).node)
         .collect();
     assert_eq!(nodes.iter().filter(|n| &***n == "a").count(), 2);
     assert_ne!(nodes[0], nodes[1]);
@@ -211,26 +228,27 @@ fn least_loaded_member_first_and_ties_round_robin() {
 #[test]
 fn cancelled_waiter_is_gone() {
     let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
-    s.node_ready("n", Generation(1));
-    let g = granted(s.admit("g", Lane::Normal, "x"));
-    let w = queued(s.admit("g", Lane::Normal, "w"));
+    s.node_ready("n", Generation(1), now());
+    let g = granted(s.admit("g", Lane::Normal, "x", now()));
+    let w = queued(s.admit("g", Lane::Normal, "w", now()));
     assert_eq!(s.cancel_waiter(w), Some("w"));
     let mut woken = Vec::new();
-    s.release(g.lease, &mut woken);
+    s.release(g.lease, &mut woken, now());
     assert!(woken.is_empty());
 }
 
 #[test]
 fn more_capacity_from_a_reload_dispatches_waiters_at_once() {
     let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
-    s.node_ready("n", Generation(1));
-    let running = granted(s.admit("g", Lane::Normal, "running"));
-    queued(s.admit("g", Lane::Normal, "waiting"));
+    s.node_ready("n", Generation(1), now());
+    let running = granted(s.admit("g", Lane::Normal, "running", now()));
+    queued(s.admit("g", Lane::Normal, "waiting", now()));
     let online = [("n".to_string(), Generation(1))].into();
     let (orphaned, woken) = s.reconfigure(
         [(key("n", "p"), LaneCounts { normal: 2, long: 0 }, true)],
         [group("g", vec![member("n", "p", 2, 0)])],
         &online,
+        now(),
     );
     assert!(orphaned.is_empty());
     assert_eq!(
@@ -241,17 +259,17 @@ fn more_capacity_from_a_reload_dispatches_waiters_at_once() {
     let account = s.leases().account(&key("n", "p")).unwrap();
     assert_eq!(s.leases().view(account).in_flight.normal, 2);
     let mut more = Vec::new();
-    assert!(s.release(running.lease, &mut more));
-    assert!(!s.release(running.lease, &mut more));
+    assert!(s.release(running.lease, &mut more, now()));
+    assert!(!s.release(running.lease, &mut more, now()));
     assert_eq!(s.leases().view(account).in_flight.normal, 1);
 }
 
 #[test]
 fn a_reload_ends_waiters_of_removed_groups_and_serves_new_ones() {
     let mut s: Scheduler<&str> = Scheduler::new([], [group("old", vec![member("n", "p", 1, 0)])]);
-    s.node_ready("n", Generation(3));
-    let _running = granted(s.admit("old", Lane::Normal, "running"));
-    queued(s.admit("old", Lane::Normal, "orphan"));
+    s.node_ready("n", Generation(3), now());
+    let _running = granted(s.admit("old", Lane::Normal, "running", now()));
+    queued(s.admit("old", Lane::Normal, "orphan", now()));
     let online = [("n".to_string(), Generation(3))].into();
     let (orphaned, woken) = s.reconfigure(
         [
@@ -260,30 +278,36 @@ fn a_reload_ends_waiters_of_removed_groups_and_serves_new_ones() {
         ],
         [group("new", vec![member("n", "q", 1, 0)])],
         &online,
+        now(),
     );
     assert_eq!(orphaned, ["orphan"]);
     assert!(woken.is_empty());
     assert!(matches!(
-        s.admit("old", Lane::Normal, "x"),
+        s.admit("old", Lane::Normal, "x", now()),
         Admission::UnknownGroup
     ));
     // The provider added to an online node is online at once, under its generation.
-    let g = granted(s.admit("new", Lane::Normal, "y"));
+    let g = granted(s.admit("new", Lane::Normal, "y", now()));
     assert_eq!(g.generation, Generation(3));
 }
 
 #[test]
 fn a_provider_dropped_by_a_reload_takes_no_new_requests() {
     let mut s: Scheduler<&str> = Scheduler::new([], [group("g", vec![member("n", "p", 1, 0)])]);
-    s.node_ready("n", Generation(1));
+    s.node_ready("n", Generation(1), now());
     let online = [("n".to_string(), Generation(1))].into();
-    s.reconfigure([], [group("g", vec![member("n", "p", 1, 0)])], &online);
+    s.reconfigure(
+        [],
+        [group("g", vec![member("n", "p", 1, 0)])],
+        &online,
+        now(),
+    );
     // The group still names it, so the member spec re-enables it: groups win.
     assert!(matches!(
-        s.admit("g", Lane::Normal, "a"),
+        s.admit("g", Lane::Normal, "a", now()),
         Admission::Granted(_)
     ));
-    let (_, _) = s.reconfigure([], [], &online);
+    let (_, _) = s.reconfigure([], [], &online, now());
     let account = s.leases().account(&key("n", "p")).unwrap();
     assert!(!s.leases().view(account).enabled);
 }
@@ -336,9 +360,10 @@ fn fixture() -> Scheduler<u64> {
     Scheduler::new(
         [],
         [
-            group("g0", vec![member("n0", "p", 1, 1), member("n1", "r", 1, 1)]),
+            waiting_group("g0", vec![member("n0", "p", 1, 1), member("n1", "r", 1, 1)]),
             // An alias of n0/p: shares its account.
-            group("g1", vec![member("n0", "p", 1, 1)]),
+            waiting_group("g1", vec![member("n0", "p", 1, 1)]),
+            // Fails at once while its members are offline.
             group("g2", vec![member("n0", "q", 2, 0), member("n1", "r", 1, 1)]),
         ],
     )
@@ -375,7 +400,7 @@ impl Model {
     fn release(&mut self, s: &mut Scheduler<u64>, lease: LeaseId) {
         let mut woken = Vec::new();
         let was_live = self.live.remove(&lease).is_some();
-        let did = s.release(lease, &mut woken);
+        let did = s.release(lease, &mut woken, now());
         assert_eq!(did, was_live, "release of {lease:?}");
         if did {
             assert!(self.released.insert(lease), "released twice");
@@ -428,10 +453,16 @@ proptest! {
                     let lane = if long { Lane::Long } else { Lane::Normal };
                     m.next_request += 1;
                     let name = ["g0", "g1", "g2"][group];
-                    match s.admit(name, lane, m.next_request) {
+                    match s.admit(name, lane, m.next_request, now()) {
                         Admission::Granted(g) => m.take(&g),
                         Admission::Queued(id) => { m.waiting.insert(m.next_request, id); }
                         Admission::QueueFull { .. } => assert!(m.waiting.len() >= 8),
+                        Admission::Offline { members } => {
+                            assert_eq!(name, "g2");
+                            let serving = if long { vec![1] } else { vec![0, 1] };
+                            assert!(serving.iter().all(|&n| m.generation[n].is_none()));
+                            assert!(!members.is_empty());
+                        }
                         Admission::NoCapacityInLane | Admission::UnknownGroup => {
                             unreachable!("every fixture group has both lanes")
                         }
@@ -450,13 +481,13 @@ proptest! {
                     done.sort();
                     if !done.is_empty() {
                         let mut woken = Vec::new();
-                        assert!(!s.release(done[pick % done.len()], &mut woken));
+                        assert!(!s.release(done[pick % done.len()], &mut woken, now()));
                         assert!(woken.is_empty());
                     }
                 }
                 Op::Disconnect { node } => {
                     if let Some(generation) = m.generation[node].take() {
-                        let lost = s.node_lost(NODES[node], generation);
+                        let lost = s.node_lost(NODES[node], generation, now());
                         for lease in lost.released {
                             assert!(m.live.remove(&lease).is_some(), "fence returned a dead lease");
                             assert!(m.released.insert(lease));
@@ -470,7 +501,7 @@ proptest! {
                 }
                 Op::StaleDisconnect { node } => {
                     let before = m.live.len();
-                    let lost = s.node_lost(NODES[node], Generation(0));
+                    let lost = s.node_lost(NODES[node], Generation(0), now());
                     assert!(lost.released.is_empty() && lost.unavailable.is_empty());
                     assert_eq!(m.live.len(), before);
                 }
@@ -479,7 +510,7 @@ proptest! {
                         m.last_gen += 1;
                         let generation = Generation(m.last_gen);
                         m.generation[node] = Some(generation);
-                        let woken = s.node_ready(NODES[node], generation);
+                        let woken = s.node_ready(NODES[node], generation, now());
                         m.wake(woken);
                     }
                 }

@@ -1,17 +1,31 @@
 //! The async shell around [`Scheduler`]: requests wait here for a provider slot, and every
 //! slot is held by a [`LeaseGuard`] that returns it exactly once, whichever of terminal,
-//! send failure, client abort, node loss or queue timeout comes first.
+//! send failure, client abort, node loss or queue timeout comes first. A request to a
+//! group with no member online fails at once, or waits up to the group's
+//! `wait_for_reconnect` for one to come back.
+//!
+//! It is also where request outcomes and probe reports reach the scheduler's health state
+//! ([`AdmissionControl::report_outcome`], [`AdmissionControl::probe_health`]). Time is
+//! tokio's clock (so tests can pause it), handed to the scheduler as `now`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use iop_proto::pb;
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
-use crate::lease::{Lane, LeaseId};
+use crate::ejection::{ProviderOutcome, Verdict};
+use crate::health::ProbeChange;
+use crate::lease::{Lane, LeaseId, ProviderKey};
 use crate::queue::{Admission, Dispatch, Grant, Scheduler, WaiterId};
 use crate::registry::Generation;
+
+/// The scheduler's clock: tokio's, so a paused test clock drives it.
+pub fn clock() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
 
 /// Suggested wait before retrying after a full queue (the `Retry-After` header).
 pub const RETRY_AFTER_SECS: u64 = 1;
@@ -29,6 +43,20 @@ pub enum AdmitError {
     Timeout { group: String, waited: Duration },
     #[error("model `{group}` is unavailable: {reason}")]
     Unavailable { group: String, reason: String },
+    /// No member of the group is connected (and none reconnected within `waited`).
+    #[error(
+        "model `{group}` is unavailable: {}; offline: {}",
+        match waited {
+            Some(w) => format!("no member reconnected within {}s", w.as_secs()),
+            None => "none of its members is connected".to_string(),
+        },
+        members.join(", ")
+    )]
+    Offline {
+        group: String,
+        members: Vec<String>,
+        waited: Option<Duration>,
+    },
 }
 
 /// A held slot. Dropping it returns the slot (once; a slot already returned by a node
@@ -71,12 +99,17 @@ pub struct GroupPolicy {
     pub name: String,
     pub timeout: Duration,
     pub long_context_tokens: Option<u64>,
+    /// How long a request waits for a member to reconnect when none is online.
+    pub wait_for_reconnect: Duration,
 }
 
 #[derive(Debug)]
 pub struct AdmissionControl {
     scheduler: Mutex<Scheduler<(WaiterTx, Instant)>>,
     policies: parking_lot::RwLock<Vec<GroupPolicy>>,
+    /// Woken when waiters may have become stranded (no member online any more): they
+    /// look up when to give up.
+    stranding: Notify,
 }
 
 /// Removes a waiter whose request went away before it got a slot.
@@ -99,6 +132,7 @@ impl AdmissionControl {
         Arc::new(Self {
             scheduler: Mutex::new(scheduler),
             policies: parking_lot::RwLock::new(policies),
+            stranding: Notify::new(),
         })
     }
 
@@ -122,11 +156,13 @@ impl AdmissionControl {
         plan: crate::service::reload::AdmissionPlan,
         online: &std::collections::HashMap<String, Generation>,
     ) {
-        let (orphaned, woken) =
-            self.scheduler
-                .lock()
-                .reconfigure(plan.providers, plan.groups, online);
+        let (orphaned, woken) = {
+            let mut scheduler = self.scheduler.lock();
+            scheduler.set_ejection_policy(plan.ejection);
+            scheduler.reconfigure(plan.providers, plan.groups, online, clock())
+        };
         *self.policies.write() = plan.policies;
+        self.stranding.notify_waiters();
         for (tx, _) in orphaned {
             let _ = tx.send(Err(
                 "its model group was removed from the configuration".into()
@@ -139,7 +175,8 @@ impl AdmissionControl {
         }
     }
 
-    /// Waits for a slot of `lane` in `group`, up to the group's queue timeout.
+    /// Waits for a slot of `lane` in `group`, up to the group's queue timeout (and, while
+    /// no member is online, up to its `wait_for_reconnect`).
     pub async fn acquire(
         self: &Arc<Self>,
         group: &str,
@@ -148,9 +185,12 @@ impl AdmissionControl {
         let Some(policy) = self.policy(group) else {
             return Err(AdmitError::UnknownGroup(group.to_string()));
         };
-        let started = Instant::now();
+        let started = clock();
         let (tx, mut rx) = oneshot::channel();
-        let admission = self.scheduler.lock().admit(group, lane, (tx, started));
+        let admission = self
+            .scheduler
+            .lock()
+            .admit(group, lane, (tx, started), started);
         let id = match admission {
             Admission::Granted(grant) => {
                 return Ok(Admitted {
@@ -172,6 +212,13 @@ impl AdmissionControl {
                     lane,
                 });
             }
+            Admission::Offline { members } => {
+                return Err(AdmitError::Offline {
+                    group: group.to_string(),
+                    members,
+                    waited: None,
+                });
+            }
             Admission::UnknownGroup => return Err(AdmitError::UnknownGroup(group.to_string())),
         };
         tracing::debug!(model_group = group, lane = lane.as_str(), "request queued");
@@ -180,22 +227,40 @@ impl AdmissionControl {
             id,
             active: true,
         };
-        let outcome = match tokio::time::timeout(policy.timeout, &mut rx).await {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => Err("the edge dropped the request".to_string()),
-            Err(_) => {
-                waiter.active = false;
-                if self.scheduler.lock().cancel_waiter(id).is_some() {
-                    return Err(AdmitError::Timeout {
-                        group: group.to_string(),
-                        waited: started.elapsed(),
-                    });
+        let deadline = tokio::time::Instant::from_std(started) + policy.timeout;
+        let dropped = || Err("the edge dropped the request".to_string());
+        let outcome = loop {
+            // Registered before the stranding is read, so a loss in between still wakes us.
+            let restranded = self.stranding.notified();
+            tokio::pin!(restranded);
+            restranded.as_mut().enable();
+            let stranded = self.scheduler.lock().stranded_deadline(id);
+            tokio::select! {
+                outcome = &mut rx => break outcome.unwrap_or_else(|_| dropped()),
+                _ = tokio::time::sleep_until(deadline) => {
+                    waiter.active = false;
+                    if self.scheduler.lock().cancel_waiter(id).is_some() {
+                        return Err(AdmitError::Timeout {
+                            group: group.to_string(),
+                            waited: clock().saturating_duration_since(started),
+                        });
+                    }
+                    // Dispatched (or failed) just as the timer fired: take what was sent.
+                    break rx.try_recv().unwrap_or_else(|_| dropped());
                 }
-                // Dispatched (or failed) just as the timer fired: take what was sent.
-                match rx.try_recv() {
-                    Ok(outcome) => outcome,
-                    Err(_) => Err("the edge dropped the request".to_string()),
+                _ = tokio::time::sleep_until(stranded.map_or(deadline, tokio::time::Instant::from_std)),
+                    if stranded.is_some() => {
+                    let expired = self.scheduler.lock().expire_stranded(id, clock());
+                    if let Some((_, members)) = expired {
+                        waiter.active = false;
+                        return Err(AdmitError::Offline {
+                            group: group.to_string(),
+                            members,
+                            waited: Some(policy.wait_for_reconnect),
+                        });
+                    }
                 }
+                _ = &mut restranded => {}
             }
         };
         waiter.active = false;
@@ -215,7 +280,7 @@ impl AdmissionControl {
 
     fn release(self: &Arc<Self>, lease: LeaseId) {
         let mut woken = Vec::new();
-        self.scheduler.lock().release(lease, &mut woken);
+        self.scheduler.lock().release(lease, &mut woken, clock());
         if !woken.is_empty() {
             self.wake_all(woken);
         }
@@ -238,12 +303,12 @@ impl AdmissionControl {
                     armed: true,
                 },
                 grant,
-                waited: since.elapsed(),
+                waited: clock().saturating_duration_since(since),
             };
             if let Err(Ok(mut back)) = tx.send(Ok(admitted)) {
                 back.guard.armed = false;
                 let mut more = Vec::new();
-                self.scheduler.lock().release(lease, &mut more);
+                self.scheduler.lock().release(lease, &mut more, clock());
                 pending.extend(more);
             }
         }
@@ -251,7 +316,7 @@ impl AdmissionControl {
 
     /// The node's generation is dispatch-ready: serve the waiters it can.
     pub fn node_ready(self: &Arc<Self>, node: &str, generation: Generation) {
-        let woken = self.scheduler.lock().node_ready(node, generation);
+        let woken = self.scheduler.lock().node_ready(node, generation, clock());
         let n = woken.len();
         self.wake_all(woken);
         if n > 0 {
@@ -266,7 +331,15 @@ impl AdmissionControl {
     /// The node's generation is gone: return its leases, end waiters left without a
     /// candidate. Returns how many leases were returned.
     pub fn node_lost(&self, node: &str, generation: Generation, reason: &str) -> usize {
-        let lost = self.scheduler.lock().node_lost(node, generation);
+        let lost = self.scheduler.lock().node_lost(node, generation, clock());
+        if lost.stranded > 0 {
+            self.stranding.notify_waiters();
+            tracing::info!(
+                node_id = node,
+                waiters = lost.stranded,
+                "no member online: waiters wait for a reconnect"
+            );
+        }
         let n = lost.unavailable.len();
         for (tx, _) in lost.unavailable {
             let _ = tx.send(Err(format!(
@@ -281,5 +354,163 @@ impl AdmissionControl {
             );
         }
         lost.released.len()
+    }
+}
+
+impl AdmissionControl {
+    /// Records how one request to `node`/`provider` went, for passive ejection; logs an
+    /// ejection (and a member kept because it is its group's last usable one).
+    pub fn report_outcome(
+        &self,
+        node: &str,
+        provider: &str,
+        outcome: &ProviderOutcome,
+        now: Instant,
+    ) -> Option<Verdict> {
+        let key = ProviderKey::new(node, provider);
+        let (verdict, threshold) = {
+            let mut scheduler = self.scheduler.lock();
+            let threshold = scheduler.ejection_policy().consecutive_failures;
+            (scheduler.report_outcome(&key, outcome, now)?, threshold)
+        };
+        match &verdict {
+            Verdict::Ejected {
+                duration,
+                times,
+                reason,
+                ..
+            } => tracing::warn!(
+                node_id = node,
+                provider,
+                for_sec = duration.as_secs_f64(),
+                times,
+                %reason,
+                "provider ejected: no new requests until the time is up or a probe finds it healthy"
+            ),
+            // Said once per streak: a failing last member would otherwise log every request.
+            Verdict::Kept { failures } if *failures == threshold => tracing::warn!(
+                node_id = node,
+                provider,
+                failures,
+                "provider keeps failing but is not ejected: it is the last usable member of a model group"
+            ),
+            Verdict::Kept { .. } => {}
+            Verdict::Unchanged => {}
+        }
+        Some(verdict)
+    }
+
+    /// Takes one provider's probe report from `node`'s connection `generation`; a provider
+    /// healthy again serves the waiters it can at once.
+    pub fn probe_health(
+        self: &Arc<Self>,
+        node: &str,
+        generation: Generation,
+        report: &pb::ProviderHealth,
+        now: Instant,
+    ) -> Option<ProbeChange> {
+        let mut woken = Vec::new();
+        let change = self
+            .scheduler
+            .lock()
+            .set_probe_health(node, generation, report, now, &mut woken);
+        self.wake_all(woken);
+        change
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::LaneCounts;
+    use crate::queue::{GroupSpec, MemberSpec};
+
+    fn control(wait_for_reconnect: Duration) -> Arc<AdmissionControl> {
+        let scheduler = Scheduler::new(
+            [],
+            [GroupSpec {
+                name: "g".into(),
+                members: vec![MemberSpec {
+                    key: ProviderKey::new("n", "p"),
+                    upstream_model: "m".into(),
+                    capacity: LaneCounts { normal: 1, long: 0 },
+                    enabled: true,
+                }],
+                max_waiting: 8,
+                wait_for_reconnect,
+            }],
+        );
+        AdmissionControl::new(
+            scheduler,
+            vec![GroupPolicy {
+                name: "g".into(),
+                timeout: Duration::from_secs(30),
+                long_context_tokens: None,
+                wait_for_reconnect,
+            }],
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_no_member_online_a_request_fails_at_once_naming_it() {
+        let c = control(Duration::ZERO);
+        let started = tokio::time::Instant::now();
+        let err = c.acquire("g", Lane::Normal).await.unwrap_err();
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(
+            err.to_string(),
+            "model `g` is unavailable: none of its members is connected; offline: n/p"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_group_that_waits_for_reconnects_gives_up_after_its_wait() {
+        let c = control(Duration::from_secs(5));
+        let started = tokio::time::Instant::now();
+        let err = c.acquire("g", Lane::Normal).await.unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert!(
+            matches!(err, AdmitError::Offline { waited: Some(w), .. } if w == Duration::from_secs(5))
+        );
+        assert!(
+            err.to_string().contains("no member reconnected within 5s"),
+            "{err}"
+        );
+        c.inspect(|s| assert_eq!(s.waiting(0), LaneCounts::default()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconnect_within_the_wait_serves_the_request() {
+        let c = control(Duration::from_secs(5));
+        let waiter = tokio::spawn({
+            let c = c.clone();
+            async move {
+                c.acquire("g", Lane::Normal)
+                    .await
+                    .map(|a| a.grant.generation)
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        c.node_ready("n", Generation(4));
+        assert_eq!(waiter.await.unwrap().unwrap(), Generation(4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_stranded_by_a_loss_waits_from_the_loss_on() {
+        let c = control(Duration::from_secs(5));
+        c.node_ready("n", Generation(1));
+        let running = c.acquire("g", Lane::Normal).await.unwrap();
+        let waiter = tokio::spawn({
+            let c = c.clone();
+            async move { c.acquire("g", Lane::Normal).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!waiter.is_finished(), "waiting for capacity, not stranded");
+        let lost_at = tokio::time::Instant::now();
+        c.node_lost("n", Generation(1), "test");
+        let err = waiter.await.unwrap().unwrap_err();
+        assert_eq!(lost_at.elapsed(), Duration::from_secs(5));
+        assert!(matches!(err, AdmitError::Offline { .. }), "{err}");
+        drop(running);
     }
 }

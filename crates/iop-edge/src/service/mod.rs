@@ -10,6 +10,7 @@ pub mod admission;
 pub mod command;
 pub mod credentials;
 pub mod group;
+pub mod health;
 pub mod reload;
 pub mod run;
 pub mod tunnel;
@@ -262,7 +263,8 @@ impl Edge {
     pub fn with_trust(config: EdgeConfig, trust: Option<Arc<TrustStore>>) -> Arc<Self> {
         let registry = Registry::new(reload::token_records(&config));
         let plan = reload::AdmissionPlan::of(&config);
-        let scheduler = Scheduler::new(plan.providers, plan.groups);
+        let mut scheduler = Scheduler::new(plan.providers, plan.groups);
+        scheduler.set_ejection_policy(plan.ejection);
         let metrics = Metrics::new();
         metrics.set_model_groups(config.model_groups.iter().map(|g| g.name.as_str()));
         metrics.set_api_keys(config.auth.keys.iter().map(|k| k.name.as_str()));
@@ -372,7 +374,7 @@ impl Edge {
             .iter()
             .find(|n| n.id == node_id)
             .expect("registry built from config");
-        match build_payload(node, config.max_frame_bytes) {
+        match build_payload(node, &config.health, config.max_frame_bytes) {
             Ok(payload) => {
                 self.sent_config
                     .lock()
@@ -454,7 +456,7 @@ impl Edge {
         let Some(node) = config.nodes.iter().find(|n| n.id == node_id) else {
             return;
         };
-        let Ok(payload) = build_payload(node, config.max_frame_bytes) else {
+        let Ok(payload) = build_payload(node, &config.health, config.max_frame_bytes) else {
             return;
         };
         let mut sent = self.sent_config.lock();

@@ -27,6 +27,7 @@ pub struct AdmissionPlan {
     pub providers: Vec<(ProviderKey, LaneCounts, bool)>,
     pub groups: Vec<GroupSpec>,
     pub policies: Vec<GroupPolicy>,
+    pub ejection: crate::ejection::EjectionPolicy,
 }
 
 impl AdmissionPlan {
@@ -54,6 +55,7 @@ impl AdmissionPlan {
             .map(|g| GroupSpec {
                 name: g.name.clone(),
                 max_waiting: g.queue.max_waiting,
+                wait_for_reconnect: Duration::from_secs(g.queue.wait_for_reconnect_sec),
                 members: g
                     .members
                     .iter()
@@ -77,12 +79,14 @@ impl AdmissionPlan {
                 name: g.name.clone(),
                 timeout: Duration::from_secs(g.queue.timeout_sec),
                 long_context_tokens: g.long_context_tokens,
+                wait_for_reconnect: Duration::from_secs(g.queue.wait_for_reconnect_sec),
             })
             .collect();
         Self {
             providers,
             groups,
             policies,
+            ejection: config.health.ejection.policy(),
         }
     }
 }
@@ -180,7 +184,7 @@ impl Edge {
             let Some(node) = new.nodes.iter().find(|n| n.id == session.node_id) else {
                 continue;
             };
-            let payload = match build_payload(node, new.max_frame_bytes) {
+            let payload = match build_payload(node, &new.health, new.max_frame_bytes) {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::error!(node_id = %node.id, error = %e, "config reload: cannot build the node's payload; it keeps its old config");

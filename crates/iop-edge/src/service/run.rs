@@ -4,6 +4,9 @@
 //! or an error synthesized here when the node's connection is lost first. Dropping the
 //! stream before its terminal cancels the run on the node, unless the run is background,
 //! in which case it is drained to the event bus until it ends.
+//!
+//! A model-group run (one with an [`Observe`]) reports its provider's outcome for passive
+//! ejection at its terminal.
 
 use std::sync::Arc;
 
@@ -213,6 +216,14 @@ impl RunInner {
             _ if event.is_terminal() => {
                 self.finished = true;
                 self.lease = None;
+                if let Some(observe) = &self.observe {
+                    self.edge.report_provider_outcome(
+                        &observe.node_id,
+                        &observe.provider_id,
+                        crate::ejection::ProviderOutcome::of_run_terminal(&event),
+                        super::admission::clock(),
+                    );
+                }
                 if let (Some(observe), Some(usage)) = (&self.observe, &event.usage) {
                     let served = self.served_model.take();
                     self.edge.observe_usage(observe, "run", usage, served);

@@ -6,6 +6,10 @@
 //! reach the body. They may arrive in either order, so the usage is published once the
 //! stream ends, with the served model the metadata named. Dropping the stream early
 //! cancels the tunnel on the node, which aborts the provider request.
+//!
+//! A model-group tunnel (one with an [`Observe`]) reports its provider's outcome for
+//! passive ejection once it is known: a 5xx status at once, a clean end after a 2xx as a
+//! success, an error frame that blames the provider as a failure.
 
 use std::sync::Arc;
 
@@ -15,6 +19,7 @@ use iop_proto::pb::{self, provider_tunnel_frame::Frame};
 use super::admission::LeaseGuard;
 use super::run::SubmitError;
 use super::{CreditReturn, Edge, Observe};
+use crate::ejection::ProviderOutcome;
 use crate::session::{NodeSession, STREAM_WINDOW, StreamReceiver};
 
 /// One HTTP request for a provider, relative to its API root.
@@ -78,6 +83,8 @@ impl Edge {
             observe,
             usage: None,
             served_model: None,
+            status: None,
+            outcome_reported: false,
         })
     }
 }
@@ -96,6 +103,10 @@ pub struct TunnelStream {
     usage: Option<pb::Usage>,
     /// The metadata's `model`: what the provider said served the request.
     served_model: Option<String>,
+    /// The provider's status, once it came.
+    status: Option<u32>,
+    /// The provider's outcome was reported (at most once per tunnel).
+    outcome_reported: bool,
 }
 
 impl TunnelStream {
@@ -122,7 +133,13 @@ impl TunnelStream {
                 }));
             };
             match frame {
-                Frame::Status(status) => return Some(TunnelItem::Status(status)),
+                Frame::Status(status) => {
+                    self.status = Some(status);
+                    if status >= 500 {
+                        self.report(ProviderOutcome::of_tunnel_end(Some(status)));
+                    }
+                    return Some(TunnelItem::Status(status));
+                }
                 Frame::Headers(h) => return Some(TunnelItem::Headers(h.headers)),
                 Frame::Body(bytes) => {
                     self.credit.consumed_one(&self.edge, &self.session);
@@ -130,10 +147,12 @@ impl TunnelStream {
                 }
                 Frame::End(_) => {
                     self.finish();
+                    self.report(ProviderOutcome::of_tunnel_end(self.status));
                     return Some(TunnelItem::End);
                 }
                 Frame::Error(err) => {
                     self.finish();
+                    self.report(ProviderOutcome::of_tunnel_error(&err.code, self.status));
                     return Some(TunnelItem::Error(err));
                 }
                 Frame::Usage(usage) => self.usage = Some(usage),
@@ -152,6 +171,22 @@ impl TunnelStream {
     pub fn next_ready(&mut self) -> Option<TunnelItem> {
         use futures::FutureExt;
         self.next().now_or_never().flatten()
+    }
+
+    /// Reports the provider's outcome for passive ejection, once, for model-group tunnels.
+    fn report(&mut self, outcome: ProviderOutcome) {
+        if self.outcome_reported {
+            return;
+        }
+        self.outcome_reported = true;
+        if let Some(observe) = &self.observe {
+            self.edge.report_provider_outcome(
+                &observe.node_id,
+                &observe.provider_id,
+                outcome,
+                super::admission::clock(),
+            );
+        }
     }
 
     fn finish(&mut self) {

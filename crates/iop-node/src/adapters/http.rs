@@ -211,12 +211,8 @@ impl HttpProvider {
         {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
-                let code = if err.is_connect() {
-                    "provider_unreachable"
-                } else {
-                    "provider_error"
-                };
-                return Err(AdapterError::new(code, self.chain(&err)));
+                let (code, what) = plain_failure(&err);
+                return Err(AdapterError::new(code, self.chain(&what, &err)));
             }
             Err(_) => return Err(self.head_timeout_error()),
         };
@@ -250,15 +246,18 @@ impl HttpProvider {
         )
     }
 
-    /// `provider ID at URL: error: cause: cause…`
-    fn chain(&self, err: &dyn std::error::Error) -> String {
-        let mut message = format!("provider {} at {}: {err}", self.id, self.base_url);
+    /// What went wrong, for the edge and its clients: `provider ID: what (cause)`, never the
+    /// provider's URL or address (they are internal). The whole error chain, URL included,
+    /// is logged here on the node.
+    fn chain(&self, what: &str, err: &dyn std::error::Error) -> String {
+        let mut full = format!("provider {} at {}: {err}", self.id, self.base_url);
         let mut source = err.source();
         while let Some(inner) = source {
-            message.push_str(&format!(": {inner}"));
+            full.push_str(&format!(": {inner}"));
             source = inner.source();
         }
-        message
+        tracing::warn!(provider = %self.id, error = %full, "provider request failed");
+        format!("provider {}: {what}", self.id)
     }
 
     /// Maps a failed request to an error that says what went wrong where.
@@ -270,7 +269,38 @@ impl HttpProvider {
         } else {
             "provider_error"
         };
-        AdapterError::new(code, self.chain(err))
+        AdapterError::new(
+            code,
+            self.chain(&with_cause(reqwest_failure(err), err), err),
+        )
+    }
+
+    /// The server root: the base URL without its `/v1` (where vLLM serves `/health`).
+    pub fn server_root(&self) -> &str {
+        self.base_url.strip_suffix("/v1").unwrap_or(&self.base_url)
+    }
+
+    /// A health probe: `GET url` with the provider's headers must answer 2xx within
+    /// `timeout`. The error names `label` (the probed path), never the URL.
+    pub async fn probe_get(&self, url: &str, label: &str, timeout: Duration) -> Result<(), String> {
+        let request = self
+            .client
+            .get(url)
+            .headers(self.headers.clone())
+            .timeout(timeout)
+            .send();
+        match tokio::time::timeout(timeout + Duration::from_millis(100), request).await {
+            Ok(Ok(response)) if response.status().is_success() => Ok(()),
+            Ok(Ok(response)) => Err(format!("GET {label}: HTTP {}", response.status())),
+            Ok(Err(err)) => Err(format!(
+                "GET {label}: {}",
+                with_cause(reqwest_failure(&err), &err)
+            )),
+            Err(_) => Err(format!(
+                "GET {label}: no answer within {}ms",
+                timeout.as_millis()
+            )),
+        }
     }
 
     /// An error for a non-success status, with the provider's own message if it gave one.
@@ -296,6 +326,61 @@ impl HttpProvider {
             code,
             format!("provider {} returned {status}: {detail}", self.id),
         )
+    }
+}
+
+/// What a reqwest failure was, in a few words.
+fn reqwest_failure(err: &reqwest::Error) -> &'static str {
+    if err.is_timeout() {
+        "timed out"
+    } else if err.is_connect() {
+        "cannot connect"
+    } else if err.is_body() || err.is_decode() {
+        "the response body failed"
+    } else {
+        "request failed"
+    }
+}
+
+/// `what (root cause)` for a reqwest error: its own message names the URL, so only the
+/// innermost error of its chain says why (`Connection refused (os error 111)`), unless
+/// that one names a URL too.
+fn with_cause(what: &str, err: &reqwest::Error) -> String {
+    use std::error::Error;
+    let mut innermost: Option<&dyn Error> = None;
+    let mut source = err.source();
+    while let Some(inner) = source {
+        innermost = Some(inner);
+        source = inner.source();
+    }
+    match innermost.map(|e| e.to_string()) {
+        Some(cause) if !cause.is_empty() && !cause.contains("://") => format!("{what} ({cause})"),
+        _ => what.to_string(),
+    }
+}
+
+/// The code and the words (without the provider's address) for a failed plain exchange.
+fn plain_failure(err: &PlainError) -> (&'static str, String) {
+    match err {
+        PlainError::Connect { source, .. } => {
+            ("provider_unreachable", format!("cannot connect ({source})"))
+        }
+        PlainError::ConnectTimeout(_) => (
+            "provider_unreachable",
+            "cannot connect (timed out)".to_string(),
+        ),
+        PlainError::Http(e) => {
+            use std::error::Error;
+            let mut words = format!("request failed ({e}");
+            let mut source = e.source();
+            while let Some(inner) = source {
+                words.push_str(&format!(": {inner}"));
+                source = inner.source();
+            }
+            words.push(')');
+            ("provider_error", words)
+        }
+        PlainError::Closed => ("provider_error", err.to_string()),
     }
 }
 

@@ -24,10 +24,11 @@ pub async fn run(args: Args) -> super::Result {
         return Ok(());
     }
     println!(
-        "{:<16} {:<12} {:<16} {:<14} {:<12} {:>10} {:>10}",
-        "NODE", "STATE", "PROVIDER", "KIND", "STATUS", "CAP n/l", "BUSY n/l"
+        "{:<16} {:<12} {:<16} {:<14} {:<12} {:<10} {:>10} {:>10}",
+        "NODE", "STATE", "PROVIDER", "KIND", "STATUS", "HEALTH", "CAP n/l", "BUSY n/l"
     );
     let lanes = |v: &Value| format!("{}/{}", v["normal"], v["long"]);
+    let mut notes = Vec::new();
     for node in body["nodes"].as_array().into_iter().flatten() {
         let providers = node["providers"].as_array().cloned().unwrap_or_default();
         if providers.is_empty() {
@@ -38,16 +39,47 @@ pub async fn run(args: Args) -> super::Result {
             );
         }
         for p in providers {
+            let ejected = p["ejected"].is_object();
             println!(
-                "{:<16} {:<12} {:<16} {:<14} {:<12} {:>10} {:>10}",
+                "{:<16} {:<12} {:<16} {:<14} {:<12} {:<10} {:>10} {:>10}",
                 node["id"].as_str().unwrap_or(""),
                 node["state"].as_str().unwrap_or(""),
                 p["id"].as_str().unwrap_or(""),
                 p["kind"].as_str().unwrap_or(""),
-                p["status"].as_str().unwrap_or(""),
+                if ejected {
+                    "ejected"
+                } else {
+                    p["status"].as_str().unwrap_or("")
+                },
+                p["health"].as_str().unwrap_or(""),
                 lanes(&p["capacity"]),
                 lanes(&p["in_flight"]),
             );
+            let name = format!(
+                "{}/{}",
+                node["id"].as_str().unwrap_or(""),
+                p["id"].as_str().unwrap_or("")
+            );
+            if ejected {
+                notes.push(format!(
+                    "{name}: ejected for {}s more: {}",
+                    p["ejected"]["remaining_sec"],
+                    p["ejected"]["reason"].as_str().unwrap_or("")
+                ));
+            }
+            if let Some(error) = p["last_error"].as_str() {
+                let ago = p["last_error_unix_ms"]
+                    .as_u64()
+                    .map(|at| format!(" ({}s ago)", now_ms().saturating_sub(at) / 1000))
+                    .unwrap_or_default();
+                notes.push(format!("{name}: last failed probe{ago}: {error}"));
+            }
+        }
+    }
+    if !notes.is_empty() {
+        println!();
+        for note in notes {
+            println!("{note}");
         }
     }
     let nodes: Vec<&Value> = body["nodes"]
@@ -105,10 +137,7 @@ pub async fn run(args: Args) -> super::Result {
 
 /// A Unix-milliseconds expiry as how far away it is.
 fn expiry(unix_ms: u64) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let now = now_ms();
     if unix_ms <= now {
         return "expired".into();
     }
@@ -118,4 +147,11 @@ fn expiry(unix_ms: u64) -> String {
         s if s >= 2 * 3600 => format!("in {}h", s / 3600),
         s => format!("in {}m", s / 60),
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod health;
 pub mod node_wire;
 pub mod tls;
 

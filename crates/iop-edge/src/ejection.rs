@@ -1,0 +1,445 @@
+//! Passive ejection: a member whose provider keeps failing requests is taken out of
+//! rotation for a while, whatever its probes say.
+//!
+//! Pure state per provider, no I/O, no clock: every call takes `now`. The shape is
+//! Envoy's outlier detection:
+//! - `consecutive_failures` provider-side failures in a row (connect errors, 5xx, broken
+//!   streams — never 4xx or 429, which are the client's or a rate limit) eject the member;
+//!   a success in between resets the count, a neutral outcome leaves it;
+//! - the n-th ejection lasts `base × n`, capped at `max`; every `base` spent back in
+//!   rotation without an ejection lowers n by one again;
+//! - the member rejoins when its ejection time has passed, or earlier when its node's
+//!   probe reports it healthy again (a probe is evidence it recovered; the time limit is
+//!   the fallback for providers whose probe stayed healthy while requests failed);
+//! - the caller says whether ejecting is allowed: the last usable member of a group is
+//!   never ejected (the failures still count, so the next one tries again).
+
+use std::time::{Duration, Instant};
+
+use iop_proto::pb;
+
+/// When to eject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EjectionPolicy {
+    /// Failures in a row that eject; 0 never ejects.
+    pub consecutive_failures: u32,
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Default for EjectionPolicy {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 3,
+            base: Duration::from_secs(30),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How one request went, as far as its provider is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderOutcome {
+    /// The provider answered 2xx and the response ended cleanly.
+    Success,
+    /// The provider failed: unreachable, 5xx, timed out, broke its stream.
+    Failure { reason: String },
+    /// Says nothing about the provider: a 4xx, a 429, the client left, the node's link
+    /// dropped, the node's gate was full.
+    Neutral,
+}
+
+impl ProviderOutcome {
+    pub fn failure(reason: impl Into<String>) -> Self {
+        ProviderOutcome::Failure {
+            reason: reason.into(),
+        }
+    }
+
+    /// A tunnel that ended with its end frame after `status`.
+    pub fn of_tunnel_end(status: Option<u32>) -> Self {
+        match status {
+            Some(s) if (200..300).contains(&s) => ProviderOutcome::Success,
+            Some(s) if s >= 500 => ProviderOutcome::failure(format!("HTTP {s}")),
+            _ => ProviderOutcome::Neutral,
+        }
+    }
+
+    /// A tunnel that ended with an error frame (`code`), after `status` if one came.
+    pub fn of_tunnel_error(code: &str, status: Option<u32>) -> Self {
+        if is_provider_failure(code) {
+            return ProviderOutcome::failure(code);
+        }
+        match status {
+            Some(s) if s >= 500 => ProviderOutcome::failure(format!("HTTP {s}")),
+            _ => ProviderOutcome::Neutral,
+        }
+    }
+
+    /// A run's terminal event.
+    pub fn of_run_terminal(event: &pb::RunEvent) -> Self {
+        match event.kind() {
+            pb::RunEventKind::Complete => ProviderOutcome::Success,
+            pb::RunEventKind::Error => {
+                let code = event.error.as_ref().map_or("", |e| e.code.as_str());
+                if is_provider_failure(code) {
+                    ProviderOutcome::failure(code)
+                } else {
+                    ProviderOutcome::Neutral
+                }
+            }
+            _ => ProviderOutcome::Neutral,
+        }
+    }
+}
+
+/// Error codes of nodes and adapters that blame the provider itself.
+fn is_provider_failure(code: &str) -> bool {
+    matches!(
+        code,
+        "provider_unreachable"
+            | "provider_timeout"
+            | "provider_error"
+            | "provider_stream_error"
+            | "cli_spawn"
+    )
+}
+
+/// What recording an outcome did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Unchanged,
+    /// Ejected until `until` (the `times`-th ejection in a row).
+    Ejected {
+        until: Instant,
+        duration: Duration,
+        times: u32,
+        reason: String,
+    },
+    /// Enough failures to eject, but the caller did not allow it (last usable member).
+    Kept {
+        failures: u32,
+    },
+}
+
+/// One provider's ejection state.
+#[derive(Debug, Clone, Default)]
+pub struct Ejection {
+    consecutive: u32,
+    /// The multiplier of the last ejection.
+    times: u32,
+    /// The end of the current (or last) ejection.
+    until: Option<Instant>,
+    /// Why it was last ejected.
+    reason: Option<String>,
+}
+
+impl Ejection {
+    /// The end of the ejection in progress at `now`, if any.
+    pub fn ejected_until(&self, now: Instant) -> Option<Instant> {
+        self.until.filter(|until| now < *until)
+    }
+
+    pub fn is_ejected(&self, now: Instant) -> bool {
+        self.ejected_until(now).is_some()
+    }
+
+    /// How many times in a row it was ejected (the multiplier of the last ejection).
+    pub fn times(&self) -> u32 {
+        self.times
+    }
+
+    pub fn reason(&self) -> Option<&str> {
+        self.reason.as_deref()
+    }
+
+    pub fn consecutive_failures(&self) -> u32 {
+        self.consecutive
+    }
+
+    /// Records one request's outcome. `may_eject` is asked only when the failures reach
+    /// the threshold.
+    pub fn record(
+        &mut self,
+        outcome: &ProviderOutcome,
+        now: Instant,
+        policy: &EjectionPolicy,
+        may_eject: impl FnOnce() -> bool,
+    ) -> Verdict {
+        let reason = match outcome {
+            ProviderOutcome::Neutral => return Verdict::Unchanged,
+            ProviderOutcome::Success => {
+                self.consecutive = 0;
+                return Verdict::Unchanged;
+            }
+            ProviderOutcome::Failure { reason } => reason,
+        };
+        if self.is_ejected(now) {
+            // Requests that were under way when it was ejected: already accounted for.
+            return Verdict::Unchanged;
+        }
+        self.consecutive = self.consecutive.saturating_add(1);
+        if policy.consecutive_failures == 0 || self.consecutive < policy.consecutive_failures {
+            return Verdict::Unchanged;
+        }
+        if !may_eject() {
+            return Verdict::Kept {
+                failures: self.consecutive,
+            };
+        }
+        let times = self.decayed_times(now, policy) + 1;
+        let duration = policy.base.saturating_mul(times).min(policy.max);
+        let until = now + duration;
+        let reason = format!("{} failures in a row, the last: {reason}", self.consecutive);
+        self.times = times;
+        self.until = Some(until);
+        self.consecutive = 0;
+        self.reason = Some(reason.clone());
+        Verdict::Ejected {
+            until,
+            duration,
+            times,
+            reason,
+        }
+    }
+
+    /// A probe found the provider healthy: an ejection in progress ends now. Returns
+    /// whether one did.
+    pub fn rejoin(&mut self, now: Instant) -> bool {
+        if self.is_ejected(now) {
+            self.until = Some(now);
+            self.consecutive = 0;
+            return true;
+        }
+        false
+    }
+
+    /// The multiplier after the time spent back in rotation: one less per `base`.
+    fn decayed_times(&self, now: Instant, policy: &EjectionPolicy) -> u32 {
+        let Some(until) = self.until else {
+            return 0;
+        };
+        let quiet = now.saturating_duration_since(until);
+        let steps = if policy.base.is_zero() {
+            u32::MAX
+        } else {
+            (quiet.as_secs_f64() / policy.base.as_secs_f64()) as u32
+        };
+        self.times.saturating_sub(steps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    fn policy() -> EjectionPolicy {
+        EjectionPolicy {
+            consecutive_failures: 3,
+            base: 10 * SEC,
+            max: 25 * SEC,
+        }
+    }
+
+    fn fail(e: &mut Ejection, now: Instant) -> Verdict {
+        e.record(
+            &ProviderOutcome::failure("HTTP 502"),
+            now,
+            &policy(),
+            || true,
+        )
+    }
+
+    #[test]
+    fn consecutive_failures_eject_for_base_then_it_rejoins() {
+        let t0 = Instant::now();
+        let mut e = Ejection::default();
+        assert_eq!(fail(&mut e, t0), Verdict::Unchanged);
+        assert_eq!(fail(&mut e, t0), Verdict::Unchanged);
+        let Verdict::Ejected {
+            until,
+            duration,
+            times,
+            reason,
+        } = fail(&mut e, t0 + SEC)
+        else {
+            panic!("not ejected");
+        };
+        assert_eq!((duration, times), (10 * SEC, 1));
+        assert_eq!(until, t0 + 11 * SEC);
+        assert!(
+            reason.contains("3 failures") && reason.contains("HTTP 502"),
+            "{reason}"
+        );
+        assert!(e.is_ejected(t0 + 10 * SEC));
+        assert!(
+            !e.is_ejected(t0 + 11 * SEC),
+            "rejoins when its time has passed"
+        );
+        assert_eq!(e.ejected_until(t0 + 11 * SEC), None);
+    }
+
+    #[test]
+    fn successes_reset_the_count_and_neutral_outcomes_do_not() {
+        let t0 = Instant::now();
+        let mut e = Ejection::default();
+        fail(&mut e, t0);
+        fail(&mut e, t0);
+        e.record(&ProviderOutcome::Success, t0, &policy(), || true);
+        fail(&mut e, t0);
+        fail(&mut e, t0);
+        assert!(!e.is_ejected(t0));
+        // A 4xx, a 429 or a client abort says nothing about the provider.
+        e.record(&ProviderOutcome::Neutral, t0, &policy(), || true);
+        assert!(matches!(fail(&mut e, t0), Verdict::Ejected { .. }));
+    }
+
+    #[test]
+    fn each_ejection_in_a_row_lasts_longer_up_to_the_cap() {
+        let t0 = Instant::now();
+        let mut e = Ejection::default();
+        let mut now = t0;
+        let mut durations = Vec::new();
+        for _ in 0..4 {
+            for _ in 0..3 {
+                if let Verdict::Ejected { duration, .. } = fail(&mut e, now) {
+                    durations.push(duration);
+                }
+            }
+            // Back in rotation, and failing again at once.
+            now = e.until.unwrap();
+        }
+        assert_eq!(durations, [10 * SEC, 20 * SEC, 25 * SEC, 25 * SEC]);
+        assert_eq!(e.times(), 4);
+    }
+
+    #[test]
+    fn time_back_in_rotation_lowers_the_multiplier() {
+        let t0 = Instant::now();
+        let mut e = Ejection::default();
+        for _ in 0..3 {
+            fail(&mut e, t0);
+        }
+        for _ in 0..3 {
+            fail(&mut e, t0 + 10 * SEC);
+        }
+        assert_eq!(e.times(), 2);
+        let back = e.until.unwrap();
+        // Two bases of quiet: the next ejection is a first one again.
+        let later = back + 20 * SEC;
+        let mut last = Verdict::Unchanged;
+        for _ in 0..3 {
+            last = fail(&mut e, later);
+        }
+        assert!(
+            matches!(last, Verdict::Ejected { times: 1, duration, .. } if duration == 10 * SEC),
+            "{last:?}"
+        );
+    }
+
+    #[test]
+    fn the_last_usable_member_is_kept_and_the_next_failure_asks_again() {
+        let t0 = Instant::now();
+        let mut e = Ejection::default();
+        let p = policy();
+        let failure = ProviderOutcome::failure("provider_unreachable");
+        for _ in 0..2 {
+            e.record(&failure, t0, &p, || {
+                unreachable!("asked below the threshold")
+            });
+        }
+        assert_eq!(
+            e.record(&failure, t0, &p, || false),
+            Verdict::Kept { failures: 3 }
+        );
+        assert!(!e.is_ejected(t0));
+        assert!(matches!(
+            e.record(&failure, t0, &p, || true),
+            Verdict::Ejected { .. }
+        ));
+    }
+
+    #[test]
+    fn a_healthy_probe_ends_an_ejection_early_and_failures_while_ejected_do_not_extend_it() {
+        let t0 = Instant::now();
+        let mut e = Ejection::default();
+        for _ in 0..3 {
+            fail(&mut e, t0);
+        }
+        let until = e.ejected_until(t0).unwrap();
+        for _ in 0..10 {
+            assert_eq!(fail(&mut e, t0 + SEC), Verdict::Unchanged);
+        }
+        assert_eq!(e.ejected_until(t0 + SEC), Some(until));
+        assert!(e.rejoin(t0 + 2 * SEC));
+        assert!(!e.is_ejected(t0 + 2 * SEC));
+        assert!(!e.rejoin(t0 + 3 * SEC), "nothing to end");
+        assert_eq!(e.consecutive_failures(), 0);
+    }
+
+    #[test]
+    fn zero_failures_never_eject() {
+        let t0 = Instant::now();
+        let mut e = Ejection::default();
+        let off = EjectionPolicy {
+            consecutive_failures: 0,
+            ..policy()
+        };
+        for _ in 0..100 {
+            e.record(&ProviderOutcome::failure("x"), t0, &off, || true);
+        }
+        assert!(!e.is_ejected(t0));
+    }
+
+    #[test]
+    fn outcomes_are_classified_by_who_is_at_fault() {
+        use ProviderOutcome as O;
+        assert_eq!(O::of_tunnel_end(Some(200)), O::Success);
+        assert_eq!(O::of_tunnel_end(Some(503)), O::failure("HTTP 503"));
+        for status in [400, 404, 429] {
+            assert_eq!(O::of_tunnel_end(Some(status)), O::Neutral, "{status}");
+        }
+        assert_eq!(
+            O::of_tunnel_error("provider_unreachable", None),
+            O::failure("provider_unreachable")
+        );
+        assert_eq!(
+            O::of_tunnel_error("provider_stream_error", Some(200)),
+            O::failure("provider_stream_error")
+        );
+        for code in [
+            "capacity",
+            "node_disconnected",
+            "unknown_adapter",
+            "bad_request",
+        ] {
+            assert_eq!(O::of_tunnel_error(code, None), O::Neutral, "{code}");
+        }
+        let run = |kind: pb::RunEventKind, code: &str| pb::RunEvent {
+            kind: kind as i32,
+            error: Some(pb::RunError {
+                code: code.into(),
+                message: String::new(),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            O::of_run_terminal(&run(pb::RunEventKind::Complete, "")),
+            O::Success
+        );
+        assert_eq!(
+            O::of_run_terminal(&run(pb::RunEventKind::Error, "provider_error")),
+            O::failure("provider_error")
+        );
+        assert_eq!(
+            O::of_run_terminal(&run(pb::RunEventKind::Error, "capacity")),
+            O::Neutral
+        );
+        assert_eq!(
+            O::of_run_terminal(&run(pb::RunEventKind::Cancelled, "")),
+            O::Neutral
+        );
+    }
+}
