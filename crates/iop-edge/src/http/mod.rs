@@ -16,6 +16,7 @@ pub mod render;
 pub mod request;
 pub mod runs;
 pub mod server;
+pub mod stream_usage;
 
 use std::sync::Arc;
 

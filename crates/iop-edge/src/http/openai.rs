@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::request::{ClientRequest, WrongType, require_json};
-use super::{passthrough, render};
+use super::{passthrough, render, stream_usage};
 use crate::auth::Caller;
 use crate::lease::Lane;
 use crate::service::{Edge, Observe, RunSpec, TunnelSpec};
@@ -205,7 +205,9 @@ async fn handle(
         api_key: caller.owner(),
     };
     if provider.kind.is_tunnel() {
-        let body = request.with_model(&grant.upstream_model);
+        let usage_injected =
+            stream && provider.injects_stream_usage() && !stream_usage::client_asked(&request);
+        let body = stream_usage::provider_body(&request, &grant.upstream_model, usage_injected);
         let accept = if stream {
             "text/event-stream"
         } else {
@@ -220,6 +222,7 @@ async fn handle(
                 header("accept", accept),
             ],
             body: body.into(),
+            usage_injected,
         };
         let tunnel = edge
             .start_tunnel(session, spec, Some(admitted.guard), Some(observe))
