@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod chat_input;
 pub mod deadlines;
 pub mod error;
 pub mod openai;
