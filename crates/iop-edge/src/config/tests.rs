@@ -358,5 +358,8 @@ fn tunnel_usage_defaults_to_inject_and_is_only_for_tunnelled_kinds() {
         "capacity: {normal: 2, long: 1}",
         "capacity: {normal: 2, long: 1}\n        tunnel_usage: sometimes",
     ));
-    assert!(text.contains("nodes[0].providers[0].tunnel_usage"), "{text}");
+    assert!(
+        text.contains("nodes[0].providers[0].tunnel_usage"),
+        "{text}"
+    );
 }
