@@ -319,4 +319,54 @@ mod tests {
         assert!(String::from_utf8_lossy(&out).ends_with("\"prompt_tokens\":1}}\n\n"));
         assert_eq!(o.finish().map(|u| u.input_tokens), Some(1));
     }
+
+    /// Streams made of the pieces that matter, split at random: never a panic, never more
+    /// bytes out than in, and a stream without the key comes out as it went in.
+    #[test]
+    fn random_streams_and_splits_are_safe() {
+        const PIECES: &[&str] = &[
+            "data: ",
+            "\"usage\"",
+            ":",
+            " ",
+            "null",
+            "{",
+            "}",
+            ",",
+            "\n",
+            "\r\n",
+            "\n\n",
+            "\"choices\":[]",
+            "\"choices\":[1]",
+            "\"model\":\"m\"",
+            "event: x\n",
+            "nul",
+            "[DONE]",
+        ];
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |bound: usize| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % bound
+        };
+        for _ in 0..2000 {
+            let stream: String = (0..next(60)).map(|_| PIECES[next(PIECES.len())]).collect();
+            let bytes = stream.as_bytes();
+            let mut cuts: Vec<usize> = (0..next(5)).map(|_| next(bytes.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut at = 0;
+            for cut in cuts {
+                pieces.push(&bytes[at..cut]);
+                at = cut;
+            }
+            pieces.push(&bytes[at..]);
+            let (out, _) = relay(&pieces);
+            assert!(out.len() <= bytes.len(), "{stream:?}");
+            if !stream.contains("\"usage\"") {
+                assert_eq!(out, stream);
+            }
+        }
+    }
 }
