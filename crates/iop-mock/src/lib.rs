@@ -154,6 +154,8 @@ struct Plan {
     /// The answer, token by token (a word and its trailing space), already cut at a stop
     /// sequence.
     pieces: Vec<String>,
+    /// Tokens generated: the pieces, or up to the one that completed a stop sequence.
+    generated: u32,
     delay: Duration,
     reasoning: bool,
     prompt_tokens: u64,
@@ -162,7 +164,7 @@ struct Plan {
 
 impl Plan {
     fn tokens(&self) -> u32 {
-        self.pieces.len() as u32
+        self.generated
     }
 
     /// The whole answer text.
@@ -231,7 +233,7 @@ impl Mock {
         }
         let pieces = (0..tokens).map(|i| word(i, i + 1 == tokens)).collect();
         let stops = stop_sequences(body.get("stop").or_else(|| body.pointer("/options/stop")));
-        let (pieces, stopped) = cut_at_stop(pieces, &stops);
+        let (pieces, generated, stopped) = cut_at_stop(pieces, &stops);
         if stopped {
             finish = "stop";
         }
@@ -239,6 +241,7 @@ impl Mock {
             reasoning: self.config.reasoning || model.contains("reasoning"),
             model,
             pieces,
+            generated,
             delay,
             prompt_tokens: prompt.split_whitespace().count() as u64,
             finish,
@@ -282,17 +285,28 @@ fn stop_sequences(stop: Option<&Value>) -> Vec<String> {
     }
 }
 
-/// The tokens cut before the first of `stops` in their text; whether one was found.
-fn cut_at_stop(pieces: Vec<String>, stops: &[String]) -> (Vec<String>, bool) {
+/// The tokens cut before the first of `stops` in their text, how many were generated (up
+/// to the one that completed the stop sequence), and whether one was found.
+fn cut_at_stop(pieces: Vec<String>, stops: &[String]) -> (Vec<String>, u32, bool) {
     let text = pieces.concat();
-    let Some(cut) = stops
+    let Some((cut, end)) = stops
         .iter()
         .filter(|s| !s.is_empty())
-        .filter_map(|s| text.find(s.as_str()))
+        .filter_map(|s| text.find(s.as_str()).map(|at| (at, at + s.len())))
         .min()
     else {
-        return (pieces, false);
+        let n = pieces.len() as u32;
+        return (pieces, n, false);
     };
+    let mut generated = 0;
+    let mut len = 0;
+    for piece in &pieces {
+        generated += 1;
+        len += piece.len();
+        if len >= end {
+            break;
+        }
+    }
     let mut kept = Vec::new();
     let mut at = 0;
     for piece in pieces {
@@ -306,7 +320,7 @@ fn cut_at_stop(pieces: Vec<String>, stops: &[String]) -> (Vec<String>, bool) {
         }
         break;
     }
-    (kept, true)
+    (kept, generated, true)
 }
 
 pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {

@@ -52,7 +52,8 @@ async fn stop_ends_the_answer_before_the_sequence() {
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["choices"][0]["message"]["content"], "Hello from the iop ");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
-    assert_eq!(v["usage"]["completion_tokens"], 4);
+    // Usage counts the tokens generated, the one that completed the stop sequence included.
+    assert_eq!(v["usage"]["completion_tokens"], 5);
 
     // Streamed, and as a single string that falls inside a token.
     let (_, body) = post(url, chat(json!({"stop": "m th", "stream": true}))).await;

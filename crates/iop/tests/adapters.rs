@@ -171,7 +171,8 @@ async fn the_mock_adapter_honours_stop_and_refuses_what_it_cannot_do() {
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["choices"][0]["message"]["content"], "The quick ");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
-    assert_eq!(v["usage"]["completion_tokens"], 2);
+    // The tokens generated, the one that completed the stop sequence included.
+    assert_eq!(v["usage"]["completion_tokens"], 3);
     for (extra, param) in [
         (json!({"tools": tools()}), "`tools`"),
         (

@@ -61,32 +61,59 @@ fn refuse_unsupported(options: &pb::GenerationOptions) -> Result<(), AdapterErro
     Ok(())
 }
 
-/// The answer's tokens cut before the first of `stops` in their text; whether one was
-/// found.
-fn cut_at_stop(tokens: Vec<String>, stops: &[String]) -> (Vec<String>, bool) {
-    let text: String = tokens.concat();
-    let Some(cut) = stops
-        .iter()
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| text.find(s.as_str()))
-        .min()
-    else {
-        return (tokens, false);
-    };
-    let mut kept = Vec::new();
-    let mut at = 0;
-    for token in tokens {
-        if at + token.len() <= cut {
-            at += token.len();
-            kept.push(token);
-            continue;
+/// Ends an answer generated token by token before the first stop sequence, holding back
+/// text that may be the beginning of one (nothing is held without stop sequences).
+#[derive(Debug)]
+struct StopScanner<'a> {
+    stops: Vec<&'a str>,
+    held: String,
+}
+
+impl<'a> StopScanner<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        Self {
+            stops: stops
+                .iter()
+                .map(String::as_str)
+                .filter(|s| !s.is_empty())
+                .collect(),
+            held: String::new(),
         }
-        if cut > at {
-            kept.push(token[..cut - at].to_string());
-        }
-        break;
     }
-    (kept, true)
+
+    /// Takes the next token: the text to send now, and whether a stop sequence ended the
+    /// answer (nothing after it is sent).
+    fn push(&mut self, token: &str) -> (String, bool) {
+        if self.stops.is_empty() {
+            return (token.to_string(), false);
+        }
+        self.held.push_str(token);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s)).min() {
+            self.held.truncate(at);
+            return (std::mem::take(&mut self.held), true);
+        }
+        let keep = self
+            .stops
+            .iter()
+            .map(|s| prefix_at_end(&self.held, s))
+            .max()
+            .unwrap_or(0);
+        let rest = self.held.split_off(self.held.len() - keep);
+        (std::mem::replace(&mut self.held, rest), false)
+    }
+
+    /// The text still held when the answer ends without a stop sequence.
+    fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+/// The length of the longest proper prefix of `stop` that `text` ends with.
+fn prefix_at_end(text: &str, stop: &str) -> usize {
+    (1..stop.len())
+        .rev()
+        .find(|&n| stop.is_char_boundary(n) && text.ends_with(&stop[..n]))
+        .unwrap_or(0)
 }
 
 #[async_trait]
@@ -118,32 +145,33 @@ impl Adapter for MockAdapter {
                 sink.reasoning(&format!("thinking-{i} ")).await?;
             }
         }
-        let answer: Vec<String> = (0..tokens as usize)
-            .map(|i| {
-                let word = words[i % words.len()];
-                if i + 1 == tokens as usize {
-                    word.to_string()
-                } else {
-                    format!("{word} ")
-                }
-            })
-            .collect();
-        let (answer, stopped) = cut_at_stop(answer, &input.options.stop);
-        if stopped {
-            finish = "stop";
-        }
-        for (i, token) in answer.iter().enumerate() {
+        let mut stop = StopScanner::new(&input.options.stop);
+        let mut generated = 0u64;
+        for i in 0..tokens {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            if input.target.contains("mock-error") && i == tokens as usize / 2 {
+            if input.target.contains("mock-error") && i == tokens / 2 {
                 return Err(AdapterError::new(
                     "provider_error",
                     format!("mock failure after {i} tokens (target {})", input.target),
                 ));
             }
-            sink.delta(token).await?;
+            let word = words[i as usize % words.len()];
+            let token = if i + 1 == tokens {
+                word.to_string()
+            } else {
+                format!("{word} ")
+            };
+            generated += 1;
+            let (text, stopped) = stop.push(&token);
+            sink.delta(&text).await?;
+            if stopped {
+                finish = "stop";
+                break;
+            }
         }
+        sink.delta(&stop.finish()).await?;
         if input.target.contains("mock-no-terminal") {
             return Ok(());
         }
@@ -154,7 +182,7 @@ impl Adapter for MockAdapter {
             .sum();
         let usage = pb::Usage {
             input_tokens: prompt_words,
-            output_tokens: answer.len() as u64
+            output_tokens: generated
                 + if self.spec.reasoning {
                     REASONING_DELTAS
                 } else {
@@ -172,21 +200,47 @@ impl Adapter for MockAdapter {
 mod tests {
     use super::*;
 
-    fn tokens(words: &[&str]) -> Vec<String> {
-        words.iter().map(|w| w.to_string()).collect()
+    /// What a scanner sends for `tokens`, one string per token, and whether it stopped.
+    fn scan(tokens: &[&str], stops: &[&str]) -> (Vec<String>, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut scanner = StopScanner::new(&stops);
+        let mut sent = Vec::new();
+        for token in tokens {
+            let (text, stopped) = scanner.push(token);
+            sent.push(text);
+            if stopped {
+                return (sent, true);
+            }
+        }
+        sent.push(scanner.finish());
+        (sent, false)
     }
 
     #[test]
     fn the_answer_ends_before_the_first_stop_sequence() {
-        let answer = tokens(&["The ", "quick ", "brown ", "fox"]);
-        let stop = |s: &[&str]| cut_at_stop(answer.clone(), &tokens(s));
-        assert_eq!(stop(&["brown"]), (tokens(&["The ", "quick "]), true));
+        let answer = ["The ", "quick ", "brown ", "fox"];
+        let text = |s: &[&str]| {
+            let (sent, stopped) = scan(&answer, s);
+            (sent.concat(), stopped)
+        };
+        assert_eq!(text(&["brown"]), ("The quick ".into(), true));
         // Inside a token, and the earliest of several.
-        assert_eq!(stop(&["fox", "ick"]), (tokens(&["The ", "qu"]), true));
-        // Across tokens.
-        assert_eq!(stop(&["k b"]), (tokens(&["The ", "quic"]), true));
-        assert_eq!(stop(&["The"]), (vec![], true));
-        assert_eq!(stop(&["zebra", ""]), (answer.clone(), false));
+        assert_eq!(text(&["fox", "ick"]), ("The qu".into(), true));
+        // Across tokens: what might begin it is held back, never sent past it.
+        assert_eq!(text(&["k b"]), ("The quic".into(), true));
+        assert_eq!(scan(&answer, &["k b"]).0, ["The ", "quic", ""]);
+        assert_eq!(text(&["The"]), (String::new(), true));
+        // Without a match everything is sent, token by token where nothing is held.
+        assert_eq!(
+            scan(&answer, &["zebra", ""]),
+            (
+                ["The ", "quick ", "brown ", "fox", ""]
+                    .map(String::from)
+                    .to_vec(),
+                false
+            )
+        );
+        assert_eq!(text(&["fox!"]), ("The quick brown fox".into(), false));
     }
 
     #[test]
