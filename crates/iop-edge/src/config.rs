@@ -337,6 +337,26 @@ pub struct ProviderConfig {
     /// This provider's probe settings (unset: the edge-wide `health`).
     #[serde(default)]
     pub health: Option<ProviderHealthConfig>,
+    /// openai_compat / vllm: whether a streamed request whose client did not ask for
+    /// usage asks the provider for it anyway (and hides it from the client). Default
+    /// `inject`.
+    #[serde(default)]
+    pub tunnel_usage: Option<TunnelUsage>,
+}
+
+/// How the usage of tunnelled streams is obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TunnelUsage {
+    /// A streamed chat or completions request without `stream_options.include_usage` gets
+    /// it added on the way to the provider, and the node removes the provider's usage
+    /// chunk from what the client receives: every stream is accounted, and the client's
+    /// bytes are the provider's answer to the request it sent.
+    #[default]
+    Inject,
+    /// Requests go to the provider as the client sent them: a stream whose client did not
+    /// ask for usage records none. For providers that refuse `stream_options`.
+    Off,
 }
 
 fn yes() -> bool {
@@ -347,6 +367,11 @@ impl ProviderConfig {
     pub fn max_concurrency(&self) -> u32 {
         self.max_concurrency
             .unwrap_or(self.capacity.normal + self.capacity.long)
+    }
+
+    /// Whether streamed tunnel requests ask this provider for usage the client did not.
+    pub fn injects_stream_usage(&self) -> bool {
+        self.kind.is_tunnel() && self.tunnel_usage.unwrap_or_default() == TunnelUsage::Inject
     }
 }
 
@@ -890,6 +915,15 @@ fn validate_provider(p: &ProviderConfig) -> Result<(), (String, String)> {
         health
             .validate()
             .map_err(|(field, msg)| (format!("health.{field}"), msg))?;
+    }
+    if p.tunnel_usage.is_some() && !p.kind.is_tunnel() {
+        return err(
+            "tunnel_usage",
+            format!(
+                "only for kinds openai_compat and vllm (the tunnelled ones), not {}",
+                p.kind.as_str()
+            ),
+        );
     }
     if p.mock.is_some() && p.kind != ProviderKind::Mock {
         return err(

@@ -12,6 +12,13 @@
 //! - `slow`: at least 400 tokens, 25 ms apart;
 //! - `reasoning`: emits reasoning deltas (also on for every model with `--reasoning`).
 //!
+//! It honours what it can and refuses the rest with a 400 in the API's error shape, never
+//! ignoring a parameter: `max_tokens`, `stop` (the answer ends before the first stop
+//! sequence, finish reason `stop`) and `n` (that many identical choices) are honoured;
+//! `tools` and a `response_format` other than `text` are refused on the OpenAI API. The
+//! Ollama API answers a request with `tools` by calling the first tool (unless the last
+//! message is a tool result), and one with `format` with a JSON document.
+//!
 //! `GET /mock/stats` counts requests, completed responses and responses the client
 //! abandoned before the end (the client closed its connection).
 //!
@@ -152,7 +159,11 @@ struct Mock {
 /// What a request asks of the mock.
 struct Plan {
     model: String,
-    tokens: u32,
+    /// The answer, token by token (a word and its trailing space), already cut at a stop
+    /// sequence.
+    pieces: Vec<String>,
+    /// Tokens generated: the pieces, or up to the one that completed a stop sequence.
+    generated: u32,
     delay: Duration,
     reasoning: bool,
     prompt_tokens: u64,
@@ -160,6 +171,15 @@ struct Plan {
 }
 
 impl Plan {
+    fn tokens(&self) -> u32 {
+        self.generated
+    }
+
+    /// The whole answer text.
+    fn text(&self) -> String {
+        self.pieces.concat()
+    }
+
     /// Appends one event per token, each after the token delay: `token` renders one
     /// token's text (a word and its trailing space). A model named `error-mid-stream`
     /// gets `error()` in place of its middle token and nothing after it. Returns whether
@@ -173,13 +193,13 @@ impl Plan {
         let fail_at = self
             .model
             .contains("error-mid-stream")
-            .then_some(self.tokens / 2);
-        for i in 0..self.tokens {
+            .then_some(self.pieces.len() / 2);
+        for (i, piece) in self.pieces.iter().enumerate() {
             if Some(i) == fail_at {
                 events.push((self.delay, error()));
                 return true;
             }
-            events.push((self.delay, token(&word(i, i + 1 == self.tokens))));
+            events.push((self.delay, token(piece)));
         }
         false
     }
@@ -219,25 +239,34 @@ impl Mock {
             tokens = (max as u32).max(1);
             finish = "length";
         }
+        let pieces = (0..tokens).map(|i| word(i, i + 1 == tokens)).collect();
+        let stops = stop_sequences(body.get("stop").or_else(|| body.pointer("/options/stop")));
+        let (pieces, generated, stopped) = cut_at_stop(pieces, &stops);
+        if stopped {
+            finish = "stop";
+        }
         Plan {
             reasoning: self.config.reasoning || model.contains("reasoning"),
             model,
-            tokens,
+            pieces,
+            generated,
             delay,
             prompt_tokens: prompt.split_whitespace().count() as u64,
             finish,
         }
     }
 
-    fn usage(&self, plan: &Plan) -> Value {
+    /// The usage of `choices` answers to `plan`.
+    fn usage(&self, plan: &Plan, choices: u64) -> Value {
         let reasoning = if plan.reasoning { 2 } else { 0 };
+        let completion = (plan.tokens() as u64 + reasoning) * choices;
         let mut usage = json!({
             "prompt_tokens": plan.prompt_tokens,
-            "completion_tokens": plan.tokens as u64 + reasoning,
-            "total_tokens": plan.prompt_tokens + plan.tokens as u64 + reasoning,
+            "completion_tokens": completion,
+            "total_tokens": plan.prompt_tokens + completion,
         });
         if plan.reasoning {
-            usage["completion_tokens_details"] = json!({"reasoning_tokens": reasoning});
+            usage["completion_tokens_details"] = json!({"reasoning_tokens": reasoning * choices});
         }
         if let Some(cached) = self.config.cached_tokens {
             usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
@@ -251,9 +280,55 @@ fn word(i: u32, last: bool) -> String {
     if last { w.to_string() } else { format!("{w} ") }
 }
 
-/// The whole answer text for `tokens` tokens.
-fn full_text(tokens: u32) -> String {
-    (0..tokens).map(|i| word(i, i + 1 == tokens)).collect()
+/// `stop` as given: a string or an array of strings (others are ignored).
+fn stop_sequences(stop: Option<&Value>) -> Vec<String> {
+    match stop {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .map(String::from)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The tokens cut before the first of `stops` in their text, how many were generated (up
+/// to the one that completed the stop sequence), and whether one was found.
+fn cut_at_stop(pieces: Vec<String>, stops: &[String]) -> (Vec<String>, u32, bool) {
+    let text = pieces.concat();
+    let Some((cut, end)) = stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| text.find(s.as_str()).map(|at| (at, at + s.len())))
+        .min()
+    else {
+        let n = pieces.len() as u32;
+        return (pieces, n, false);
+    };
+    let mut generated = 0;
+    let mut len = 0;
+    for piece in &pieces {
+        generated += 1;
+        len += piece.len();
+        if len >= end {
+            break;
+        }
+    }
+    let mut kept = Vec::new();
+    let mut at = 0;
+    for piece in pieces {
+        if at + piece.len() <= cut {
+            at += piece.len();
+            kept.push(piece);
+            continue;
+        }
+        if cut > at {
+            kept.push(piece[..cut - at].to_string());
+        }
+        break;
+    }
+    (kept, generated, true)
 }
 
 pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {
@@ -346,6 +421,15 @@ fn bad_request(message: String) -> Response {
     (
         StatusCode::BAD_REQUEST,
         axum::Json(json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}})),
+    )
+        .into_response()
+}
+
+/// A 400 in OpenAI's error shape naming the parameter it is about.
+fn bad_param(param: &str, message: String) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(json!({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": "unsupported_parameter"}})),
     )
         .into_response()
 }

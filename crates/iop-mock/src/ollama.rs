@@ -1,5 +1,10 @@
 //! The Ollama half of the mock: `/api/chat` and `/api/generate` (NDJSON streams or one
 //! JSON answer), `/api/tags`, `/api/ps` and `/api/show`.
+//!
+//! A chat with `tools` is answered by a call of the first tool (arguments: the last user
+//! message as `{"query": …}`), unless the last message is a tool result, which is answered
+//! with text again. A request with `format` gets its answer as one JSON document
+//! `{"answer": …}`.
 
 use std::time::Duration;
 
@@ -10,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::openai::paced;
-use super::{Mock, bad_request, full_text, hang};
+use super::{Mock, bad_request, hang};
 
 pub(crate) async fn ollama_chat(State(mock): State<Mock>, body: Bytes) -> Response {
     ollama(mock, body, true).await
@@ -54,19 +59,55 @@ async fn ollama(mock: Mock, body: Bytes, chat: bool) -> Response {
         if done {
             v["done_reason"] = json!(plan.finish);
             v["prompt_eval_count"] = json!(plan.prompt_tokens);
-            v["eval_count"] = json!(plan.tokens);
+            v["eval_count"] = json!(plan.tokens());
             v["total_duration"] = json!(1000);
         }
         v
     };
+    if let Some(call) = chat.then(|| tool_call(&body)).flatten() {
+        let mut called = line("", None, false);
+        called["message"]["tool_calls"] = json!([call]);
+        let events = vec![
+            (plan.delay, format!("{called}\n")),
+            (Duration::ZERO, format!("{}\n", line("", None, true))),
+        ];
+        if !stream {
+            let mut answer = line("", None, true);
+            answer["message"]["tool_calls"] = json!([call]);
+            tracked.finish();
+            return axum::Json(answer).into_response();
+        }
+        return (
+            [(header::CONTENT_TYPE, "application/x-ndjson")],
+            paced(events, tracked),
+        )
+            .into_response();
+    }
+    let formatted = body.get("format").is_some_and(|f| !f.is_null() && f != "");
+    if formatted {
+        let document = json!({"answer": plan.text()}).to_string();
+        let events = vec![
+            (plan.delay, format!("{}\n", line(&document, None, false))),
+            (Duration::ZERO, format!("{}\n", line("", None, true))),
+        ];
+        if !stream {
+            tracked.finish();
+            return axum::Json(line(&document, None, true)).into_response();
+        }
+        return (
+            [(header::CONTENT_TYPE, "application/x-ndjson")],
+            paced(events, tracked),
+        )
+            .into_response();
+    }
     if !stream {
-        for _ in 0..plan.tokens {
+        for _ in 0..plan.tokens() {
             if !plan.delay.is_zero() {
                 tokio::time::sleep(plan.delay).await;
             }
         }
         tracked.finish();
-        return axum::Json(line(&full_text(plan.tokens), None, true)).into_response();
+        return axum::Json(line(&plan.text(), None, true)).into_response();
     }
     let mut events = Vec::new();
     if plan.reasoning {
@@ -88,6 +129,24 @@ async fn ollama(mock: Mock, body: Bytes, chat: bool) -> Response {
         paced(events, tracked),
     )
         .into_response()
+}
+
+/// The call a chat with tools gets: the first tool, with the last user message as its
+/// query; `None` without tools or when the last message is a tool result.
+fn tool_call(body: &Value) -> Option<Value> {
+    let name = body.pointer("/tools/0/function/name")?.as_str()?;
+    let messages = body.get("messages")?.as_array()?;
+    if messages.last()?.get("role")?.as_str()? == "tool" {
+        return None;
+    }
+    let query = messages
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .and_then(|m| m.get("content"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    Some(json!({"function": {"name": name, "arguments": {"query": query}}}))
 }
 
 pub(crate) async fn ollama_tags() -> Response {

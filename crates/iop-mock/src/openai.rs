@@ -10,7 +10,10 @@ use axum::response::{IntoResponse, Response};
 use futures::{StreamExt, stream};
 use serde_json::{Value, json};
 
-use super::{Mock, Tracked, bad_request, full_text, hang, parse};
+use super::{Mock, Tracked, bad_param, bad_request, hang, parse};
+
+/// Most choices (`n`) a request may ask for, as OpenAI's API.
+const MAX_CHOICES: u64 = 128;
 
 pub(crate) async fn models() -> Response {
     axum::Json(json!({
@@ -65,6 +68,13 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
             "mock provider failure (model fail-500)",
         );
     }
+    let choices = match unsupported(&body) {
+        Ok(n) => n,
+        Err((param, message)) => {
+            tracked.finish();
+            return bad_param(param, message);
+        }
+    };
     if plan.model.contains("hang") {
         return hang(tracked).await;
     }
@@ -83,7 +93,7 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
         OpenAiOp::Completion => ("text_completion", "text_completion"),
     };
     if !stream {
-        for _ in 0..plan.tokens {
+        for _ in 0..plan.tokens() {
             if !plan.delay.is_zero() {
                 tokio::time::sleep(plan.delay).await;
             }
@@ -95,36 +105,37 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
                 "mock provider failed mid-generation",
             );
         }
-        let text = full_text(plan.tokens);
-        let choice = match op {
+        let text = plan.text();
+        let choice = |index: u32| match op {
             OpenAiOp::Chat => {
                 let mut message = json!({"role": "assistant", "content": text});
                 if plan.reasoning {
                     message["reasoning_content"] = json!("thinking hard");
                 }
-                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": plan.finish})
+                json!({"index": index, "message": message, "logprobs": null, "finish_reason": plan.finish})
             }
             OpenAiOp::Completion => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": plan.finish})
+                json!({"index": index, "text": text, "logprobs": null, "finish_reason": plan.finish})
             }
         };
+        let choices: Vec<Value> = (0..choices).map(choice).collect();
         tracked.finish();
         return axum::Json(json!({
             "id": id, "object": object, "created": 1700000000u64, "model": plan.model,
-            "choices": [choice], "usage": mock.usage(&plan),
+            "choices": choices, "usage": mock.usage(&plan, choices.len() as u64),
         }))
         .into_response();
     }
-    // Streaming: one SSE event per token.
-    let usage = mock.usage(&plan);
+    // Streaming: one SSE event per token and choice (choices take turns, as OpenAI's).
+    let usage = mock.usage(&plan, choices as u64);
     let mut events: Vec<(Duration, String)> = Vec::new();
-    let chunk = |delta: Value, finish: Value| -> String {
+    let one_chunk = |index: u32, delta: &Value, finish: &Value| -> String {
         let choice = match op {
             OpenAiOp::Chat => {
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
             OpenAiOp::Completion => {
-                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "text": delta.get("content").cloned().unwrap_or(json!("")), "logprobs": null, "finish_reason": finish})
             }
         };
         let mut c = json!({"id": id, "object": chunk_object, "created": 1700000000u64, "model": plan.model, "choices": [choice]});
@@ -132,6 +143,11 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
             c["usage"] = Value::Null;
         }
         format!("data: {c}\n\n")
+    };
+    let chunk = |delta: Value, finish: Value| -> String {
+        (0..choices)
+            .map(|index| one_chunk(index, &delta, &finish))
+            .collect()
     };
     if op == OpenAiOp::Chat {
         events.push((
@@ -211,6 +227,43 @@ fn paced_stream(
             }
         }
     })
+}
+
+/// What the mock cannot honour, as the parameter and a message for a 400; the number of
+/// choices to answer otherwise.
+fn unsupported(body: &Value) -> Result<u32, (&'static str, String)> {
+    match body.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(tools)) if tools.is_empty() => {}
+        Some(_) => {
+            return Err((
+                "tools",
+                "the mock provider cannot call tools: leave `tools` out".into(),
+            ));
+        }
+    }
+    match body.get("response_format") {
+        None | Some(Value::Null) => {}
+        Some(format) if format.get("type").and_then(Value::as_str) == Some("text") => {}
+        Some(format) => {
+            return Err((
+                "response_format",
+                format!(
+                    "the mock provider answers plain text only and cannot honour `response_format` {format}"
+                ),
+            ));
+        }
+    }
+    match body.get("n") {
+        None | Some(Value::Null) => Ok(1),
+        Some(n) => match n.as_u64() {
+            Some(n) if (1..=MAX_CHOICES).contains(&n) => Ok(n as u32),
+            _ => Err((
+                "n",
+                format!("`n` must be an integer from 1 to {MAX_CHOICES}, not {n}"),
+            )),
+        },
+    }
 }
 
 pub(crate) async fn embeddings(State(mock): State<Mock>, body: Bytes) -> Response {

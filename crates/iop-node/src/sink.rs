@@ -63,8 +63,10 @@ impl RunSink {
             return Ok(());
         }
         let kind = event.kind();
-        if matches!(kind, RunEventKind::Delta | RunEventKind::ReasoningDelta)
-            && !self.credit.take(&self.cancel).await
+        if matches!(
+            kind,
+            RunEventKind::Delta | RunEventKind::ReasoningDelta | RunEventKind::ToolCall
+        ) && !self.credit.take(&self.cancel).await
         {
             return Err(SinkClosed);
         }
@@ -110,6 +112,16 @@ impl RunSink {
         }
         let mut e = Self::event(kind);
         e.text = text.to_string();
+        self.send(e).await
+    }
+
+    /// The model called tools (complete calls; nothing is sent for none).
+    pub async fn tool_calls(&mut self, calls: Vec<pb::ToolCall>) -> Result<(), SinkClosed> {
+        if calls.is_empty() {
+            return Ok(());
+        }
+        let mut e = Self::event(RunEventKind::ToolCall);
+        e.tool_calls = calls;
         self.send(e).await
     }
 

@@ -4,7 +4,10 @@
 //!
 //! The body is relayed byte for byte. Usage and the served model are read from it on the
 //! side and sent as separate usage / metadata frames before the end, never inside the
-//! body. Cancelling the tunnel drops the provider response, closing its connection.
+//! body. When the edge asked the provider for stream usage the client did not ask for
+//! (`usage_injected`), what that added is removed from the relayed event stream
+//! ([`crate::usage`]). Cancelling the tunnel drops the provider response, closing its
+//! connection.
 
 use std::sync::Arc;
 
@@ -159,8 +162,15 @@ impl NodeRuntime {
                 tracing::info!(request_id = %request.request_id, "tunnel cancelled before the provider answered")
             }
             Some(Err(err)) => out.error(&err.code, err.message).await,
-            Some(Ok(response)) => {
+            Some(Ok(mut response)) => {
                 let mut observer = UsageObserver::new(response.sse, endpoint.dialect);
+                if request.usage_injected && response.sse && (200..300).contains(&response.status) {
+                    observer = observer.removing_injected_usage();
+                    // The body gets shorter than a declared length.
+                    response
+                        .headers
+                        .retain(|h| !h.name.eq_ignore_ascii_case("content-length"));
+                }
                 let yield_for_more = response.sse && !response.read_in_task;
                 let mut body = response.body;
                 // The head leaves together with the body bytes that came with it (a JSON
@@ -197,8 +207,14 @@ impl NodeRuntime {
                             // Chunks the provider already sent are relayed together: one
                             // frame instead of many when it bursts, no wait when it does not.
                             let (bytes, next) = coalesce(bytes, &mut body, yield_for_more).await;
-                            observer.feed(&bytes);
-                            if !send_body(&mut out, &credit, &cancel, bytes).await {
+                            let bytes = observer.relay(bytes);
+                            // A relay that held everything back still lets the head go.
+                            let sent = if bytes.is_empty() {
+                                out.flush_head().await
+                            } else {
+                                send_body(&mut out, &credit, &cancel, bytes).await
+                            };
+                            if !sent {
                                 return self.end_tunnel(&request.request_id);
                             }
                             match next {
@@ -212,6 +228,12 @@ impl NodeRuntime {
                         }
                     }
                 };
+                // What the stripping held back (an unfinished last line) goes out as the
+                // provider sent it. (After an error it is an unfinished event, which the edge
+                // drops anyway.)
+                if ok && !send_body(&mut out, &credit, &cancel, observer.take_held()).await {
+                    return self.end_tunnel(&request.request_id);
+                }
                 if ok {
                     usage_seen = observer.finish();
                     if let Some(model) = observer.model() {

@@ -1,13 +1,17 @@
 //! Provider-reported token usage: conversion from OpenAI-style `usage` objects (with vLLM's
 //! conventions), and the side observer that reads usage out of a tunnelled response
-//! without touching its bytes.
+//! without touching its bytes — or, when the edge asked the provider for usage the client
+//! did not ask for, removes exactly what that added ([`strip`]).
 //!
 //! Only what the provider reports is carried: reasoning and cached-input counts stay
 //! `None` unless the provider sent them. Nothing is estimated.
 
+mod strip;
+
 use std::borrow::Cow;
 use std::sync::LazyLock;
 
+use bytes::Bytes;
 use iop_proto::pb;
 use memchr::memmem;
 use serde::Deserialize;
@@ -144,6 +148,17 @@ struct Observed<'a> {
     model: Option<Cow<'a, str>>,
     #[serde(default, deserialize_with = "lenient")]
     usage: Option<OpenAiUsage>,
+    /// The event's choices, only counted (an element is skipped, not built).
+    #[serde(default, deserialize_with = "lenient")]
+    choices: Option<Vec<IgnoredAny>>,
+}
+
+impl Observed<'_> {
+    /// A usage object in an event without choices: the separate usage event of the
+    /// OpenAI convention (`"choices": [], "usage": {…}`).
+    fn is_usage_event(&self) -> bool {
+        self.usage.is_some() && self.choices.as_ref().is_none_or(Vec::is_empty)
+    }
 }
 
 /// Largest non-streaming body the observer buffers to look for usage.
@@ -159,6 +174,8 @@ pub struct UsageObserver {
     overflowed: bool,
     usage: Option<pb::Usage>,
     model: Option<String>,
+    /// Set when the injected usage is removed from what is relayed.
+    strip: Option<strip::Stripper>,
 }
 
 impl UsageObserver {
@@ -170,7 +187,77 @@ impl UsageObserver {
             overflowed: false,
             usage: None,
             model: None,
+            strip: None,
         }
+    }
+
+    /// Also removes what the edge's `stream_options.include_usage` added to an event
+    /// stream (see [`strip`]); [`Self::relay`] then returns complete lines only, holding an
+    /// incomplete last line back until its end arrives. Only for event streams.
+    pub fn removing_injected_usage(mut self) -> Self {
+        if self.sse {
+            self.strip = Some(strip::Stripper::default());
+        }
+        self
+    }
+
+    /// Observes one chunk and returns the bytes to relay for it: the chunk itself, or,
+    /// when removing injected usage, its complete lines (after whatever was held back)
+    /// without that usage.
+    pub fn relay(&mut self, chunk: Bytes) -> Bytes {
+        let Some(mut stripper) = self.strip.take() else {
+            self.feed(&chunk);
+            return chunk;
+        };
+        let Some(last) = memchr::memrchr(b'\n', &chunk) else {
+            if self.buffer.len() + chunk.len() > strip::MAX_HELD_LINE {
+                return self.give_up_stripping(&chunk);
+            }
+            self.buffer.extend_from_slice(&chunk);
+            self.strip = Some(stripper);
+            return Bytes::new();
+        };
+        let complete = chunk.slice(..last + 1);
+        let held = std::mem::take(&mut self.buffer);
+        let whole: Cow<[u8]> = if held.is_empty() {
+            Cow::Borrowed(&complete)
+        } else {
+            let mut whole = held;
+            whole.extend_from_slice(&complete);
+            Cow::Owned(whole)
+        };
+        stripper.begin(&whole);
+        self.lines(&whole, Some(&mut stripper));
+        let kept = stripper.apply(&whole);
+        let out = match (kept, whole) {
+            (Some(kept), _) => Bytes::from(kept),
+            (None, Cow::Owned(whole)) => Bytes::from(whole),
+            (None, Cow::Borrowed(_)) => complete.clone(),
+        };
+        self.buffer.extend_from_slice(&chunk[last + 1..]);
+        self.strip = Some(stripper);
+        out
+    }
+
+    /// The bytes held back (an incomplete last line), to send when the body ends.
+    pub fn take_held(&mut self) -> Bytes {
+        if self.strip.is_none() {
+            return Bytes::new();
+        }
+        Bytes::from(std::mem::take(&mut self.buffer))
+    }
+
+    /// A line longer than the stripper holds: relay everything held and this chunk as
+    /// they are, and only observe the rest of the stream (its injected usage reaches the
+    /// client).
+    fn give_up_stripping(&mut self, chunk: &[u8]) -> Bytes {
+        tracing::debug!(
+            "an event-stream line longer than {} bytes: the rest of the stream is relayed as it is",
+            strip::MAX_HELD_LINE
+        );
+        let mut out = std::mem::take(&mut self.buffer);
+        out.extend_from_slice(chunk);
+        Bytes::from(out)
     }
 
     pub fn feed(&mut self, chunk: &[u8]) {
@@ -189,11 +276,11 @@ impl UsageObserver {
         };
         let (complete, rest) = chunk.split_at(last + 1);
         if self.buffer.is_empty() {
-            self.lines(complete);
+            self.lines(complete, None);
         } else {
             let mut whole = std::mem::take(&mut self.buffer);
             whole.extend_from_slice(complete);
-            self.lines(&whole);
+            self.lines(&whole, None);
         }
         self.carry(rest);
     }
@@ -206,34 +293,59 @@ impl UsageObserver {
     }
 
     /// Complete lines: every event is parsed until one names the model; after that only
-    /// the lines holding a usage object, found by one search over all of them.
-    fn lines(&mut self, mut text: &[u8]) {
+    /// the lines holding a usage object, found by one search over all of them. When
+    /// stripping, the same search finds the `"usage": null` members to remove.
+    fn lines(&mut self, text: &[u8], mut strip: Option<&mut strip::Stripper>) {
+        let mut from = 0;
         while self.model.is_none() {
-            let Some(end) = memchr::memchr(b'\n', text) else {
+            let Some(end) = memchr::memchr(b'\n', &text[from..]).map(|e| from + e) else {
                 return;
             };
-            self.line(&text[..end]);
-            text = &text[end + 1..];
+            let usage_event = self.line(&text[from..end]);
+            if let Some(strip) = strip.as_deref_mut() {
+                strip.line(text, from, end, usage_event);
+            }
+            from = end + 1;
         }
-        let mut parsed_to = 0;
-        for at in usage_objects(text) {
+        let mut parsed_to = from;
+        for at in usage_keys(&text[from..]).map(|at| at + from) {
             if at < parsed_to {
                 continue;
             }
-            let start = memchr::memrchr(b'\n', &text[..at]).map_or(0, |p| p + 1);
-            let end = memchr::memchr(b'\n', &text[at..]).map_or(text.len(), |p| at + p);
-            self.line(&text[start..end]);
-            parsed_to = end;
+            let value = value_start(text, at);
+            match text.get(value) {
+                Some(b'{') => {
+                    let start = memchr::memrchr(b'\n', &text[..at]).map_or(0, |p| p + 1);
+                    let end = memchr::memchr(b'\n', &text[at..]).map_or(text.len(), |p| at + p);
+                    let usage_event = self.line(&text[start..end]);
+                    if let Some(strip) = strip.as_deref_mut() {
+                        strip.line(text, start, end, usage_event);
+                    }
+                    parsed_to = end;
+                }
+                Some(b'n') => {
+                    if let Some(strip) = strip.as_deref_mut() {
+                        strip.null_member(text, at, value);
+                    }
+                }
+                _ => {}
+            }
         }
     }
 
-    fn line(&mut self, line: &[u8]) {
+    /// Observes one line; whether it is a separate usage event.
+    fn line(&mut self, line: &[u8]) -> bool {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let Some(data) = line.strip_prefix(b"data:") else {
-            return;
+            return false;
         };
-        if let Ok(seen) = serde_json::from_slice::<Observed>(data.trim_ascii()) {
-            self.observe(seen);
+        match serde_json::from_slice::<Observed>(data.trim_ascii()) {
+            Ok(seen) => {
+                let usage_event = seen.is_usage_event();
+                self.observe(seen);
+                usage_event
+            }
+            Err(_) => false,
         }
     }
 
@@ -263,18 +375,24 @@ impl UsageObserver {
     }
 }
 
-/// Where `"usage"` is followed (after optional spaces and a colon) by `{`: the key of a
-/// usage object, not `"usage":null`. A `"usage"` inside a JSON string is escaped
+/// Where the key `"usage"` occurs. A `"usage"` inside a JSON string is escaped
 /// (`\"usage\"`) and never matches.
-fn usage_objects(text: &[u8]) -> impl Iterator<Item = usize> + '_ {
+fn usage_keys(text: &[u8]) -> memmem::FindIter<'_, 'static> {
     static KEY: LazyLock<memmem::Finder<'static>> =
-        LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
-    KEY.find_iter(text).filter(move |&pos| {
-        text[pos + KEY.needle().len()..]
-            .iter()
-            .find(|b| !b.is_ascii_whitespace() && **b != b':')
-            == Some(&b'{')
-    })
+        LazyLock::new(|| memmem::Finder::new(USAGE_KEY));
+    KEY.find_iter(text)
+}
+
+const USAGE_KEY: &[u8] = b"\"usage\"";
+
+/// Where the value of the key at `key` begins (after spaces and the colon); `text.len()`
+/// if the line ends first.
+fn value_start(text: &[u8], key: usize) -> usize {
+    let after = key + USAGE_KEY.len();
+    text[after..]
+        .iter()
+        .position(|b| !(b.is_ascii_whitespace() && *b != b'\n') && *b != b':')
+        .map_or(text.len(), |p| after + p)
 }
 
 #[cfg(test)]

@@ -454,3 +454,32 @@ fn bad_health_settings_name_their_path() {
         "{e}"
     );
 }
+
+#[test]
+fn tunnel_usage_defaults_to_inject_and_is_only_for_tunnelled_kinds() {
+    let c = parse(GOOD).unwrap();
+    assert!(c.nodes[0].providers[0].injects_stream_usage());
+    assert!(!c.nodes[0].providers[1].injects_stream_usage());
+    let off = parse(&GOOD.replace(
+        "capacity: {normal: 2, long: 1}",
+        "capacity: {normal: 2, long: 1}\n        tunnel_usage: off",
+    ))
+    .unwrap();
+    assert!(!off.nodes[0].providers[0].injects_stream_usage());
+    let text = err_text(&GOOD.replace(
+        "cli: {argv: [\"cat\"]}",
+        "cli: {argv: [\"cat\"]}\n        tunnel_usage: inject",
+    ));
+    assert!(
+        text.contains("nodes[0].providers[1].tunnel_usage: only for kinds openai_compat and vllm"),
+        "{text}"
+    );
+    let text = err_text(&GOOD.replace(
+        "capacity: {normal: 2, long: 1}",
+        "capacity: {normal: 2, long: 1}\n        tunnel_usage: sometimes",
+    ));
+    assert!(
+        text.contains("nodes[0].providers[0].tunnel_usage"),
+        "{text}"
+    );
+}

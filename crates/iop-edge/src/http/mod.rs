@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod chat_input;
 pub mod deadlines;
 pub mod error;
 pub mod openai;
@@ -17,6 +18,7 @@ pub mod render;
 pub mod request;
 pub mod runs;
 pub mod server;
+pub mod stream_usage;
 pub mod tls;
 pub mod trust;
 

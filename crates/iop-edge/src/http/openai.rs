@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::request::{ClientRequest, WrongType, require_json};
-use super::{passthrough, render};
+use super::{chat_input, passthrough, render, stream_usage};
 use crate::auth::Caller;
 use crate::lease::Lane;
 use crate::service::{Edge, Observe, RunSpec, TunnelSpec};
@@ -205,7 +205,9 @@ async fn handle(
         api_key: caller.owner(),
     };
     if provider.kind.is_tunnel() {
-        let body = request.with_model(&grant.upstream_model);
+        let usage_injected =
+            stream && provider.injects_stream_usage() && !stream_usage::client_asked(&request);
+        let body = stream_usage::provider_body(&request, &grant.upstream_model, usage_injected);
         let accept = if stream {
             "text/event-stream"
         } else {
@@ -220,6 +222,7 @@ async fn handle(
                 header("accept", accept),
             ],
             body: body.into(),
+            usage_injected,
         };
         let tunnel = edge
             .start_tunnel(session, spec, Some(admitted.guard), Some(observe))
@@ -480,18 +483,7 @@ fn run_spec(
             let messages = request
                 .get("messages")
                 .and_then(Value::as_array)
-                .map(|ms| {
-                    ms.iter()
-                        .map(|m| pb::ChatMessage {
-                            role: m
-                                .get("role")
-                                .and_then(Value::as_str)
-                                .unwrap_or("user")
-                                .to_string(),
-                            content: content_text(m.get("content")),
-                        })
-                        .collect()
-                })
+                .map(|ms| ms.iter().map(chat_input::chat_message).collect())
                 .unwrap_or_default();
             (messages, String::new())
         }
@@ -506,7 +498,7 @@ fn run_spec(
             .collect(),
         _ => Vec::new(),
     };
-    let options = pb::GenerationOptions {
+    let mut options = pb::GenerationOptions {
         max_tokens: request
             .get("max_completion_tokens")
             .or_else(|| request.get("max_tokens"))
@@ -522,7 +514,9 @@ fn run_spec(
             .map(|t| t as f32),
         stop,
         seed: request.get("seed").and_then(Value::as_u64),
+        ..Default::default()
     };
+    chat_input::tool_options(request, &mut options);
     RunSpec {
         adapter: adapter.to_string(),
         target: upstream_model.to_string(),

@@ -1,7 +1,7 @@
 //! Renders a normalized run's events as OpenAI responses: a `chat.completion` /
 //! `text_completion` JSON document, or `chat.completion.chunk` / `text_completion` SSE
 //! chunks ending in `data: [DONE]`, with a usage chunk when `stream_options.include_usage`
-//! is set and reasoning deltas as `reasoning_content`.
+//! is set, reasoning deltas as `reasoning_content` and tool-call events as `tool_calls`.
 
 use axum::body::{Body, Bytes};
 use axum::http::header;
@@ -60,6 +60,18 @@ pub fn usage_json(usage: &pb::Usage) -> Value {
     u
 }
 
+/// OpenAI `tool_calls` entries for `calls`, numbered from `first_index` on.
+fn tool_calls_json(calls: &[pb::ToolCall], first_index: usize) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({"index": first_index + i, "id": c.id, "type": "function",
+                   "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect()
+}
+
 fn finish_reason(event: &pb::RunEvent) -> String {
     if event.finish_reason.is_empty() {
         "stop".into()
@@ -80,6 +92,7 @@ pub async fn json(
     let id = response_id(&shape, run.run_id());
     let mut content = String::new();
     let mut reasoning = String::new();
+    let mut tool_calls: Vec<Value> = Vec::new();
     let mut event = Some(first);
     let complete = loop {
         let Some(e) = event.take() else {
@@ -111,6 +124,10 @@ pub async fn json(
         match e.kind() {
             RunEventKind::Delta => content.push_str(&e.text),
             RunEventKind::ReasoningDelta => reasoning.push_str(&e.text),
+            RunEventKind::ToolCall => {
+                let calls = tool_calls_json(&e.tool_calls, tool_calls.len());
+                tool_calls.extend(calls);
+            }
             RunEventKind::Complete => break e,
             RunEventKind::Error => return Err(ApiError::from_run_error(e.error.as_ref())),
             RunEventKind::Cancelled => {
@@ -133,9 +150,19 @@ pub async fn json(
             "usage": usage,
         }),
         _ => {
+            let no_content = content.is_empty();
             let mut message = json!({"role": "assistant", "content": content});
             if !reasoning.is_empty() {
                 message["reasoning_content"] = Value::String(reasoning);
+            }
+            if !tool_calls.is_empty() {
+                for call in &mut tool_calls {
+                    call.as_object_mut().map(|c| c.remove("index"));
+                }
+                if no_content {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = Value::Array(tool_calls);
             }
             json!({
                 "id": id, "object": "chat.completion", "created": created(), "model": shape.model,
@@ -161,6 +188,8 @@ struct SseState {
     id: String,
     created: u64,
     sent_role: bool,
+    /// Tool calls rendered so far (the next one's `index`).
+    tool_calls: usize,
     done: bool,
 }
 
@@ -210,6 +239,13 @@ impl SseState {
                 role(self, &mut out);
                 out.extend_from_slice(&self.chunk(json!({"reasoning_content": e.text}), None));
             }
+            RunEventKind::ToolCall if self.shape.op == Operation::Chat => {
+                role(self, &mut out);
+                let calls = tool_calls_json(&e.tool_calls, self.tool_calls);
+                self.tool_calls += calls.len();
+                out.extend_from_slice(&self.chunk(json!({"tool_calls": calls}), None));
+            }
+            RunEventKind::ToolCall => {}
             RunEventKind::Complete => {
                 role(self, &mut out);
                 out.extend_from_slice(&self.chunk(json!({}), Some(finish_reason(&e))));
@@ -253,6 +289,7 @@ pub fn sse(run: RunStream, first: pb::RunEvent, shape: Shape) -> Response {
         shape,
         created: created(),
         sent_role: false,
+        tool_calls: 0,
         done: false,
     };
     let body = stream::unfold(state, |mut state| async move {

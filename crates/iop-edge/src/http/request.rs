@@ -203,25 +203,43 @@ impl<'a> ClientRequest<'a> {
 
     /// The body with `model` set to `model` and every other field as the client sent it.
     pub fn with_model(&self, model: &str) -> Vec<u8> {
+        let model = serde_json::to_string(model).expect("strings serialize");
+        self.with_fields(&[("model", &model)])
+    }
+
+    /// The body with each `(key, raw JSON)` of `set` in place of the client's field of that
+    /// key (the first, where it is there) or appended after the others, and every other
+    /// field as the client sent it.
+    pub fn with_fields(&self, set: &[(&str, &str)]) -> Vec<u8> {
         let size: usize = self
             .fields
             .iter()
             .map(|(k, v)| k.len() + v.get().len() + 4)
+            .chain(set.iter().map(|(k, v)| k.len() + v.len() + 4))
             .sum();
-        let mut out = Vec::with_capacity(size + model.len() + 16);
+        let mut out = Vec::with_capacity(size + 2);
         out.push(b'{');
-        let mut wrote_model = false;
-        for (i, (key, raw)) in self.fields.iter().enumerate() {
-            if i > 0 {
+        let mut written = vec![false; set.len()];
+        let field = |out: &mut Vec<u8>, key: &str, raw: &str| {
+            if out.len() > 1 {
                 out.push(b',');
             }
-            serde_json::to_writer(&mut out, key).expect("strings serialize");
+            serde_json::to_writer(&mut *out, key).expect("strings serialize");
             out.push(b':');
-            if key == "model" && !wrote_model {
-                serde_json::to_writer(&mut out, model).expect("strings serialize");
-                wrote_model = true;
-            } else {
-                out.extend_from_slice(raw.get().as_bytes());
+            out.extend_from_slice(raw.as_bytes());
+        };
+        for (key, raw) in &self.fields {
+            match set.iter().position(|(k, _)| k == key) {
+                Some(i) if !written[i] => {
+                    written[i] = true;
+                    field(&mut out, key, set[i].1);
+                }
+                _ => field(&mut out, key, raw.get()),
+            }
+        }
+        for (i, (key, raw)) in set.iter().enumerate() {
+            if !written[i] {
+                field(&mut out, key, raw);
             }
         }
         out.push(b'}');
@@ -270,6 +288,19 @@ mod tests {
             out,
             r#"{"messages":[{"role":"user","content":"h\u00e9llo  "}],"model":"up/stream","temperature":0.70,"x":{"deep":[1, 2]}}"#
         );
+    }
+
+    #[test]
+    fn set_fields_replace_in_place_or_come_last() {
+        let body = br#"{"model":"group","stream_options":null,"stream":true}"#;
+        let r = ClientRequest::parse(body).unwrap();
+        let out = r.with_fields(&[("stream_options", r#"{"include_usage":true}"#), ("x", "1")]);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"model":"group","stream_options":{"include_usage":true},"stream":true,"x":1}"#
+        );
+        let r = ClientRequest::parse(b"{}").unwrap();
+        assert_eq!(r.with_model("m"), br#"{"model":"m"}"#);
     }
 
     #[test]

@@ -136,6 +136,7 @@ async fn submit(
             .map(|m| pb::ChatMessage {
                 role: m.role,
                 content: m.content,
+                ..Default::default()
             })
             .collect(),
         options: Some(pb::GenerationOptions {
@@ -196,6 +197,13 @@ pub fn event_json(e: &pb::RunEvent) -> Value {
     }
     if let Some(err) = &e.error {
         v["error"] = json!({"code": err.code, "message": err.message});
+    }
+    if !e.tool_calls.is_empty() {
+        v["tool_calls"] = e
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+            .collect();
     }
     v
 }

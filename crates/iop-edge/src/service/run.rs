@@ -210,7 +210,9 @@ impl RunInner {
             }
         };
         match event.kind() {
-            pb::RunEventKind::Delta | pb::RunEventKind::ReasoningDelta => {
+            pb::RunEventKind::Delta
+            | pb::RunEventKind::ReasoningDelta
+            | pb::RunEventKind::ToolCall => {
                 self.credit.consumed_one(&self.edge, &self.session);
             }
             _ if event.is_terminal() => {
@@ -277,5 +279,6 @@ pub fn kind_name(kind: pb::RunEventKind) -> &'static str {
         pb::RunEventKind::Complete => "complete",
         pb::RunEventKind::Error => "error",
         pb::RunEventKind::Cancelled => "cancelled",
+        pb::RunEventKind::ToolCall => "tool_call",
     }
 }

@@ -30,6 +30,9 @@ pub struct TunnelSpec {
     pub path: String,
     pub headers: Vec<pb::Header>,
     pub body: Bytes,
+    /// The body asks for stream usage the client did not ask for: the node removes it
+    /// from the relayed stream (`ProviderTunnelRequest.usage_injected`).
+    pub usage_injected: bool,
 }
 
 /// What the client-facing side needs of the tunnel's frames.
@@ -67,6 +70,7 @@ impl Edge {
             headers: spec.headers,
             body: spec.body,
             initial_credit: STREAM_WINDOW,
+            usage_injected: spec.usage_injected,
         };
         if session.outbound.send(request).await.is_err() {
             session.close_stream(&request_id);
@@ -253,6 +257,7 @@ mod tests {
             path: "/chat/completions".into(),
             headers: vec![],
             body: Bytes::new(),
+            usage_injected: false,
         }
     }
 

@@ -7,6 +7,10 @@
 //! - `mock-no-terminal` returns after its tokens without a terminal (the run manager must
 //!   synthesize one);
 //! - `mock-hang` starts and then waits until cancelled.
+//!
+//! It honours `max_tokens` and `stop` (the answer ends before the first stop sequence,
+//! finish reason `stop`), and refuses with `bad_request` what it cannot do: `tools`, a
+//! `response_format` other than `text`, and `n` above 1.
 
 use std::time::Duration;
 
@@ -32,15 +36,96 @@ impl MockAdapter {
     }
 }
 
+/// Refuses what the mock cannot honour, naming the parameter.
+fn refuse_unsupported(options: &pb::GenerationOptions) -> Result<(), AdapterError> {
+    let refuse = |message: String| Err(AdapterError::new("bad_request", message));
+    if let Some(n) = options.n.filter(|n| *n > 1) {
+        return refuse(format!(
+            "`n` is {n}, but the mock adapter answers with one choice: send n = 1 (or leave it out)"
+        ));
+    }
+    let tools: Option<Vec<serde_json::Value>> = serde_json::from_str(&options.tools_json).ok();
+    if !options.tools_json.is_empty() && tools.is_none_or(|t| !t.is_empty()) {
+        return refuse("`tools`: the mock adapter cannot call tools; leave `tools` out".into());
+    }
+    if !options.response_format_json.is_empty() {
+        let format: serde_json::Value =
+            serde_json::from_str(&options.response_format_json).unwrap_or_default();
+        if format.get("type").and_then(serde_json::Value::as_str) != Some("text") {
+            return refuse(format!(
+                "`response_format`: the mock adapter answers plain text only and cannot honour {}",
+                options.response_format_json
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Ends an answer generated token by token before the first stop sequence, holding back
+/// text that may be the beginning of one (nothing is held without stop sequences).
+#[derive(Debug)]
+struct StopScanner<'a> {
+    stops: Vec<&'a str>,
+    held: String,
+}
+
+impl<'a> StopScanner<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        Self {
+            stops: stops
+                .iter()
+                .map(String::as_str)
+                .filter(|s| !s.is_empty())
+                .collect(),
+            held: String::new(),
+        }
+    }
+
+    /// Takes the next token: the text to send now, and whether a stop sequence ended the
+    /// answer (nothing after it is sent).
+    fn push(&mut self, token: &str) -> (String, bool) {
+        if self.stops.is_empty() {
+            return (token.to_string(), false);
+        }
+        self.held.push_str(token);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s)).min() {
+            self.held.truncate(at);
+            return (std::mem::take(&mut self.held), true);
+        }
+        let keep = self
+            .stops
+            .iter()
+            .map(|s| prefix_at_end(&self.held, s))
+            .max()
+            .unwrap_or(0);
+        let rest = self.held.split_off(self.held.len() - keep);
+        (std::mem::replace(&mut self.held, rest), false)
+    }
+
+    /// The text still held when the answer ends without a stop sequence.
+    fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+/// The length of the longest proper prefix of `stop` that `text` ends with.
+fn prefix_at_end(text: &str, stop: &str) -> usize {
+    (1..stop.len())
+        .rev()
+        .find(|&n| stop.is_char_boundary(n) && text.ends_with(&stop[..n]))
+        .unwrap_or(0)
+}
+
 #[async_trait]
 impl Adapter for MockAdapter {
     async fn execute(&self, input: RunInput, sink: &mut RunSink) -> Result<(), AdapterError> {
+        refuse_unsupported(&input.options)?;
         let configured = if self.spec.tokens == 0 {
             DEFAULT_TOKENS
         } else {
             self.spec.tokens
         };
-        let (tokens, finish) = match input.options.max_tokens {
+        let (tokens, mut finish) = match input.options.max_tokens {
             Some(max) if max < configured => (max, "length"),
             _ => (configured, "stop"),
         };
@@ -60,6 +145,8 @@ impl Adapter for MockAdapter {
                 sink.reasoning(&format!("thinking-{i} ")).await?;
             }
         }
+        let mut stop = StopScanner::new(&input.options.stop);
+        let mut generated = 0u64;
         for i in 0..tokens {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
@@ -76,8 +163,15 @@ impl Adapter for MockAdapter {
             } else {
                 format!("{word} ")
             };
-            sink.delta(&token).await?;
+            generated += 1;
+            let (text, stopped) = stop.push(&token);
+            sink.delta(&text).await?;
+            if stopped {
+                finish = "stop";
+                break;
+            }
         }
+        sink.delta(&stop.finish()).await?;
         if input.target.contains("mock-no-terminal") {
             return Ok(());
         }
@@ -88,7 +182,7 @@ impl Adapter for MockAdapter {
             .sum();
         let usage = pb::Usage {
             input_tokens: prompt_words,
-            output_tokens: tokens as u64
+            output_tokens: generated
                 + if self.spec.reasoning {
                     REASONING_DELTAS
                 } else {
@@ -99,5 +193,94 @@ impl Adapter for MockAdapter {
         };
         sink.complete(Some(usage), finish).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a scanner sends for `tokens`, one string per token, and whether it stopped.
+    fn scan(tokens: &[&str], stops: &[&str]) -> (Vec<String>, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut scanner = StopScanner::new(&stops);
+        let mut sent = Vec::new();
+        for token in tokens {
+            let (text, stopped) = scanner.push(token);
+            sent.push(text);
+            if stopped {
+                return (sent, true);
+            }
+        }
+        sent.push(scanner.finish());
+        (sent, false)
+    }
+
+    #[test]
+    fn the_answer_ends_before_the_first_stop_sequence() {
+        let answer = ["The ", "quick ", "brown ", "fox"];
+        let text = |s: &[&str]| {
+            let (sent, stopped) = scan(&answer, s);
+            (sent.concat(), stopped)
+        };
+        assert_eq!(text(&["brown"]), ("The quick ".into(), true));
+        // Inside a token, and the earliest of several.
+        assert_eq!(text(&["fox", "ick"]), ("The qu".into(), true));
+        // Across tokens: what might begin it is held back, never sent past it.
+        assert_eq!(text(&["k b"]), ("The quic".into(), true));
+        assert_eq!(scan(&answer, &["k b"]).0, ["The ", "quic", ""]);
+        assert_eq!(text(&["The"]), (String::new(), true));
+        // Without a match everything is sent, token by token where nothing is held.
+        assert_eq!(
+            scan(&answer, &["zebra", ""]),
+            (
+                ["The ", "quick ", "brown ", "fox", ""]
+                    .map(String::from)
+                    .to_vec(),
+                false
+            )
+        );
+        assert_eq!(text(&["fox!"]), ("The quick brown fox".into(), false));
+    }
+
+    #[test]
+    fn what_the_mock_cannot_honour_is_refused_naming_it() {
+        let refused = |options: pb::GenerationOptions| {
+            let e = refuse_unsupported(&options).unwrap_err();
+            assert_eq!(e.code, "bad_request");
+            e.message
+        };
+        assert!(
+            refused(pb::GenerationOptions {
+                n: Some(3),
+                ..Default::default()
+            })
+            .contains("`n`")
+        );
+        assert!(
+            refused(pb::GenerationOptions {
+                tools_json: r#"[{"type":"function","function":{"name":"f"}}]"#.into(),
+                ..Default::default()
+            })
+            .contains("`tools`")
+        );
+        assert!(
+            refused(pb::GenerationOptions {
+                response_format_json: r#"{"type":"json_object"}"#.into(),
+                ..Default::default()
+            })
+            .contains("`response_format`")
+        );
+        for fine in [
+            pb::GenerationOptions::default(),
+            pb::GenerationOptions {
+                n: Some(1),
+                tools_json: "[]".into(),
+                response_format_json: r#"{"type":"text"}"#.into(),
+                ..Default::default()
+            },
+        ] {
+            refuse_unsupported(&fine).unwrap();
+        }
     }
 }

@@ -40,6 +40,7 @@ impl RunInput {
             vec![pb::ChatMessage {
                 role: "user".into(),
                 content: self.input.clone(),
+                ..Default::default()
             }]
         } else {
             self.messages.clone()

@@ -1,6 +1,10 @@
-//! Ollama adapter: a run is a streaming `POST /api/chat` whose NDJSON lines become delta
-//! and reasoning-delta (`message.thinking`) events, ending with the final line's eval
-//! counts as usage. Also answers the `ollama.tags`, `ollama.ps` and `ollama.show` commands.
+//! Ollama adapter: a run is a streaming `POST /api/chat` ([`chat`] maps the request: tools,
+//! images, tool calls, `format`) whose NDJSON lines become delta, reasoning-delta
+//! (`message.thinking`) and tool-call (`message.tool_calls`) events, ending with the final
+//! line's eval counts as usage (finish reason `tool_calls` when the model called tools).
+//! Also answers the `ollama.tags`, `ollama.ps` and `ollama.show` commands.
+
+mod chat;
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -18,15 +22,6 @@ pub struct OllamaAdapter {
 impl OllamaAdapter {
     pub fn new(provider: HttpProvider) -> Self {
         Self { provider }
-    }
-
-    fn body(&self, input: &RunInput) -> Value {
-        json!({
-            "model": input.target,
-            "messages": input.messages_json(),
-            "stream": true,
-            "options": input.options_json("num_predict"),
-        })
     }
 
     /// `GET /api/tags`, `GET /api/ps`, or `POST /api/show {model}`, as JSON.
@@ -62,9 +57,13 @@ impl Adapter for OllamaAdapter {
         let request = self
             .provider
             .request(reqwest::Method::POST, "/api/chat")
-            .json(&self.body(&input));
+            .json(&chat::request_body(&input)?);
         let response = self.provider.accepted(request).await?;
         sink.start(&input.target).await?;
+        let mut answer = Answer {
+            run_id: &input.run_id,
+            tool_calls: 0,
+        };
         let mut body = response.bytes_stream();
         let mut pending: Vec<u8> = Vec::new();
         loop {
@@ -76,14 +75,14 @@ impl Adapter for OllamaAdapter {
             pending.extend_from_slice(&chunk);
             while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = pending.drain(..=pos).collect();
-                if let Some(done) = self.line(&line, sink).await? {
+                if let Some(done) = self.line(&line, &mut answer, sink).await? {
                     sink.complete(Some(done.0), &done.1).await?;
                     return Ok(());
                 }
             }
         }
         if !pending.is_empty()
-            && let Some(done) = self.line(&pending, sink).await?
+            && let Some(done) = self.line(&pending, &mut answer, sink).await?
         {
             sink.complete(Some(done.0), &done.1).await?;
             return Ok(());
@@ -102,11 +101,19 @@ impl Adapter for OllamaAdapter {
     }
 }
 
+/// What the lines of one answer so far said.
+struct Answer<'a> {
+    run_id: &'a str,
+    /// Tool calls relayed (the next generated id's number).
+    tool_calls: usize,
+}
+
 impl OllamaAdapter {
     /// Handles one NDJSON line; returns the usage and done reason on the final one.
     async fn line(
         &self,
         line: &[u8],
+        answer: &mut Answer<'_>,
         sink: &mut RunSink,
     ) -> Result<Option<(pb::Usage, String)>, AdapterError> {
         let line = line.trim_ascii();
@@ -132,6 +139,8 @@ impl OllamaAdapter {
             if let Some(content) = message.get("content").and_then(Value::as_str) {
                 sink.delta(content).await?;
             }
+            let calls = chat::answer_tool_calls(message, answer.run_id, &mut answer.tool_calls);
+            sink.tool_calls(calls).await?;
         }
         if value.get("done").and_then(Value::as_bool) == Some(true) {
             let count = |k: &str| value.get(k).and_then(Value::as_u64).unwrap_or(0);
@@ -141,11 +150,16 @@ impl OllamaAdapter {
                 reasoning_tokens: None,
                 cached_input_tokens: None,
             };
-            let reason = value
-                .get("done_reason")
-                .and_then(Value::as_str)
-                .unwrap_or("stop")
-                .to_string();
+            // As OpenAI says it: an answer that called tools finished for that.
+            let reason = if answer.tool_calls > 0 {
+                "tool_calls".to_string()
+            } else {
+                value
+                    .get("done_reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("stop")
+                    .to_string()
+            };
             return Ok(Some((usage, reason)));
         }
         Ok(None)
