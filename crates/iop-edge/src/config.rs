@@ -70,6 +70,9 @@ pub struct EdgeConfig {
     pub nodes: Vec<NodeConfig>,
     #[serde(default)]
     pub model_groups: Vec<ModelGroupConfig>,
+    /// Attempts, retry budget and the node's acknowledgement deadline.
+    #[serde(default)]
+    pub dispatch: DispatchConfig,
 }
 
 fn default_max_frame_bytes() -> usize {
@@ -132,7 +135,9 @@ impl Default for LimitsConfig {
     }
 }
 
+pub mod dispatch;
 pub mod node_limits;
+pub use dispatch::DispatchConfig;
 pub use node_limits::NodeLimitsConfig;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -231,6 +236,10 @@ pub struct ProviderConfig {
     pub api_key: Option<String>,
     #[serde(default)]
     pub request_timeout_sec: Option<u32>,
+    /// Seconds the provider's stream may stay silent once its response began (default
+    /// 300); a longer stall ends the request with `provider_idle_timeout`.
+    #[serde(default)]
+    pub idle_timeout_sec: Option<u32>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
@@ -247,6 +256,15 @@ impl ProviderConfig {
     pub fn max_concurrency(&self) -> u32 {
         self.max_concurrency
             .unwrap_or(self.capacity.normal + self.capacity.long)
+    }
+
+    /// How long the provider's stream may stay silent once its response began.
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.idle_timeout_sec
+                .unwrap_or(dispatch::DEFAULT_IDLE_TIMEOUT_SEC)
+                .into(),
+        )
     }
 }
 
@@ -438,6 +456,9 @@ impl EdgeConfig {
             .http
             .validate()
             .map_err(|(field, msg)| (format!("limits.http.{field}"), msg))?;
+        self.dispatch
+            .validate()
+            .map_err(|(field, msg)| (format!("dispatch.{field}"), msg))?;
         self.auth.validate(&self.model_groups)?;
         let mut node_ids = HashSet::new();
         let mut token_owners: HashMap<TokenHash, usize> = HashMap::new();
@@ -638,6 +659,17 @@ fn validate_provider(p: &ProviderConfig) -> Result<(), (String, String)> {
         if value > MAX_CAPACITY {
             return err(field, format!("must be at most {MAX_CAPACITY}"));
         }
+    }
+    if let Some(n) = p.idle_timeout_sec
+        && !(1..=dispatch::MAX_IDLE_TIMEOUT_SEC).contains(&n)
+    {
+        return err(
+            "idle_timeout_sec",
+            format!(
+                "{n} is out of range: give 1 to {} seconds",
+                dispatch::MAX_IDLE_TIMEOUT_SEC
+            ),
+        );
     }
     match p.max_concurrency {
         Some(0) => return err("max_concurrency", "must be positive".into()),

@@ -13,12 +13,56 @@
 //!   has no live candidate left ends unavailable at once.
 //! - A request arriving while no member is live waits like any other (a node may be
 //!   reconnecting), up to the caller's timeout.
+//! - A retried request names the members (under their generation) that already failed
+//!   it; it is never granted one of those again, and when every member is excluded it is
+//!   refused at once ([`Admission::Exhausted`]).
+//! - Every provider also has a queue of its own for requests pinned to it (native runs),
+//!   sharing its lease account, so those count against the same capacity.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::lease::{AccountId, Lane, LaneCounts, LeaseId, Leases, ProviderKey};
+use crate::config::ProviderKind;
+use crate::lease::{AccountId, AccountSpec, Lane, LaneCounts, LeaseId, Leases, ProviderKey};
 use crate::registry::Generation;
+
+/// Requests pinned to one provider (native runs) that may wait for it at most.
+pub const DIRECT_MAX_WAITING: usize = 64;
+
+/// What a grant needs to know of its provider to dispatch: carried in the grant so the
+/// dispatcher never re-reads the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberTraits {
+    pub kind: ProviderKind,
+    /// How long the provider's stream may stay silent once its response began.
+    pub idle_timeout: Duration,
+}
+
+impl Default for MemberTraits {
+    fn default() -> Self {
+        Self {
+            kind: ProviderKind::Mock,
+            idle_timeout: Duration::from_secs(
+                crate::config::dispatch::DEFAULT_IDLE_TIMEOUT_SEC.into(),
+            ),
+        }
+    }
+}
+
+/// A configured provider: its account and what dispatch needs of it.
+#[derive(Debug, Clone)]
+pub struct ProviderSpec {
+    pub account: AccountSpec,
+    pub traits: MemberTraits,
+}
+
+/// A member (under one generation of its node) a retried request must not get again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exclusion {
+    pub key: ProviderKey,
+    pub generation: Generation,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WaiterId(pub u64);
@@ -35,8 +79,11 @@ pub struct GroupSpec {
 pub struct MemberSpec {
     pub key: ProviderKey,
     pub upstream_model: String,
+    /// The provider's capacity and state, used only when it is not among the configured
+    /// providers (tests).
     pub capacity: LaneCounts,
     pub enabled: bool,
+    pub traits: MemberTraits,
 }
 
 /// A slot granted to one request.
@@ -50,12 +97,28 @@ pub struct Grant {
     pub upstream_model: Arc<str>,
     pub lane: Lane,
     pub generation: Generation,
+    pub traits: MemberTraits,
+}
+
+impl Grant {
+    /// This grant's member under its generation, for a retry to exclude.
+    pub fn exclusion(&self) -> Exclusion {
+        Exclusion {
+            key: ProviderKey {
+                node: self.node.clone(),
+                provider: self.provider.clone(),
+            },
+            generation: self.generation,
+        }
+    }
 }
 
 #[derive(Debug)]
 pub enum Admission {
     Granted(Grant),
     Queued(WaiterId),
+    /// Every member that could serve the lane already failed this request.
+    Exhausted,
     /// The group's queue holds `max_waiting` requests already.
     QueueFull {
         max_waiting: usize,
@@ -85,6 +148,7 @@ pub struct Lost<W> {
 struct Member {
     account: AccountId,
     upstream_model: Arc<str>,
+    traits: MemberTraits,
 }
 
 #[derive(Debug)]
@@ -92,12 +156,16 @@ struct Waiter<W> {
     id: WaiterId,
     seq: u64,
     lane: Lane,
+    /// Members (under a generation) this request already failed on.
+    exclude: Vec<(AccountId, Generation)>,
     payload: W,
 }
 
 #[derive(Debug)]
 struct Group<W> {
     name: String,
+    /// A provider's own queue (native runs), not a configured model group.
+    direct: bool,
     members: Vec<Member>,
     max_waiting: usize,
     waiters: VecDeque<Waiter<W>>,
@@ -109,48 +177,36 @@ pub struct Scheduler<W> {
     leases: Leases,
     groups: Vec<Group<W>>,
     by_name: foldhash::HashMap<String, usize>,
+    /// Each provider's own queue.
+    by_provider: foldhash::HashMap<ProviderKey, usize>,
     last_waiter: u64,
+}
+
+/// Whether `account`, as it is online now, is one a waiter excluded.
+fn excluded(leases: &Leases, exclude: &[(AccountId, Generation)], account: AccountId) -> bool {
+    !exclude.is_empty()
+        && exclude.iter().any(|&(a, generation)| {
+            a == account && leases.online_generation(account) == Some(generation)
+        })
 }
 
 impl<W> Scheduler<W> {
     /// A scheduler over `providers` (every configured provider, so the snapshot lists them
     /// all) and the model groups that reference them.
     pub fn new(
-        providers: impl IntoIterator<Item = (ProviderKey, LaneCounts, bool)>,
+        providers: impl IntoIterator<Item = ProviderSpec>,
         groups: impl IntoIterator<Item = GroupSpec>,
     ) -> Self {
-        let mut leases = Leases::default();
-        for (key, capacity, enabled) in providers {
-            leases.add_account(key, capacity, enabled);
-        }
         let mut scheduler = Scheduler {
-            leases,
+            leases: Leases::default(),
             groups: Vec::new(),
             by_name: foldhash::HashMap::default(),
+            by_provider: foldhash::HashMap::default(),
             last_waiter: 0,
         };
-        for spec in groups {
-            let members = spec
-                .members
-                .iter()
-                .map(|m| Member {
-                    account: scheduler
-                        .leases
-                        .add_account(m.key.clone(), m.capacity, m.enabled),
-                    upstream_model: m.upstream_model.as_str().into(),
-                })
-                .collect();
-            scheduler
-                .by_name
-                .insert(spec.name.clone(), scheduler.groups.len());
-            scheduler.groups.push(Group {
-                name: spec.name,
-                members,
-                max_waiting: spec.max_waiting,
-                waiters: VecDeque::new(),
-                cursor: 0,
-            });
-        }
+        let online = HashMap::new();
+        let (orphaned, woken) = scheduler.reconfigure(providers, groups, &online);
+        debug_assert!(orphaned.is_empty() && woken.is_empty());
         scheduler
     }
 
@@ -166,49 +222,77 @@ impl<W> Scheduler<W> {
     /// each dispatch-ready node, for providers added to it.
     pub fn reconfigure(
         &mut self,
-        providers: impl IntoIterator<Item = (ProviderKey, LaneCounts, bool)>,
+        providers: impl IntoIterator<Item = ProviderSpec>,
         groups: impl IntoIterator<Item = GroupSpec>,
         online: &HashMap<String, Generation>,
     ) -> (Vec<W>, Vec<Dispatch<W>>) {
-        let configured: Vec<(ProviderKey, LaneCounts, bool)> = providers.into_iter().collect();
-        let keep: Vec<ProviderKey> = configured.iter().map(|(k, _, _)| k.clone()).collect();
+        let configured: Vec<ProviderSpec> = providers.into_iter().collect();
+        let keep: Vec<&ProviderKey> = configured.iter().map(|p| &p.account.key).collect();
         for id in self.leases.accounts().collect::<Vec<_>>() {
             let key = self.leases.key(id).clone();
-            if !keep.contains(&key) {
+            if !keep.contains(&&key) {
                 self.leases.configure(key, LaneCounts::default(), false);
             }
         }
-        for (key, capacity, enabled) in configured {
-            let is_new = self.leases.account(&key).is_none();
-            let id = self.leases.configure(key.clone(), capacity, enabled);
+        let mut direct = Vec::with_capacity(configured.len());
+        for provider in &configured {
+            let key = &provider.account.key;
+            let is_new = self.leases.account(key).is_none();
+            let id = self.leases.apply(&provider.account);
             if is_new && let Some(generation) = online.get(&*key.node) {
                 self.leases.activate_account(id, *generation);
             }
+            direct.push((key.clone(), id, provider.traits));
         }
-        let mut old: HashMap<String, Group<W>> =
-            self.groups.drain(..).map(|g| (g.name.clone(), g)).collect();
+        let mut old: HashMap<(bool, String), Group<W>> = self
+            .groups
+            .drain(..)
+            .map(|g| ((g.direct, g.name.clone()), g))
+            .collect();
         self.by_name.clear();
+        self.by_provider.clear();
+        let mut place = |this: &mut Self, name: String, is_direct: bool, members, max_waiting| {
+            let (waiters, cursor) = match old.remove(&(is_direct, name.clone())) {
+                Some(previous) => (previous.waiters, previous.cursor),
+                None => (VecDeque::new(), 0),
+            };
+            let index = this.groups.len();
+            this.groups.push(Group {
+                name,
+                direct: is_direct,
+                members,
+                max_waiting,
+                waiters,
+                cursor,
+            });
+            index
+        };
         for spec in groups {
             let members = spec
                 .members
                 .iter()
                 .map(|m| Member {
-                    account: self.leases.configure(m.key.clone(), m.capacity, m.enabled),
+                    account: match self.leases.account(&m.key) {
+                        Some(id) if keep.contains(&&m.key) => id,
+                        _ => self.leases.configure(m.key.clone(), m.capacity, m.enabled),
+                    },
                     upstream_model: m.upstream_model.as_str().into(),
+                    traits: m.traits,
                 })
                 .collect();
-            let (waiters, cursor) = match old.remove(&spec.name) {
-                Some(previous) => (previous.waiters, previous.cursor),
-                None => (VecDeque::new(), 0),
-            };
-            self.by_name.insert(spec.name.clone(), self.groups.len());
-            self.groups.push(Group {
-                name: spec.name,
-                members,
-                max_waiting: spec.max_waiting,
-                waiters,
-                cursor,
-            });
+            let name = spec.name.clone();
+            let index = place(self, spec.name, false, members, spec.max_waiting);
+            self.by_name.insert(name, index);
+        }
+        for (key, account, traits) in direct {
+            let members = vec![Member {
+                account,
+                upstream_model: "".into(),
+                traits,
+            }];
+            let name = format!("{}/{}", key.node, key.provider);
+            let index = place(self, name, true, members, DIRECT_MAX_WAITING);
+            self.by_provider.insert(key, index);
         }
         let orphaned = old
             .into_values()
@@ -223,8 +307,18 @@ impl<W> Scheduler<W> {
         self.by_name.get(name).copied()
     }
 
-    pub fn group_names(&self) -> impl Iterator<Item = &str> {
-        self.groups.iter().map(|g| g.name.as_str())
+    /// The configured model groups with their waiting requests per lane.
+    pub fn groups_waiting(&self) -> impl Iterator<Item = (&str, LaneCounts)> {
+        self.groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !g.direct)
+            .map(|(i, g)| (g.name.as_str(), self.waiting(i)))
+    }
+
+    /// The queue of requests pinned to one provider.
+    pub fn provider_queue(&self, key: &ProviderKey) -> Option<usize> {
+        self.by_provider.get(key).copied()
     }
 
     /// Waiting requests of a group, per lane.
@@ -242,17 +336,53 @@ impl<W> Scheduler<W> {
     /// Admits a request of `lane` to `group`: a grant now, or a place in the queue holding
     /// `payload` until [`Dispatch`] or [`Lost::unavailable`] hands it back.
     pub fn admit(&mut self, group: &str, lane: Lane, payload: W) -> Admission {
+        self.admit_excluding(group, lane, payload, &[])
+    }
+
+    /// Admits a retried request: never to a member in `exclude` (under that generation).
+    pub fn admit_excluding(
+        &mut self,
+        group: &str,
+        lane: Lane,
+        payload: W,
+        exclude: &[Exclusion],
+    ) -> Admission {
         let Some(g) = self.group_index(group) else {
             return Admission::UnknownGroup;
         };
-        let configured = self.groups[g]
+        self.admit_to(g, lane, payload, exclude)
+    }
+
+    /// Admits a request pinned to one provider (a native run) through that provider's own
+    /// queue; `UnknownGroup` when no such provider is configured.
+    pub fn admit_direct(&mut self, key: &ProviderKey, lane: Lane, payload: W) -> Admission {
+        let Some(g) = self.provider_queue(key) else {
+            return Admission::UnknownGroup;
+        };
+        self.admit_to(g, lane, payload, &[])
+    }
+
+    fn admit_to(&mut self, g: usize, lane: Lane, payload: W, exclude: &[Exclusion]) -> Admission {
+        let exclude: Vec<(AccountId, Generation)> = exclude
+            .iter()
+            .filter_map(|e| Some((self.leases.account(&e.key)?, e.generation)))
+            .collect();
+        let configured: Vec<AccountId> = self.groups[g]
             .members
             .iter()
-            .any(|m| self.leases.configured_for(m.account, lane));
-        if !configured {
+            .map(|m| m.account)
+            .filter(|&a| self.leases.configured_for(a, lane))
+            .collect();
+        if configured.is_empty() {
             return Admission::NoCapacityInLane;
         }
-        if let Some(grant) = self.try_grant(g, lane) {
+        if configured
+            .iter()
+            .all(|&a| excluded(&self.leases, &exclude, a))
+        {
+            return Admission::Exhausted;
+        }
+        if let Some(grant) = self.try_grant(g, lane, &exclude) {
             return Admission::Granted(grant);
         }
         let group = &mut self.groups[g];
@@ -267,6 +397,7 @@ impl<W> Scheduler<W> {
             id,
             seq: id.0,
             lane,
+            exclude,
             payload,
         });
         Admission::Queued(id)
@@ -323,10 +454,9 @@ impl<W> Scheduler<W> {
             }
             let mut kept = VecDeque::with_capacity(group.waiters.len());
             for w in group.waiters.drain(..) {
-                let live = group
-                    .members
-                    .iter()
-                    .any(|m| leases.serves(m.account, w.lane));
+                let live = group.members.iter().any(|m| {
+                    leases.serves(m.account, w.lane) && !excluded(leases, &w.exclude, m.account)
+                });
                 if live {
                     kept.push_back(w);
                 } else {
@@ -349,14 +479,19 @@ impl<W> Scheduler<W> {
             .any(|m| self.leases.serves(m.account, lane))
     }
 
-    fn try_grant(&mut self, g: usize, lane: Lane) -> Option<Grant> {
+    fn try_grant(
+        &mut self,
+        g: usize,
+        lane: Lane,
+        exclude: &[(AccountId, Generation)],
+    ) -> Option<Grant> {
         let group = &self.groups[g];
         let n = group.members.len();
         let mut best: Option<(u32, usize)> = None;
         for step in 0..n {
             let i = (group.cursor + step) % n;
             let account = group.members[i].account;
-            if !self.leases.has_free(account, lane) {
+            if !self.leases.has_free(account, lane) || excluded(&self.leases, exclude, account) {
                 continue;
             }
             let load = self.leases.in_flight_total(account);
@@ -379,29 +514,41 @@ impl<W> Scheduler<W> {
             upstream_model: group.members[member].upstream_model.clone(),
             lane,
             generation,
+            traits: group.members[member].traits,
         })
     }
 
-    /// Dispatches waiters, oldest first across all groups, while any can get a slot.
+    /// Dispatches waiters, oldest first across all groups, while any can get a slot. Per
+    /// lane the first waiter a free slot can serve goes; one that may not take the free
+    /// slots (it failed on those members) lets the next one in that lane take them.
     fn pump(&mut self, woken: &mut Vec<Dispatch<W>>) {
         loop {
             let mut oldest: Option<(u64, usize, usize)> = None;
             for (g, group) in self.groups.iter().enumerate() {
-                let mut seen = [false; 2];
+                let mut done = [false; 2];
                 for (i, w) in group.waiters.iter().enumerate() {
                     let lane_slot = w.lane as usize;
-                    if seen[lane_slot] {
+                    if done[lane_slot] {
                         continue;
                     }
-                    seen[lane_slot] = true;
-                    let can = group
-                        .members
-                        .iter()
-                        .any(|m| self.leases.has_free(m.account, w.lane));
+                    let mut free = false;
+                    let mut can = false;
+                    for m in &group.members {
+                        if self.leases.has_free(m.account, w.lane) {
+                            free = true;
+                            if !excluded(&self.leases, &w.exclude, m.account) {
+                                can = true;
+                                break;
+                            }
+                        }
+                    }
+                    if !free || can {
+                        done[lane_slot] = true;
+                    }
                     if can && oldest.is_none_or(|(seq, _, _)| w.seq < seq) {
                         oldest = Some((w.seq, g, i));
                     }
-                    if seen[0] && seen[1] {
+                    if done[0] && done[1] {
                         break;
                     }
                 }
@@ -409,7 +556,7 @@ impl<W> Scheduler<W> {
             let Some((_, g, i)) = oldest else { return };
             let waiter = self.groups[g].waiters.remove(i).expect("index from scan");
             let grant = self
-                .try_grant(g, waiter.lane)
+                .try_grant(g, waiter.lane, &waiter.exclude)
                 .expect("scan found a free slot");
             woken.push(Dispatch {
                 waiter: waiter.payload,

@@ -5,12 +5,19 @@
 //! The body is relayed byte for byte. Usage and the served model are read from it on the
 //! side and sent as separate usage / metadata frames before the end, never inside the
 //! body. Cancelling the tunnel drops the provider response, closing its connection.
+//!
+//! A tunnel that passes its adapter's capacity gate is acknowledged at once (`accepted`),
+//! before the provider is asked; a full gate answers `node_capacity` instead. The gate's
+//! slot is freed before the tunnel's last frame (end, or error — `cancelled` when the edge
+//! cancelled it) leaves, so the edge, seeing that frame, may hand the slot on.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
+use iop_proto::ErrorCode;
 use iop_proto::pb::{self, provider_tunnel_frame::Frame};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::runtime::{Connection, NodeRuntime};
 use crate::usage::UsageObserver;
@@ -36,6 +43,8 @@ struct TunnelOut<'a> {
     /// The response head, held back until the first frame after it is ready so that both
     /// leave in the same write.
     head: Option<(u32, Vec<pb::Header>)>,
+    /// The adapter's capacity slot, released just before the tunnel's last frame.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl TunnelOut<'_> {
@@ -68,13 +77,34 @@ impl TunnelOut<'_> {
         }
     }
 
-    async fn error(&mut self, code: &str, message: String) {
-        tracing::warn!(request_id = self.request_id, code, %message, "tunnel failed");
-        self.send(Frame::Error(pb::TunnelError {
-            code: code.to_string(),
-            message,
-        }))
+    /// Ends the tunnel with an error (after freeing the slot).
+    async fn error(&mut self, code: ErrorCode, message: String) {
+        tracing::warn!(
+            request_id = self.request_id,
+            code = code.as_str(),
+            %message,
+            "tunnel failed"
+        );
+        self.permit = None;
+        self.send(Frame::Error(pb::TunnelError::new(code, message)))
+            .await;
+    }
+
+    /// Acknowledges the edge's cancel once the provider request is dropped: the last frame.
+    async fn cancelled(&mut self) {
+        self.permit = None;
+        self.head = None;
+        self.frame(Frame::Error(pb::TunnelError::new(
+            ErrorCode::Cancelled,
+            "cancelled by the edge",
+        )))
         .await;
+    }
+
+    /// Ends the tunnel normally (after freeing the slot).
+    async fn end(&mut self) {
+        self.permit = None;
+        self.send(Frame::End(pb::TunnelEnd {})).await;
     }
 }
 
@@ -95,10 +125,11 @@ impl NodeRuntime {
             conn: &conn,
             request_id: &request.request_id,
             head: None,
+            permit: None,
         };
         let Some(instance) = self.adapter(&request.adapter) else {
             out.error(
-                "unknown_adapter",
+                ErrorCode::UnknownAdapter,
                 format!(
                     "node {} has no adapter {:?}",
                     self.node_id(),
@@ -110,7 +141,7 @@ impl NodeRuntime {
         };
         let Some(endpoint) = instance.adapter.tunnel() else {
             out.error(
-                "not_supported",
+                ErrorCode::NotSupported,
                 format!(
                     "adapter {} (kind {}) is not OpenAI-compatible and takes no raw tunnel",
                     instance.spec.id,
@@ -120,9 +151,9 @@ impl NodeRuntime {
             .await;
             return;
         };
-        let Ok(_permit) = instance.gate.clone().try_acquire_owned() else {
+        let Ok(permit) = instance.gate.clone().try_acquire_owned() else {
             out.error(
-                "capacity",
+                ErrorCode::NodeCapacity,
                 format!(
                     "adapter {} is at its max concurrency ({})",
                     instance.spec.id,
@@ -132,6 +163,8 @@ impl NodeRuntime {
             .await;
             return;
         };
+        out.permit = Some(permit);
+        out.frame(Frame::Accepted(pb::TunnelAccepted {})).await;
         let cancel = conn.cancel.child_token();
         self.tunnels
             .lock()
@@ -158,9 +191,10 @@ impl NodeRuntime {
         let mut usage_seen = None;
         match response {
             None => {
-                tracing::info!(request_id = %request.request_id, "tunnel cancelled before the provider answered")
+                tracing::info!(request_id = %request.request_id, "tunnel cancelled before the provider answered");
+                out.cancelled().await;
             }
-            Some(Err(err)) => out.error(&err.code, err.message).await,
+            Some(Err(err)) => out.error(err.code, err.message).await,
             Some(Ok(response)) => {
                 let mut observer = UsageObserver::new(response.sse, endpoint.dialect);
                 let yield_for_more = response.sse && !response.read_in_task;
@@ -176,6 +210,7 @@ impl NodeRuntime {
                 }
                 out.head = Some((response.status as u32, response.headers));
                 if early.is_none() && !out.flush_head().await {
+                    out.cancelled().await;
                     return self.end_tunnel(&request.request_id);
                 }
                 let ok = loop {
@@ -184,6 +219,7 @@ impl NodeRuntime {
                         None => tokio::select! {
                             _ = cancel.cancelled() => {
                                 tracing::info!(request_id = %request.request_id, "tunnel cancelled mid-body: provider connection dropped");
+                                out.cancelled().await;
                                 return self.end_tunnel(&request.request_id);
                             }
                             chunk = body.next() => chunk,
@@ -192,7 +228,7 @@ impl NodeRuntime {
                     match chunk {
                         None => break true,
                         Some(Err(err)) => {
-                            out.error("provider_stream_error", err.message).await;
+                            out.error(ErrorCode::BrokenStream, err.message).await;
                             break false;
                         }
                         Some(Ok(bytes)) => {
@@ -201,13 +237,14 @@ impl NodeRuntime {
                             let (bytes, next) = coalesce(bytes, &mut body, yield_for_more).await;
                             observer.feed(&bytes);
                             if !send_body(&mut out, &credit, &cancel, bytes).await {
+                                out.cancelled().await;
                                 return self.end_tunnel(&request.request_id);
                             }
                             match next {
                                 Pending::Nothing => {}
                                 Pending::End => break true,
                                 Pending::Error(err) => {
-                                    out.error("provider_stream_error", err.message).await;
+                                    out.error(ErrorCode::BrokenStream, err.message).await;
                                     break false;
                                 }
                             }
@@ -225,7 +262,7 @@ impl NodeRuntime {
                     if let Some(usage) = &usage_seen {
                         out.send(Frame::Usage(*usage)).await;
                     }
-                    out.send(Frame::End(pb::TunnelEnd {})).await;
+                    out.end().await;
                 }
             }
         }

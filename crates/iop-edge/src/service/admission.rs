@@ -9,12 +9,32 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use crate::lease::{Lane, LeaseId};
-use crate::queue::{Admission, Dispatch, Grant, Scheduler, WaiterId};
+use iop_proto::ErrorCode;
+
+use crate::lease::{Lane, LeaseId, ProviderKey};
+use crate::queue::{Admission, Dispatch, Exclusion, Grant, Scheduler, WaiterId};
 use crate::registry::Generation;
 
 /// Suggested wait before retrying after a full queue (the `Retry-After` header).
 pub const RETRY_AFTER_SECS: u64 = 1;
+/// How long a request pinned to one provider (a native run) waits for a slot.
+pub const DIRECT_TIMEOUT: Duration = Duration::from_secs(crate::config::DEFAULT_QUEUE_TIMEOUT_SEC);
+
+/// What a request waits for: a slot on any member of a model group, or on one provider.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    Group(&'a str),
+    Provider(&'a ProviderKey),
+}
+
+impl Target<'_> {
+    fn name(&self) -> String {
+        match self {
+            Target::Group(name) => name.to_string(),
+            Target::Provider(key) => format!("{}/{}", key.node, key.provider),
+        }
+    }
+}
 
 /// Why a request got no slot.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -29,6 +49,23 @@ pub enum AdmitError {
     Timeout { group: String, waited: Duration },
     #[error("model `{group}` is unavailable: {reason}")]
     Unavailable { group: String, reason: String },
+    /// Every member that could serve the request already failed it.
+    #[error("every member of model `{group}` failed this request")]
+    Exhausted { group: String },
+}
+
+impl AdmitError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            AdmitError::UnknownGroup(_) => ErrorCode::ModelNotFound,
+            AdmitError::NoCapacityInLane { .. } => ErrorCode::ContextLengthExceeded,
+            AdmitError::QueueFull { .. } => ErrorCode::QueueFull,
+            AdmitError::Timeout { .. } => ErrorCode::QueueTimeout,
+            AdmitError::Unavailable { .. } | AdmitError::Exhausted { .. } => {
+                ErrorCode::ModelUnavailable
+            }
+        }
+    }
 }
 
 /// A held slot. Dropping it returns the slot (once; a slot already returned by a node
@@ -119,7 +156,7 @@ impl AdmissionControl {
     /// removed groups end with an error; waiters the new capacity lets through run now.
     pub fn reconfigure(
         self: &Arc<Self>,
-        plan: crate::service::reload::AdmissionPlan,
+        plan: crate::service::plan::AdmissionPlan,
         online: &std::collections::HashMap<String, Generation>,
     ) {
         let (orphaned, woken) =
@@ -139,18 +176,33 @@ impl AdmissionControl {
         }
     }
 
-    /// Waits for a slot of `lane` in `group`, up to the group's queue timeout.
+    /// Waits for a slot of `lane` on `target`, up to its queue timeout, never on a member
+    /// `exclude` names (under that generation).
     pub async fn acquire(
         self: &Arc<Self>,
-        group: &str,
+        target: Target<'_>,
         lane: Lane,
+        exclude: &[Exclusion],
     ) -> Result<Admitted, AdmitError> {
-        let Some(policy) = self.policy(group) else {
-            return Err(AdmitError::UnknownGroup(group.to_string()));
+        let group = target.name();
+        let timeout = match target {
+            Target::Group(name) => match self.policy(name) {
+                Some(policy) => policy.timeout,
+                None => return Err(AdmitError::UnknownGroup(group)),
+            },
+            Target::Provider(_) => DIRECT_TIMEOUT,
         };
         let started = Instant::now();
         let (tx, mut rx) = oneshot::channel();
-        let admission = self.scheduler.lock().admit(group, lane, (tx, started));
+        let admission = {
+            let mut scheduler = self.scheduler.lock();
+            match target {
+                Target::Group(name) => {
+                    scheduler.admit_excluding(name, lane, (tx, started), exclude)
+                }
+                Target::Provider(key) => scheduler.admit_direct(key, lane, (tx, started)),
+            }
+        };
         let id = match admission {
             Admission::Granted(grant) => {
                 return Ok(Admitted {
@@ -161,33 +213,28 @@ impl AdmissionControl {
             }
             Admission::Queued(id) => id,
             Admission::QueueFull { max_waiting } => {
-                return Err(AdmitError::QueueFull {
-                    group: group.to_string(),
-                    max_waiting,
-                });
+                return Err(AdmitError::QueueFull { group, max_waiting });
             }
             Admission::NoCapacityInLane => {
-                return Err(AdmitError::NoCapacityInLane {
-                    group: group.to_string(),
-                    lane,
-                });
+                return Err(AdmitError::NoCapacityInLane { group, lane });
             }
-            Admission::UnknownGroup => return Err(AdmitError::UnknownGroup(group.to_string())),
+            Admission::Exhausted => return Err(AdmitError::Exhausted { group }),
+            Admission::UnknownGroup => return Err(AdmitError::UnknownGroup(group)),
         };
-        tracing::debug!(model_group = group, lane = lane.as_str(), "request queued");
+        tracing::debug!(model_group = %group, lane = lane.as_str(), "request queued");
         let mut waiter = QueuedWaiter {
             control: self,
             id,
             active: true,
         };
-        let outcome = match tokio::time::timeout(policy.timeout, &mut rx).await {
+        let outcome = match tokio::time::timeout(timeout, &mut rx).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(_)) => Err("the edge dropped the request".to_string()),
             Err(_) => {
                 waiter.active = false;
                 if self.scheduler.lock().cancel_waiter(id).is_some() {
                     return Err(AdmitError::Timeout {
-                        group: group.to_string(),
+                        group,
                         waited: started.elapsed(),
                     });
                 }
@@ -199,10 +246,7 @@ impl AdmissionControl {
             }
         };
         waiter.active = false;
-        outcome.map_err(|reason| AdmitError::Unavailable {
-            group: group.to_string(),
-            reason,
-        })
+        outcome.map_err(|reason| AdmitError::Unavailable { group, reason })
     }
 
     fn guard(self: &Arc<Self>, lease: LeaseId) -> LeaseGuard {

@@ -6,6 +6,7 @@
 //! connections its own task drives ([`super::plain`]); HTTPS providers go through reqwest
 //! there too.
 
+use iop_proto::ErrorCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +56,8 @@ pub const DEFAULT_HEAD_TIMEOUT: Duration = Duration::from_secs(600);
 pub struct HttpProvider {
     pub id: String,
     base_url: String,
+    /// The base URL's `host:port`, kept out of messages that reach clients.
+    authority: String,
     headers: HeaderMap,
     head_timeout: Duration,
     client: reqwest::Client,
@@ -99,6 +102,10 @@ impl HttpProvider {
         }
         Ok(Self {
             id: spec.id.clone(),
+            authority: parsed
+                .authority()
+                .map(|a| a.as_str().to_string())
+                .unwrap_or_default(),
             base_url,
             headers,
             head_timeout: if spec.request_timeout_sec > 0 {
@@ -188,7 +195,7 @@ impl HttpProvider {
         let target = format!("{}{path}", plain.path_prefix);
         let uri: http::Uri = target.parse().map_err(|e| {
             AdapterError::new(
-                "bad_request",
+                ErrorCode::BadRequest,
                 format!("provider {}: bad path {path:?}: {e}", self.id),
             )
         })?;
@@ -204,20 +211,16 @@ impl HttpProvider {
                 map.insert(name, value);
             }
         }
-        let request = request
-            .body(Full::new(body))
-            .map_err(|e| AdapterError::new("bad_request", format!("provider {}: {e}", self.id)))?;
+        let request = request.body(Full::new(body)).map_err(|e| {
+            AdapterError::new(ErrorCode::BadRequest, format!("provider {}: {e}", self.id))
+        })?;
         let response = match tokio::time::timeout(self.head_timeout, plain.pool.send(request)).await
         {
             Ok(Ok(response)) => response,
-            Ok(Err(err)) => {
-                let code = if err.is_connect() {
-                    "provider_unreachable"
-                } else {
-                    "provider_error"
-                };
-                return Err(AdapterError::new(code, self.chain(&err)));
+            Ok(Err(err)) if err.is_connect() => {
+                return Err(self.failure(ErrorCode::ProviderUnreachable, "is unreachable", &err));
             }
+            Ok(Err(err)) => return Err(self.failure(ErrorCode::ProviderError, "failed", &err)),
             Err(_) => return Err(self.head_timeout_error()),
         };
         let (status, out_headers, sse) = head_of(response.status(), response.headers());
@@ -226,7 +229,7 @@ impl HttpProvider {
             .into_body()
             .map(move |r| {
                 r.map_err(|e: PlainError| {
-                    AdapterError::new("provider_stream_error", format!("provider {id}: {e}"))
+                    AdapterError::new(ErrorCode::BrokenStream, format!("provider {id}: {e}"))
                 })
             })
             .boxed();
@@ -241,7 +244,7 @@ impl HttpProvider {
 
     fn head_timeout_error(&self) -> AdapterError {
         AdapterError::new(
-            "provider_timeout",
+            ErrorCode::ProviderTimeout,
             format!(
                 "provider {} did not answer within {}s",
                 self.id,
@@ -250,27 +253,35 @@ impl HttpProvider {
         )
     }
 
-    /// `provider ID at URL: error: cause: cause…`
-    fn chain(&self, err: &dyn std::error::Error) -> String {
-        let mut message = format!("provider {} at {}: {err}", self.id, self.base_url);
+    /// An error saying what failed at which provider and the innermost cause (e.g.
+    /// `Connection refused`), never the provider's address: the message travels to clients.
+    /// The whole chain, address included, goes to the node's log.
+    fn failure(&self, code: ErrorCode, what: &str, err: &dyn std::error::Error) -> AdapterError {
+        let mut chain = format!("{err}");
+        let mut cause = chain.clone();
         let mut source = err.source();
         while let Some(inner) = source {
-            message.push_str(&format!(": {inner}"));
+            cause = inner.to_string();
+            chain.push_str(&format!(": {cause}"));
             source = inner.source();
         }
-        message
+        tracing::warn!(provider = %self.id, url = %self.base_url, error = %chain, "provider request failed");
+        let mut cause = cause.replace(&self.base_url, "(provider)");
+        if !self.authority.is_empty() {
+            cause = cause.replace(&self.authority, "(provider)");
+        }
+        AdapterError::new(code, format!("provider {} {what}: {cause}", self.id))
     }
 
     /// Maps a failed request to an error that says what went wrong where.
     pub fn transport_error(&self, err: &reqwest::Error) -> AdapterError {
-        let code = if err.is_timeout() {
-            "provider_timeout"
+        if err.is_timeout() {
+            self.failure(ErrorCode::ProviderTimeout, "timed out", err)
         } else if err.is_connect() {
-            "provider_unreachable"
+            self.failure(ErrorCode::ProviderUnreachable, "is unreachable", err)
         } else {
-            "provider_error"
-        };
-        AdapterError::new(code, self.chain(err))
+            self.failure(ErrorCode::ProviderError, "failed", err)
+        }
     }
 
     /// An error for a non-success status, with the provider's own message if it gave one.
@@ -285,13 +296,8 @@ impl HttpProvider {
                     .and_then(|m| m.as_str().map(String::from))
             })
             .unwrap_or_else(|| body.chars().take(300).collect());
-        let code = match status.as_u16() {
-            400 | 422 => "bad_request",
-            401 | 403 => "provider_auth",
-            404 => "unknown_target",
-            429 => "capacity",
-            _ => "provider_error",
-        };
+        let code =
+            ErrorCode::from_provider_status(status.as_u16()).unwrap_or(ErrorCode::ProviderError);
         AdapterError::new(
             code,
             format!("provider {} returned {status}: {detail}", self.id),

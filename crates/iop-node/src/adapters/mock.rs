@@ -8,6 +8,7 @@
 //!   synthesize one);
 //! - `mock-hang` starts and then waits until cancelled.
 
+use iop_proto::ErrorCode;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -66,7 +67,7 @@ impl Adapter for MockAdapter {
             }
             if input.target.contains("mock-error") && i == tokens / 2 {
                 return Err(AdapterError::new(
-                    "provider_error",
+                    ErrorCode::ProviderError,
                     format!("mock failure after {i} tokens (target {})", input.target),
                 ));
             }
