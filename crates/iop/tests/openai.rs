@@ -511,13 +511,26 @@ async fn client_errors_come_back_in_openai_error_shape() {
 async fn provider_failures_become_useful_errors() {
     let s = setup().await;
     let url = s.edge.url("/v1/chat/completions");
-    // Connection refused.
-    let (status, _, body) = post(&url, &chat("dead", false)).await;
-    assert_eq!(status, 502, "{body}");
+    // Connection refused: the reason and the cause, never the provider's address. The
+    // group's only member failed, so there was nothing to retry on.
+    let response = client()
+        .post(&url)
+        .json(&chat("dead", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 502);
+    assert_eq!(response.headers()["x-iop-error"], "provider_unreachable");
+    assert_eq!(response.headers()["x-iop-attempts"], "1");
+    let body = response.text().await.unwrap();
     let e = error_of(&body);
     assert_eq!(e["code"], "provider_unreachable");
     let message = e["message"].as_str().unwrap();
-    assert!(message.contains("127.0.0.1:9"), "{e}");
+    assert!(
+        !message.contains("127.0.0.1") && !message.contains(":9"),
+        "{e}"
+    );
+    assert!(message.contains("provider dead is unreachable"), "{e}");
     assert_eq!(message.matches("refused").count(), 1, "{e}");
     // Timeout waiting for the provider.
     let (status, _, body) = post(&url, &chat("hang", false)).await;

@@ -483,7 +483,14 @@ impl Drop for RunStream {
         let failure = inner.failure.unwrap_or(ErrorCode::ClientAbort);
         inner.conclude(Some(failure));
         if !inner.cancel_sent {
-            tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, reason = failure.as_str(), "run given up: cancelling it on the node");
+            match failure {
+                ErrorCode::ClientAbort => {
+                    tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, "client went away: cancelling run")
+                }
+                other => {
+                    tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, reason = other.as_str(), "run given up: cancelling it on the node")
+                }
+            }
         }
         inner.send_cancel(match failure {
             ErrorCode::ClientAbort => "client disconnected",

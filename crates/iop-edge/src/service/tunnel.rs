@@ -399,7 +399,14 @@ impl Drop for TunnelStream {
         let failure = inner.failure.unwrap_or(ErrorCode::ClientAbort);
         inner.conclude(Some(failure));
         if !inner.cancel_sent {
-            tracing::info!(node_id = %inner.session.node_id, request_id = %inner.request_id, reason = failure.as_str(), "tunnel given up: cancelling it on the node");
+            match failure {
+                ErrorCode::ClientAbort => {
+                    tracing::info!(node_id = %inner.session.node_id, request_id = %inner.request_id, "client went away: cancelling tunnel")
+                }
+                other => {
+                    tracing::info!(node_id = %inner.session.node_id, request_id = %inner.request_id, reason = other.as_str(), "tunnel given up: cancelling it on the node")
+                }
+            }
         }
         inner.send_cancel(match failure {
             ErrorCode::ClientAbort => "client disconnected",

@@ -87,7 +87,7 @@ nodes:
       - {{id: echo_once, kind: cli, cli: {{argv: [sh, "{d}/echo_once.sh"]}}}}
       - {{id: echo_session, kind: cli, cli: {{argv: [sh, "{d}/echo_session.sh"]}}}}
       - {{id: huge, kind: cli, cli: {{argv: [sh, "{d}/huge.sh"]}}}}
-      - {{id: slow, kind: mock, max_concurrency: 1000, mock: {{tokens: 2000, token_delay_ms: 20}}}}
+      - {{id: slow, kind: mock, capacity: {{normal: 1000}}, mock: {{tokens: 2000, token_delay_ms: 20}}}}
 "#
     );
     let edge = start_edge(&path, &config).await;
