@@ -68,6 +68,13 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
     if plan.model.contains("hang") {
         return hang(tracked).await;
     }
+    if plan.model.contains("rate-limit-429") {
+        tracked.finish();
+        return openai_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "mock provider rate limit (model rate-limit-429)",
+        );
+    }
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body
         .pointer("/stream_options/include_usage")
@@ -162,6 +169,20 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
     }
     if plan.model.contains("torn-mid-stream") {
         return sse_response(torn(events, tracked));
+    }
+    if plan.model.contains("stall-after-head") {
+        // The head and the first two events, then silence until the client goes away.
+        events.truncate(2);
+        let head = stream::iter(
+            events
+                .into_iter()
+                .map(|(_, text)| Ok::<_, std::io::Error>(Bytes::from(text))),
+        );
+        let silence = stream::once(async move {
+            let _tracked = tracked;
+            std::future::pending::<Result<Bytes, std::io::Error>>().await
+        });
+        return sse_response(Body::from_stream(head.chain(silence)));
     }
     sse_response(paced(events, tracked))
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod node_wire;
+pub mod sdk;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
