@@ -166,6 +166,11 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
             events.push((Duration::ZERO, format!("data: {c}\n\n")));
         }
         events.push((Duration::ZERO, "data: [DONE]\n\n".to_string()));
+        if plan.model.contains("lingering") {
+            // The body ends a while after its last event, as servers that finish a chunked
+            // response late: a client that stops at [DONE] is gone before the end.
+            events.push((Duration::from_millis(100), String::new()));
+        }
     }
     if plan.model.contains("torn-mid-stream") {
         return sse_response(torn(events, tracked));

@@ -44,9 +44,9 @@ nodes:
       - {id: busy, kind: mock, capacity: {normal: 2}, mock: {tokens: 8, token_delay_ms: 2}}
       - {id: spare, kind: openai_compat, base_url: "{oa}", capacity: {normal: 2}}
 model_groups:
-  - {name: wide, members: [{node: n1, provider: wide, model: mock-model}]}
-  - {name: narrow, members: [{node: n1, provider: narrow, model: mock-model}]}
-  - {name: shared, members: [{node: n1, provider: busy, model: m}, {node: n1, provider: spare, model: mock-model}]}
+  - {name: wide, members: [{node: n1, provider: wide, model: lingering}]}
+  - {name: narrow, members: [{node: n1, provider: narrow, model: lingering}]}
+  - {name: shared, members: [{node: n1, provider: busy, model: m}, {node: n1, provider: spare, model: lingering}]}
 "#;
 
 #[tokio::test]
@@ -73,7 +73,8 @@ async fn the_openai_sdk_streaming_at_twice_the_capacity_never_meets_a_full_node_
         }
     };
     // Capacity 4, eight SDK clients: the slot goes to the next stream only once the node
-    // freed it, although the SDK closes each stream at [DONE] before the node's end frame.
+    // freed it, although the SDK closes each stream at [DONE], well before the provider
+    // (`lingering`) ends its response and the node its tunnel.
     sdk("wide", "8").await;
     // Capacity 4 but the node's gate (max_concurrency) is 1: the edge never sends more.
     sdk("narrow", "8").await;

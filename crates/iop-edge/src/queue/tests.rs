@@ -315,7 +315,8 @@ fn a_retry_never_gets_a_member_that_failed_it_under_the_same_generation() {
     let mut woken = Vec::new();
     s.release(first.lease, &mut woken);
     // The retry goes to the other member, whichever the round-robin would pick.
-    let retry = granted(s.admit_excluding("g", Lane::Normal, "retry", std::slice::from_ref(&failed_on)));
+    let retry =
+        granted(s.admit_excluding("g", Lane::Normal, "retry", std::slice::from_ref(&failed_on)));
     assert_ne!(retry.node, failed_on.key.node);
     // With the other member busy, the retry waits rather than taking the failed one...
     let blocked = s.admit_excluding("g", Lane::Normal, "again", std::slice::from_ref(&failed_on));
