@@ -176,15 +176,18 @@ impl AdmissionControl {
         }
     }
 
-    /// Waits for a slot of `lane` on `target`, up to its queue timeout, never on a member
-    /// `exclude` names (under that generation).
+    /// Waits for a slot of `lane` on `target`, up to its queue timeout (or `until`, for a
+    /// retry that already spent part of it), never on a member `exclude` names (under that
+    /// generation).
     pub async fn acquire(
         self: &Arc<Self>,
         target: Target<'_>,
         lane: Lane,
         exclude: &[Exclusion],
+        until: Option<Instant>,
     ) -> Result<Admitted, AdmitError> {
         let group = target.name();
+        let started = Instant::now();
         let timeout = match target {
             Target::Group(name) => match self.policy(name) {
                 Some(policy) => policy.timeout,
@@ -192,7 +195,10 @@ impl AdmissionControl {
             },
             Target::Provider(_) => DIRECT_TIMEOUT,
         };
-        let started = Instant::now();
+        let timeout = match until {
+            Some(until) => until.saturating_duration_since(started).min(timeout),
+            None => timeout,
+        };
         let (tx, mut rx) = oneshot::channel();
         let admission = {
             let mut scheduler = self.scheduler.lock();

@@ -228,7 +228,10 @@ impl Edge {
         };
         let lane = lane_for(policy.long_context_tokens, request.lane);
         let settings = self.config().dispatch.clone();
-        self.retry_budget.lock().record_request(Instant::now());
+        let started = Instant::now();
+        // Retries wait in the queue only for what is left of the group's timeout.
+        let queue_until = started + policy.timeout;
+        self.retry_budget.lock().record_request(started);
         let mut exclude: Vec<Exclusion> = Vec::new();
         let mut attempts = 0u32;
         let mut last: Option<SubmitError> = None;
@@ -236,14 +239,18 @@ impl Edge {
         loop {
             let admitted = match self
                 .admission
-                .acquire(Target::Group(group), lane, &exclude)
+                .acquire(Target::Group(group), lane, &exclude, Some(queue_until))
                 .await
             {
                 Ok(admitted) => admitted,
                 Err(err) => {
                     let error = match (err, last.take()) {
-                        // Every member failed this request: its last failure says why.
-                        (AdmitError::Exhausted { .. }, Some(previous)) => previous,
+                        // Every member failed this request, or no other became free in
+                        // time: its last failure says why.
+                        (
+                            AdmitError::Exhausted { .. } | AdmitError::Timeout { .. },
+                            Some(previous),
+                        ) => previous,
                         (err, _) => err.into(),
                     };
                     meter.finish(Some(error.code()));

@@ -147,6 +147,15 @@ impl Edge {
                 known,
             });
         };
+        if !provider.enabled {
+            return Err(SubmitError::Failed {
+                code: ErrorCode::NotFound,
+                message: format!(
+                    "adapter `{}` of node `{node_id}` is disabled in the edge config",
+                    spec.adapter
+                ),
+            });
+        }
         let lane = if provider.capacity.normal > 0 {
             Lane::Normal
         } else {
@@ -160,7 +169,7 @@ impl Edge {
         drop(config);
         let admitted = self
             .admission
-            .acquire(Target::Provider(&key), lane, &[])
+            .acquire(Target::Provider(&key), lane, &[], None)
             .await?;
         let session = match self.session(&node_id) {
             Some(s) if s.generation == admitted.grant.generation => s,

@@ -174,8 +174,7 @@ impl TunnelStream {
 
     /// The next item if one is ready now, without waiting.
     pub fn next_ready(&mut self) -> Option<TunnelItem> {
-        use futures::FutureExt;
-        self.next().now_or_never().flatten()
+        self.inner_mut().next_ready()
     }
 
     /// Waits for the provider's response head; an error (or an ending before the head)
@@ -264,45 +263,69 @@ impl TunnelInner {
                     return Some(TunnelItem::Error(pb::TunnelError::new(code, message)));
                 }
             };
-            match frame {
-                Frame::Accepted(_) => self.deadlines.acknowledged(),
-                Frame::Status(status) => {
-                    self.deadlines.acknowledged();
-                    self.status = Some(status);
-                    return Some(TunnelItem::Status(status));
-                }
-                Frame::Headers(h) => {
-                    self.deadlines.began();
-                    return Some(TunnelItem::Headers(h.headers));
-                }
-                Frame::Body(bytes) => {
-                    self.credit.consumed_one(&self.edge, &self.session);
-                    if let Some(meter) = &mut self.meter {
-                        meter.first_token();
+            if let Some(item) = self.take(frame) {
+                return Some(item);
+            }
+        }
+        None
+    }
+
+    /// The next client-relevant frame if one is queued now (never waits, never touches a
+    /// timer); `None` also when the route is gone (the next `next` reports that).
+    fn next_ready(&mut self) -> Option<TunnelItem> {
+        while !self.done {
+            match self.rx.try_recv() {
+                Ok(Some(frame)) => {
+                    if let Some(item) = self.take(frame) {
+                        return Some(item);
                     }
-                    return Some(TunnelItem::Body(bytes));
                 }
-                Frame::End(_) => {
-                    let failure = self
-                        .status
-                        .and_then(|s| ErrorCode::from_provider_status(s as u16));
-                    self.node_ended(failure);
-                    return Some(TunnelItem::End);
+                Ok(None) | Err(()) => return None,
+            }
+        }
+        None
+    }
+
+    /// Takes one frame from the node: what the consumer gets of it, if anything.
+    fn take(&mut self, frame: Frame) -> Option<TunnelItem> {
+        match frame {
+            Frame::Accepted(_) => self.deadlines.acknowledged(),
+            Frame::Status(status) => {
+                self.deadlines.acknowledged();
+                self.status = Some(status);
+                return Some(TunnelItem::Status(status));
+            }
+            Frame::Headers(h) => {
+                self.deadlines.began();
+                return Some(TunnelItem::Headers(h.headers));
+            }
+            Frame::Body(bytes) => {
+                self.credit.consumed_one(&self.edge, &self.session);
+                if let Some(meter) = &mut self.meter {
+                    meter.first_token();
                 }
-                Frame::Error(err) => {
-                    self.node_ended(Some(err.error_code()));
-                    return Some(TunnelItem::Error(err));
-                }
-                Frame::Usage(usage) => {
-                    self.deadlines.acknowledged();
-                    self.usage = Some(usage);
-                }
-                Frame::Metadata(mut meta) => {
-                    self.deadlines.acknowledged();
-                    tracing::trace!(request_id = %self.request_id, ?meta.entries, "tunnel metadata");
-                    if let Some(model) = meta.entries.remove("model") {
-                        self.served_model = Some(model);
-                    }
+                return Some(TunnelItem::Body(bytes));
+            }
+            Frame::End(_) => {
+                let failure = self
+                    .status
+                    .and_then(|s| ErrorCode::from_provider_status(s as u16));
+                self.node_ended(failure);
+                return Some(TunnelItem::End);
+            }
+            Frame::Error(err) => {
+                self.node_ended(Some(err.error_code()));
+                return Some(TunnelItem::Error(err));
+            }
+            Frame::Usage(usage) => {
+                self.deadlines.acknowledged();
+                self.usage = Some(usage);
+            }
+            Frame::Metadata(mut meta) => {
+                self.deadlines.acknowledged();
+                tracing::trace!(request_id = %self.request_id, ?meta.entries, "tunnel metadata");
+                if let Some(model) = meta.entries.remove("model") {
+                    self.served_model = Some(model);
                 }
             }
         }
