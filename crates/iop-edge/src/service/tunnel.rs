@@ -307,9 +307,11 @@ impl TunnelInner {
                 return Some(TunnelItem::Body(bytes));
             }
             Frame::End(_) => {
-                let failure = self
-                    .status
-                    .and_then(|s| ErrorCode::from_provider_status(s as u16));
+                let failure = match self.status {
+                    Some(status) => ErrorCode::from_provider_status(status as u16),
+                    // An ending without a response head is not a response.
+                    None => Some(ErrorCode::BadUpstreamResponse),
+                };
                 self.node_ended(failure);
                 return Some(TunnelItem::End);
             }
