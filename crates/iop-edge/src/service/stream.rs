@@ -4,7 +4,10 @@
 //! first token exactly once, and the limits a stream is opened with.
 //!
 //! Timers are touched only when a stream has nothing queued: a frame that is already
-//! there is taken without a clock read or a timer, so a burst costs nothing extra.
+//! there is taken without a clock read or a timer, so a burst costs nothing extra. And the
+//! idle timer is not moved per frame: it stays armed at an earlier deadline, and when it
+//! fires before the current one it is re-armed once — one timer update per idle period,
+//! not one per token.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -62,7 +65,8 @@ pub struct Deadlines {
     ack_by: Option<Instant>,
     /// Whether the response began (the idle timeout applies).
     began: bool,
-    sleep: Option<Pin<Box<Sleep>>>,
+    /// The timer and the deadline it is armed for.
+    sleep: Option<(Pin<Box<Sleep>>, Instant)>,
 }
 
 impl Deadlines {
@@ -107,19 +111,36 @@ impl Deadlines {
             (None, true) => (Instant::now() + self.limits.idle_timeout, Expired::Idle),
             (None, false) => return Ok(rx.recv().await),
         };
-        let sleep = match &mut self.sleep {
-            Some(sleep) => {
-                sleep.as_mut().reset(deadline);
-                sleep
+        let (sleep, armed) = match &mut self.sleep {
+            Some((sleep, armed)) => {
+                // Armed earlier than needed is fine (it is re-armed when it fires); armed
+                // later than needed is not.
+                if *armed > deadline {
+                    sleep.as_mut().reset(deadline);
+                    *armed = deadline;
+                }
+                (sleep, armed)
             }
-            None => self
-                .sleep
-                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+            None => {
+                let (sleep, armed) = self
+                    .sleep
+                    .insert((Box::pin(tokio::time::sleep_until(deadline)), deadline));
+                (sleep, armed)
+            }
         };
-        tokio::select! {
-            biased;
-            item = rx.recv() => Ok(item),
-            _ = sleep.as_mut() => Err(which),
+        loop {
+            tokio::select! {
+                biased;
+                item = rx.recv() => return Ok(item),
+                _ = sleep.as_mut() => {
+                    if Instant::now() >= deadline {
+                        return Err(which);
+                    }
+                    // Fired for an earlier wait's deadline: wait out this one.
+                    sleep.as_mut().reset(deadline);
+                    *armed = deadline;
+                }
+            }
         }
     }
 }
@@ -258,6 +279,32 @@ mod tests {
         }
         assert_eq!(d.recv(&mut rx).await.unwrap_err(), Expired::Idle);
         assert_eq!(started.elapsed(), Duration::from_secs(90));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_keeps_talking_never_expires_and_silence_ends_it_on_time() {
+        let s = std::sync::Arc::new(session());
+        let mut rx = s.open_run("r").unwrap();
+        let mut d = Deadlines::new(limits());
+        d.began();
+        // A frame every 20 s arrives while the consumer waits: 10 of them, 200 s in all,
+        // longer than the 30 s idle timeout many times over.
+        let feeder = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    tokio::time::sleep(Duration::from_secs(20)).await;
+                    s.deliver_run_event(event(iop_proto::pb::RunEventKind::Delta));
+                }
+            })
+        };
+        for _ in 0..10 {
+            assert!(d.recv(&mut rx).await.unwrap().is_some());
+        }
+        feeder.await.unwrap();
+        let last = Instant::now();
+        assert_eq!(d.recv(&mut rx).await.unwrap_err(), Expired::Idle);
+        assert_eq!(last.elapsed(), Duration::from_secs(30));
     }
 
     #[tokio::test(start_paused = true)]
