@@ -76,8 +76,12 @@ async fn setup() -> Setup {
         std::fs::write(path.join(name), body).unwrap();
     }
     let d = path.display();
+    // A generous header timeout: the abort storm below opens 250 connections at once,
+    // which an edge on a loaded 2-core machine may take longer than the default 10 s to
+    // read; this suite is about runs and sessions, not slow clients.
     let config = format!(
         r#"
+limits: {{http: {{header_timeout_sec: 120}}}}
 nodes:
   - id: n1
     token: t1-long-enough-token
