@@ -88,6 +88,9 @@ pub struct EdgeConfig {
     /// Provider health probes (by the nodes) and passive ejection (by the edge).
     #[serde(default)]
     pub health: HealthConfig,
+    /// Attempts, retry budget and the node's acknowledgement deadline.
+    #[serde(default)]
+    pub dispatch: DispatchConfig,
 }
 
 /// How the node listener secures connections.
@@ -227,8 +230,10 @@ impl Default for LimitsConfig {
     }
 }
 
+pub mod dispatch;
 pub mod health;
 pub mod node_limits;
+pub use dispatch::DispatchConfig;
 pub use health::{EjectionConfig, HealthConfig, ProviderHealthConfig};
 pub use node_limits::NodeLimitsConfig;
 
@@ -328,6 +333,10 @@ pub struct ProviderConfig {
     pub api_key: Option<String>,
     #[serde(default)]
     pub request_timeout_sec: Option<u32>,
+    /// Seconds the provider's stream may stay silent once its response began (default
+    /// 300); a longer stall ends the request with `provider_idle_timeout`.
+    #[serde(default)]
+    pub idle_timeout_sec: Option<u32>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
@@ -372,6 +381,15 @@ impl ProviderConfig {
     /// Whether streamed tunnel requests ask this provider for usage the client did not.
     pub fn injects_stream_usage(&self) -> bool {
         self.kind.is_tunnel() && self.tunnel_usage.unwrap_or_default() == TunnelUsage::Inject
+    }
+
+    /// How long the provider's stream may stay silent once its response began.
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.idle_timeout_sec
+                .unwrap_or(dispatch::DEFAULT_IDLE_TIMEOUT_SEC)
+                .into(),
+        )
     }
 }
 
@@ -609,6 +627,9 @@ impl EdgeConfig {
         self.health
             .validate()
             .map_err(|(field, msg)| (format!("health.{field}"), msg))?;
+        self.dispatch
+            .validate()
+            .map_err(|(field, msg)| (format!("dispatch.{field}"), msg))?;
         self.auth.validate(&self.model_groups)?;
         self.validate_tls()?;
         let mut node_ids = HashSet::new();
@@ -875,6 +896,17 @@ fn validate_provider(p: &ProviderConfig) -> Result<(), (String, String)> {
         if value > MAX_CAPACITY {
             return err(field, format!("must be at most {MAX_CAPACITY}"));
         }
+    }
+    if let Some(n) = p.idle_timeout_sec
+        && !(1..=dispatch::MAX_IDLE_TIMEOUT_SEC).contains(&n)
+    {
+        return err(
+            "idle_timeout_sec",
+            format!(
+                "{n} is out of range: give 1 to {} seconds",
+                dispatch::MAX_IDLE_TIMEOUT_SEC
+            ),
+        );
     }
     match p.max_concurrency {
         Some(0) => return err("max_concurrency", "must be positive".into()),

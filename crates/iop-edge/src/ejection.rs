@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use iop_proto::pb;
+use iop_proto::{ErrorCode, Fault};
 
 /// When to eject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,53 +56,25 @@ impl ProviderOutcome {
         }
     }
 
-    /// A tunnel that ended with its end frame after `status`.
-    pub fn of_tunnel_end(status: Option<u32>) -> Self {
-        match status {
-            Some(s) if (200..300).contains(&s) => ProviderOutcome::Success,
-            Some(s) if s >= 500 => ProviderOutcome::failure(format!("HTTP {s}")),
-            _ => ProviderOutcome::Neutral,
-        }
-    }
-
-    /// A tunnel that ended with an error frame (`code`), after `status` if one came.
-    pub fn of_tunnel_error(code: &str, status: Option<u32>) -> Self {
-        if is_provider_failure(code) {
-            return ProviderOutcome::failure(code);
-        }
-        match status {
-            Some(s) if s >= 500 => ProviderOutcome::failure(format!("HTTP {s}")),
-            _ => ProviderOutcome::Neutral,
-        }
-    }
-
-    /// A run's terminal event.
-    pub fn of_run_terminal(event: &pb::RunEvent) -> Self {
-        match event.kind() {
-            pb::RunEventKind::Complete => ProviderOutcome::Success,
-            pb::RunEventKind::Error => {
-                let code = event.error.as_ref().map_or("", |e| e.code.as_str());
-                if is_provider_failure(code) {
-                    ProviderOutcome::failure(code)
-                } else {
-                    ProviderOutcome::Neutral
-                }
-            }
-            _ => ProviderOutcome::Neutral,
+    /// How an attempt went for its provider, from why it ended: `None` for a response
+    /// that ended cleanly with a success status, else its typed reason. Only the
+    /// provider's own server-side failures count against it (unreachable, 5xx, timed out,
+    /// stalled or broken streams, a CLI program that would not start or failed); a 4xx,
+    /// a 429, refused credentials, the client leaving, the node's link or gate say
+    /// nothing about the provider.
+    pub fn of(failure: Option<ErrorCode>) -> Self {
+        match failure {
+            None => ProviderOutcome::Success,
+            Some(code) if counts_against_provider(code) => ProviderOutcome::failure(code.as_str()),
+            Some(_) => ProviderOutcome::Neutral,
         }
     }
 }
 
-/// Error codes of nodes and adapters that blame the provider itself.
-fn is_provider_failure(code: &str) -> bool {
-    matches!(
-        code,
-        "provider_unreachable"
-            | "provider_timeout"
-            | "provider_error"
-            | "provider_stream_error"
-            | "cli_spawn"
-    )
+/// Whether a failure with `code` blames the provider itself: its fault, and a 5xx-class
+/// reason other than refused credentials.
+pub fn counts_against_provider(code: ErrorCode) -> bool {
+    code.fault() == Fault::Provider && code.status() >= 500 && code != ErrorCode::ProviderAuth
 }
 
 /// What recording an outcome did.
@@ -395,51 +367,42 @@ mod tests {
 
     #[test]
     fn outcomes_are_classified_by_who_is_at_fault() {
+        use ErrorCode::*;
         use ProviderOutcome as O;
-        assert_eq!(O::of_tunnel_end(Some(200)), O::Success);
-        assert_eq!(O::of_tunnel_end(Some(503)), O::failure("HTTP 503"));
-        for status in [400, 404, 429] {
-            assert_eq!(O::of_tunnel_end(Some(status)), O::Neutral, "{status}");
-        }
-        assert_eq!(
-            O::of_tunnel_error("provider_unreachable", None),
-            O::failure("provider_unreachable")
-        );
-        assert_eq!(
-            O::of_tunnel_error("provider_stream_error", Some(200)),
-            O::failure("provider_stream_error")
-        );
+        assert_eq!(O::of(None), O::Success);
         for code in [
-            "capacity",
-            "node_disconnected",
-            "unknown_adapter",
-            "bad_request",
+            ProviderUnreachable,
+            ProviderError,
+            BrokenStream,
+            ProviderIdleTimeout,
+            ProviderTimeout,
+            ProviderOverloaded,
+            BadUpstreamResponse,
+            CliSpawn,
         ] {
-            assert_eq!(O::of_tunnel_error(code, None), O::Neutral, "{code}");
+            assert_eq!(O::of(Some(code)), O::failure(code.as_str()), "{code:?}");
         }
-        let run = |kind: pb::RunEventKind, code: &str| pb::RunEvent {
-            kind: kind as i32,
-            error: Some(pb::RunError {
-                code: code.into(),
-                message: String::new(),
-            }),
-            ..Default::default()
-        };
-        assert_eq!(
-            O::of_run_terminal(&run(pb::RunEventKind::Complete, "")),
-            O::Success
-        );
-        assert_eq!(
-            O::of_run_terminal(&run(pb::RunEventKind::Error, "provider_error")),
-            O::failure("provider_error")
-        );
-        assert_eq!(
-            O::of_run_terminal(&run(pb::RunEventKind::Error, "capacity")),
-            O::Neutral
-        );
-        assert_eq!(
-            O::of_run_terminal(&run(pb::RunEventKind::Cancelled, "")),
-            O::Neutral
-        );
+        for code in [
+            ProviderRateLimited,
+            ProviderAuth,
+            BadRequest,
+            UnknownTarget,
+            ClientAbort,
+            Cancelled,
+            NodeDisconnected,
+            NodeCapacity,
+            NodeTimeout,
+            UnknownAdapter,
+        ] {
+            assert_eq!(O::of(Some(code)), O::Neutral, "{code:?}");
+        }
+        // A provider's HTTP status, as a tunnel ending after it is classified.
+        let of_status = |s: u16| O::of(ErrorCode::from_provider_status(s));
+        assert_eq!(of_status(200), O::Success);
+        assert_eq!(of_status(503), O::failure("provider_overloaded"));
+        assert_eq!(of_status(500), O::failure("provider_error"));
+        for status in [400, 401, 404, 429] {
+            assert_eq!(of_status(status), O::Neutral, "{status}");
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! Provider lease accounting: one account per `(node_id, provider_id)`, counting normal and
 //! long in-flight requests against the provider's configured capacity, shared by every
-//! model group that references the provider.
+//! model group that references the provider (and by native runs on it). The account's
+//! total in flight is also bounded by the node's gate for that adapter (`max_concurrency`),
+//! so the edge never dispatches more than the node would take.
 //!
 //! Pure state, no I/O. A lease is released at most once: [`Leases::release`] of a lease
 //! that is no longer live (already released, or fenced by a disconnect) does nothing. An
@@ -81,11 +83,23 @@ pub struct AccountId(pub usize);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(pub u64);
 
+/// One provider as the accounts see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountSpec {
+    pub key: ProviderKey,
+    pub capacity: LaneCounts,
+    /// Requests in flight across both lanes at most (the node's gate, `max_concurrency`).
+    pub max_in_flight: u32,
+    pub enabled: bool,
+}
+
 #[derive(Debug)]
 struct Account {
     key: ProviderKey,
     capacity: LaneCounts,
     in_flight: LaneCounts,
+    /// Both lanes together never exceed this (the node's gate).
+    max_in_flight: u32,
     enabled: bool,
     /// The dispatch-ready generation serving this account, if any.
     online: Option<Generation>,
@@ -143,9 +157,19 @@ impl Leases {
             key,
             capacity,
             in_flight: LaneCounts::default(),
+            max_in_flight: u32::MAX,
             enabled,
             online: None,
         });
+        id
+    }
+
+    /// Sets everything about a provider (config load and reload), adding its account if it
+    /// is new. Leases in flight stay counted; lowered limits only stop new grants until
+    /// the in-flight counts drop below them.
+    pub fn apply(&mut self, spec: &AccountSpec) -> AccountId {
+        let id = self.configure(spec.key.clone(), spec.capacity, spec.enabled);
+        self.accounts[id.0].max_in_flight = spec.max_in_flight;
         id
     }
 
@@ -191,15 +215,18 @@ impl Leases {
         self.serves(id, Lane::Normal) || self.serves(id, Lane::Long)
     }
 
+    /// Whether the account has a free slot of `lane` (and its node's gate room for one
+    /// more request).
+    pub fn has_free(&self, id: AccountId, lane: Lane) -> bool {
+        let a = &self.accounts[id.0];
+        self.serves(id, lane)
+            && a.in_flight.get(lane) < a.capacity.get(lane)
+            && a.in_flight.total() < a.max_in_flight
+    }
+
     /// The dispatch-ready generation serving the account, if it is online.
     pub fn online_generation(&self, id: AccountId) -> Option<Generation> {
         self.accounts[id.0].online
-    }
-
-    /// Whether the account has a free slot of `lane`.
-    pub fn has_free(&self, id: AccountId, lane: Lane) -> bool {
-        let a = &self.accounts[id.0];
-        self.serves(id, lane) && a.in_flight.get(lane) < a.capacity.get(lane)
     }
 
     /// Whether the account is configured with capacity in `lane`, online or not.
@@ -398,6 +425,25 @@ mod tests {
         assert_eq!(l.view(id).capacity, LaneCounts::default());
         l.activate("n", G2);
         assert_eq!(l.view(id).capacity, LaneCounts { normal: 3, long: 1 });
+    }
+
+    #[test]
+    fn the_nodes_gate_bounds_both_lanes_together() {
+        let mut l = Leases::default();
+        let id = l.apply(&AccountSpec {
+            key: ProviderKey::new("n", "p"),
+            capacity: LaneCounts { normal: 4, long: 1 },
+            max_in_flight: 2,
+            enabled: true,
+        });
+        l.activate("n", G1);
+        let (a, _) = l.acquire(id, Lane::Normal).unwrap();
+        assert!(l.acquire(id, Lane::Long).is_some());
+        // Two in flight: the gate is full although both lanes have room on paper.
+        assert!(l.acquire(id, Lane::Normal).is_none());
+        assert!(!l.has_free(id, Lane::Normal));
+        l.release(a);
+        assert!(l.acquire(id, Lane::Normal).is_some());
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! admits requests against per-provider capacity with a queue, and serves the
 //! OpenAI-compatible API, the native runs API and the admin endpoints over HTTP.
 //!
-//! Pure state machines (`registry`, `lease`, `queue`, `health`, `ejection`) hold no I/O; `service` is their async
-//! shell and the single authority over node lifecycle; `transport` and `http` only move
-//! bytes to and from it.
+//! Pure state machines (`registry`, `lease`, `queue`, `health`, `ejection`,
+//! `retry_budget`) hold no I/O; `service` is their async shell, the single authority over
+//! node lifecycle and the dispatcher of requests; `transport` and `http` only move bytes to
+//! and from it.
 
 pub mod auth;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod payload;
 pub mod queue;
 pub mod registry;
+pub mod retry_budget;
 pub mod service;
 pub mod session;
 pub mod status;

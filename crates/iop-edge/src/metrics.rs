@@ -1,6 +1,12 @@
-//! Prometheus metrics (`GET /metrics`): request, queue-wait and usage counters recorded as
-//! things happen, plus capacity, in-flight, waiting and readiness gauges taken from the
-//! status snapshot at scrape time.
+//! Prometheus metrics (`GET /metrics`): request outcomes, request latency, time to first
+//! token, queue waits and usage recorded as things happen, plus capacity, in-flight,
+//! waiting and readiness gauges taken from the status snapshot at scrape time. Served in
+//! the Prometheus text format, or OpenMetrics when the scraper's `Accept` asks for it;
+//! every family has help text.
+//!
+//! A request's `outcome` is `ok` or the reason it failed (an `ErrorCode` name, e.g.
+//! `client_abort`, `provider_error`, `broken_stream`, `queue_full`), and `path` is how it
+//! was served (`tunnel`, `run`) or `none` when it never reached a member.
 //!
 //! Every label value comes from the config or from a fixed set: a model name no group has
 //! counts as `model_group="(unknown)"`, a key no longer configured as `api_key="(unknown)"`,
@@ -24,9 +30,10 @@ use crate::status::StatusSnapshot;
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub model_group: String,
-    /// `tunnel`, `run` or `none` (rejected before dispatch).
+    /// `tunnel`, `run` or `none` (never reached a member).
     pub path: String,
-    /// `ok`, `error`, `client_closed`, `queue_full`, `queue_timeout`, `unavailable` ...
+    /// `ok`, or the `ErrorCode` name that ended it: `client_abort`, `provider_error`,
+    /// `broken_stream`, `queue_full`, `provider_idle_timeout` ...
     pub outcome: String,
 }
 
@@ -116,6 +123,8 @@ pub struct Metrics {
     bounds: Mutex<LabelBounds>,
     requests: Family<RequestLabels, Counter>,
     queue_wait: Family<GroupLabels, Histogram>,
+    request_duration: Family<GroupLabels, Histogram>,
+    first_token: Family<GroupLabels, Histogram>,
     usage_tokens: Family<UsageLabels, Counter>,
     provider_capacity: Family<ProviderLaneLabels, Gauge>,
     provider_in_flight: Family<ProviderLaneLabels, Gauge>,
@@ -146,6 +155,16 @@ impl Metrics {
         let queue_wait = Family::<GroupLabels, Histogram>::new_with_constructor(|| {
             Histogram::new([0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
         });
+        let request_duration = Family::<GroupLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+            ])
+        });
+        let first_token = Family::<GroupLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ])
+        });
         let usage_tokens = Family::<UsageLabels, Counter>::default();
         let provider_capacity = Family::<ProviderLaneLabels, Gauge>::default();
         let provider_in_flight = Family::<ProviderLaneLabels, Gauge>::default();
@@ -153,13 +172,23 @@ impl Metrics {
         let node_ready = Family::<NodeLabels, Gauge>::default();
         registry.register(
             "requests",
-            "OpenAI-surface requests by outcome",
+            "OpenAI-surface requests by model group, path and outcome (ok or the error reason)",
             requests.clone(),
         );
         registry.register(
             "queue_wait_seconds",
             "Time requests waited for a provider slot",
             queue_wait.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time from a request's arrival to the end of its response (or its failure), per model group",
+            request_duration.clone(),
+        );
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from a request's arrival to its first output (token or body bytes) from the provider, per model group",
+            first_token.clone(),
         );
         registry.register(
             "usage_tokens",
@@ -215,6 +244,8 @@ impl Metrics {
             bounds: Mutex::new(LabelBounds::default()),
             requests,
             queue_wait,
+            request_duration,
+            first_token,
             usage_tokens,
             provider_capacity,
             provider_in_flight,
@@ -264,6 +295,20 @@ impl Metrics {
             .observe(waited.as_secs_f64());
     }
 
+    pub fn observe_request_duration(&self, model_group: &str, took: Duration) {
+        let model_group = self.bounds.lock().group(model_group);
+        self.request_duration
+            .get_or_create(&GroupLabels { model_group })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn observe_first_token(&self, model_group: &str, took: Duration) {
+        let model_group = self.bounds.lock().group(model_group);
+        self.first_token
+            .get_or_create(&GroupLabels { model_group })
+            .observe(took.as_secs_f64());
+    }
+
     pub fn record_usage(&self, usage: &UsageEvent) {
         let counts = [
             ("input", Some(usage.input_tokens)),
@@ -294,8 +339,8 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text exposition, with gauges taken from `snapshot`.
-    pub fn render(&self, snapshot: &StatusSnapshot) -> String {
+    /// The exposition in `format`, with gauges taken from `snapshot`.
+    pub fn render(&self, snapshot: &StatusSnapshot, format: Format) -> String {
         for node in &snapshot.nodes {
             self.node_ready
                 .get_or_create(&NodeLabels {
@@ -340,8 +385,87 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry.lock())
             .expect("writing to a String cannot fail");
-        out
+        match format {
+            Format::OpenMetrics => out,
+            Format::Prometheus => openmetrics_to_prometheus(&out),
+        }
     }
+}
+
+/// The exposition formats `/metrics` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The Prometheus text format 0.0.4 (the default).
+    Prometheus,
+    /// OpenMetrics 1.0, for scrapers whose `Accept` asks for it.
+    OpenMetrics,
+}
+
+impl Format {
+    /// The format an `Accept` header asks for.
+    pub fn negotiate(accept: Option<&str>) -> Self {
+        match accept {
+            Some(accept)
+                if accept
+                    .split(',')
+                    .any(|t| t.trim().starts_with("application/openmetrics-text")) =>
+            {
+                Format::OpenMetrics
+            }
+            _ => Format::Prometheus,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+/// Rewrites an OpenMetrics exposition as Prometheus text: counter families are described
+/// under their sample name (`x_total`, which is what Prometheus's parser looks up), and
+/// the `# EOF` and `# UNIT` lines go.
+fn openmetrics_to_prometheus(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut help: Option<&str> = None;
+    for line in text.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            if let Some(pending) = help.replace(line) {
+                out.push_str(pending);
+                out.push('\n');
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some(name) = rest.strip_suffix(" counter")
+        {
+            if let Some(pending) = help.take() {
+                let text = pending
+                    .strip_prefix("# HELP ")
+                    .and_then(|h| h.strip_prefix(name))
+                    .unwrap_or("");
+                out.push_str(&format!("# HELP {name}_total{text}\n"));
+            }
+            out.push_str(&format!("# TYPE {name}_total counter\n"));
+            continue;
+        }
+        if let Some(pending) = help.take() {
+            out.push_str(pending);
+            out.push('\n');
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if let Some(pending) = help {
+        out.push_str(pending);
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]
@@ -355,7 +479,7 @@ mod tests {
             leases: Default::default(),
         };
         metrics
-            .render(&snapshot)
+            .render(&snapshot, Format::Prometheus)
             .lines()
             .filter(|l| !l.starts_with('#'))
             .count()
@@ -371,11 +495,14 @@ mod tests {
             m.count_request(&format!("random-{i}"), "none", "model_not_found");
             m.observe_queue_wait(&format!("random-{i}"), Duration::from_millis(1));
         }
-        let text = m.render(&StatusSnapshot {
-            nodes: vec![],
-            model_groups: vec![],
-            leases: Default::default(),
-        });
+        let text = m.render(
+            &StatusSnapshot {
+                nodes: vec![],
+                model_groups: vec![],
+                leases: Default::default(),
+            },
+            Format::Prometheus,
+        );
         assert!(text.contains("model_group=\"(unknown)\""), "{text}");
         assert!(!text.contains("random-"), "{text}");
         // One new request series and one histogram for "(unknown)", whatever the count.
@@ -389,11 +516,14 @@ mod tests {
         for i in 0..1000 {
             m.count_request("g", "run", &format!("code-{i}"));
         }
-        let text = m.render(&StatusSnapshot {
-            nodes: vec![],
-            model_groups: vec![],
-            leases: Default::default(),
-        });
+        let text = m.render(
+            &StatusSnapshot {
+                nodes: vec![],
+                model_groups: vec![],
+                leases: Default::default(),
+            },
+            Format::Prometheus,
+        );
         assert!(text.contains("outcome=\"other\""));
         let requests = text
             .lines()
@@ -416,14 +546,79 @@ mod tests {
                 ..Default::default()
             });
         }
-        let text = m.render(&StatusSnapshot {
-            nodes: vec![],
-            model_groups: vec![],
-            leases: Default::default(),
-        });
+        let text = m.render(
+            &StatusSnapshot {
+                nodes: vec![],
+                model_groups: vec![],
+                leases: Default::default(),
+            },
+            Format::Prometheus,
+        );
         assert!(text.contains("api_key=\"alice\""), "{text}");
         assert!(text.contains("api_key=\"(unknown)\""), "{text}");
         assert!(text.contains("api_key=\"(none)\""), "{text}");
         assert!(!text.contains("mallory"), "{text}");
+    }
+
+    fn empty() -> StatusSnapshot {
+        StatusSnapshot {
+            nodes: vec![],
+            model_groups: vec![],
+            leases: Default::default(),
+        }
+    }
+
+    #[test]
+    fn both_formats_parse_and_every_family_has_help() {
+        let m = Metrics::new();
+        m.set_model_groups(["g"]);
+        m.count_request("g", "tunnel", "ok");
+        m.count_request("g", "run", "client_abort");
+        m.observe_request_duration("g", Duration::from_millis(120));
+        m.observe_first_token("g", Duration::from_millis(30));
+        m.observe_queue_wait("g", Duration::from_millis(3));
+        m.count_node_refusal("bad_token");
+        let prometheus = m.render(&empty(), Format::Prometheus);
+        let families = openmetrics_parser::prometheus::parse_prometheus(&prometheus)
+            .unwrap_or_else(|e| panic!("{e:?}\n{prometheus}"));
+        for name in [
+            "iop_requests_total",
+            "iop_request_duration_seconds",
+            "iop_time_to_first_token_seconds",
+            "iop_queue_wait_seconds",
+            "iop_leases_acquired_total",
+            "iop_node_connections_refused_total",
+        ] {
+            assert!(
+                families.families.contains_key(name),
+                "{name} missing: {:?}",
+                families.families.keys().collect::<Vec<_>>()
+            );
+        }
+        for (name, family) in &families.families {
+            assert!(!family.help.is_empty(), "{name} has no help: {prometheus}");
+        }
+        assert!(
+            prometheus.contains("# HELP iop_requests_total "),
+            "{prometheus}"
+        );
+        assert!(prometheus.contains("# TYPE iop_requests_total counter"));
+        assert!(!prometheus.contains("# EOF"));
+        let open = m.render(&empty(), Format::OpenMetrics);
+        openmetrics_parser::openmetrics::parse_openmetrics(&open)
+            .unwrap_or_else(|e| panic!("{e:?}\n{open}"));
+        assert!(open.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn the_scraper_picks_the_format() {
+        assert_eq!(Format::negotiate(None), Format::Prometheus);
+        assert_eq!(Format::negotiate(Some("text/plain")), Format::Prometheus);
+        assert_eq!(
+            Format::negotiate(Some(
+                "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+            )),
+            Format::OpenMetrics
+        );
     }
 }

@@ -13,13 +13,21 @@
 //!   requests: [`crate::health`]) get no new requests while the group has another member
 //!   that is online and not excluded; a group whose every online member is excluded uses
 //!   them all rather than none.
-//! - A request to a group none of whose members is online ends at once
+//! - A retried request names the members (under their generation) that already failed
+//!   it; it is never granted one of those again, and when every member is excluded it is
+//!   refused at once ([`Admission::Exhausted`]). Those members do not count as live for
+//!   it.
+//! - A request to a group none of whose members is online (or live for it) ends at once
 //!   ([`Admission::Offline`]), unless the group waits for a reconnect
 //!   (`wait_for_reconnect`): then it queues, *stranded*, and the caller ends it once it has
 //!   been stranded that long ([`Scheduler::expire_stranded`]).
 //! - When a node's current generation is lost, every waiter of a group referencing it that
 //!   has no live candidate left ends unavailable at once, or is stranded in a group that
 //!   waits for reconnects.
+//! - Every provider also has a queue of its own for requests pinned to it (native runs),
+//!   sharing its lease account, so those count against the same capacity. Probe health
+//!   and ejection never keep a pinned request from its one provider, and a pinned request
+//!   to a provider that is offline ends at once.
 //!
 //! Every call that may grant takes `now` (ejections end with time).
 
@@ -27,15 +35,57 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::config::ProviderKind;
 use crate::ejection::EjectionPolicy;
 use crate::health::ProviderHealth;
-use crate::lease::{AccountId, Lane, LaneCounts, LeaseId, Leases, ProviderKey};
+use crate::lease::{AccountId, AccountSpec, Lane, LaneCounts, LeaseId, Leases, ProviderKey};
 use crate::registry::Generation;
 
 mod candidates;
 mod offline;
 
 pub use candidates::HealthView;
+
+/// Requests pinned to one provider (native runs) that may wait for it at most.
+pub const DIRECT_MAX_WAITING: usize = 64;
+
+/// What a grant needs to know of its provider to dispatch: carried in the grant so the
+/// dispatcher never re-reads the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberTraits {
+    pub kind: ProviderKind,
+    /// How long the provider's stream may stay silent once its response began.
+    pub idle_timeout: Duration,
+    /// A tunnelled stream asks the provider for usage the client did not ask for
+    /// (`tunnel_usage: inject`).
+    pub inject_stream_usage: bool,
+}
+
+impl Default for MemberTraits {
+    fn default() -> Self {
+        Self {
+            kind: ProviderKind::Mock,
+            idle_timeout: Duration::from_secs(
+                crate::config::dispatch::DEFAULT_IDLE_TIMEOUT_SEC.into(),
+            ),
+            inject_stream_usage: false,
+        }
+    }
+}
+
+/// A configured provider: its account and what dispatch needs of it.
+#[derive(Debug, Clone)]
+pub struct ProviderSpec {
+    pub account: AccountSpec,
+    pub traits: MemberTraits,
+}
+
+/// A member (under one generation of its node) a retried request must not get again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exclusion {
+    pub key: ProviderKey,
+    pub generation: Generation,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WaiterId(pub u64);
@@ -55,8 +105,11 @@ pub struct GroupSpec {
 pub struct MemberSpec {
     pub key: ProviderKey,
     pub upstream_model: String,
+    /// The provider's capacity and state, used only when it is not among the configured
+    /// providers (tests).
     pub capacity: LaneCounts,
     pub enabled: bool,
+    pub traits: MemberTraits,
 }
 
 /// A slot granted to one request.
@@ -70,20 +123,37 @@ pub struct Grant {
     pub upstream_model: Arc<str>,
     pub lane: Lane,
     pub generation: Generation,
+    pub traits: MemberTraits,
+}
+
+impl Grant {
+    /// This grant's member under its generation, for a retry to exclude.
+    pub fn exclusion(&self) -> Exclusion {
+        Exclusion {
+            key: ProviderKey {
+                node: self.node.clone(),
+                provider: self.provider.clone(),
+            },
+            generation: self.generation,
+        }
+    }
 }
 
 #[derive(Debug)]
 pub enum Admission {
     Granted(Grant),
     Queued(WaiterId),
+    /// Every member that could serve the lane already failed this request.
+    Exhausted,
     /// The group's queue holds `max_waiting` requests already.
     QueueFull {
         max_waiting: usize,
     },
     /// No member of the group is configured with capacity in this lane.
     NoCapacityInLane,
-    /// No member that serves the lane is online, and the group does not wait for
-    /// reconnects: the members (`node/provider`) that are offline.
+    /// No member that serves the lane is online (or none this request has not failed on
+    /// already), and the group does not wait for reconnects: the members (`node/provider`)
+    /// that are offline.
     Offline {
         members: Vec<String>,
     },
@@ -113,6 +183,7 @@ pub struct Lost<W> {
 struct Member {
     account: AccountId,
     upstream_model: Arc<str>,
+    traits: MemberTraits,
 }
 
 #[derive(Debug)]
@@ -120,14 +191,18 @@ struct Waiter<W> {
     id: WaiterId,
     seq: u64,
     lane: Lane,
+    /// Members (under a generation) this request already failed on.
+    exclude: Vec<(AccountId, Generation)>,
     payload: W,
-    /// Since when no member that serves its lane has been online.
+    /// Since when no member that serves its lane has been live for it.
     stranded_since: Option<Instant>,
 }
 
 #[derive(Debug)]
 struct Group<W> {
     name: String,
+    /// A provider's own queue (native runs), not a configured model group.
+    direct: bool,
     members: Vec<Member>,
     max_waiting: usize,
     wait_for_reconnect: Duration,
@@ -140,54 +215,43 @@ pub struct Scheduler<W> {
     leases: Leases,
     groups: Vec<Group<W>>,
     by_name: foldhash::HashMap<String, usize>,
+    /// Each provider's own queue.
+    by_provider: foldhash::HashMap<ProviderKey, usize>,
     last_waiter: u64,
     /// Probe health and ejection per provider.
     health: foldhash::HashMap<AccountId, ProviderHealth>,
     ejection: EjectionPolicy,
 }
 
+/// Whether `account`, as it is online now, is one a waiter excluded.
+fn excluded(leases: &Leases, exclude: &[(AccountId, Generation)], account: AccountId) -> bool {
+    !exclude.is_empty()
+        && exclude.iter().any(|&(a, generation)| {
+            a == account && leases.online_generation(account) == Some(generation)
+        })
+}
+
 impl<W> Scheduler<W> {
     /// A scheduler over `providers` (every configured provider, so the snapshot lists them
     /// all) and the model groups that reference them.
     pub fn new(
-        providers: impl IntoIterator<Item = (ProviderKey, LaneCounts, bool)>,
+        providers: impl IntoIterator<Item = ProviderSpec>,
         groups: impl IntoIterator<Item = GroupSpec>,
     ) -> Self {
-        let mut leases = Leases::default();
-        for (key, capacity, enabled) in providers {
-            leases.add_account(key, capacity, enabled);
-        }
         let mut scheduler = Scheduler {
-            leases,
+            leases: Leases::default(),
             groups: Vec::new(),
             by_name: foldhash::HashMap::default(),
+            by_provider: foldhash::HashMap::default(),
             last_waiter: 0,
             health: foldhash::HashMap::default(),
             ejection: EjectionPolicy::default(),
         };
-        for spec in groups {
-            let members = spec
-                .members
-                .iter()
-                .map(|m| Member {
-                    account: scheduler
-                        .leases
-                        .add_account(m.key.clone(), m.capacity, m.enabled),
-                    upstream_model: m.upstream_model.as_str().into(),
-                })
-                .collect();
-            scheduler
-                .by_name
-                .insert(spec.name.clone(), scheduler.groups.len());
-            scheduler.groups.push(Group {
-                name: spec.name,
-                members,
-                max_waiting: spec.max_waiting,
-                wait_for_reconnect: spec.wait_for_reconnect,
-                waiters: VecDeque::new(),
-                cursor: 0,
-            });
-        }
+        let online = HashMap::new();
+        // Nothing is online yet: no waiter exists and no grant can be made, so the moment
+        // passed does not matter.
+        let (orphaned, woken) = scheduler.reconfigure(providers, groups, &online, Instant::now());
+        debug_assert!(orphaned.is_empty() && woken.is_empty());
         scheduler
     }
 
@@ -204,51 +268,98 @@ impl<W> Scheduler<W> {
     /// candidate are stranded (they wait for a reconnect as their group allows).
     pub fn reconfigure(
         &mut self,
-        providers: impl IntoIterator<Item = (ProviderKey, LaneCounts, bool)>,
+        providers: impl IntoIterator<Item = ProviderSpec>,
         groups: impl IntoIterator<Item = GroupSpec>,
         online: &HashMap<String, Generation>,
         now: Instant,
     ) -> (Vec<W>, Vec<Dispatch<W>>) {
-        let configured: Vec<(ProviderKey, LaneCounts, bool)> = providers.into_iter().collect();
-        let keep: Vec<ProviderKey> = configured.iter().map(|(k, _, _)| k.clone()).collect();
+        let configured: Vec<ProviderSpec> = providers.into_iter().collect();
+        let keep: Vec<&ProviderKey> = configured.iter().map(|p| &p.account.key).collect();
         for id in self.leases.accounts().collect::<Vec<_>>() {
             let key = self.leases.key(id).clone();
-            if !keep.contains(&key) {
+            if !keep.contains(&&key) {
                 self.leases.configure(key, LaneCounts::default(), false);
             }
         }
-        for (key, capacity, enabled) in configured {
-            let is_new = self.leases.account(&key).is_none();
-            let id = self.leases.configure(key.clone(), capacity, enabled);
+        let mut direct = Vec::with_capacity(configured.len());
+        for provider in &configured {
+            let key = &provider.account.key;
+            let is_new = self.leases.account(key).is_none();
+            let id = self.leases.apply(&provider.account);
             if is_new && let Some(generation) = online.get(&*key.node) {
                 self.leases.activate_account(id, *generation);
             }
+            direct.push((key.clone(), id, provider.traits));
         }
-        let mut old: HashMap<String, Group<W>> =
-            self.groups.drain(..).map(|g| (g.name.clone(), g)).collect();
+        let mut old: HashMap<(bool, String), Group<W>> = self
+            .groups
+            .drain(..)
+            .map(|g| ((g.direct, g.name.clone()), g))
+            .collect();
         self.by_name.clear();
+        self.by_provider.clear();
+        let mut place = |this: &mut Self,
+                         name: String,
+                         is_direct: bool,
+                         members,
+                         max_waiting,
+                         wait_for_reconnect| {
+            let (waiters, cursor) = match old.remove(&(is_direct, name.clone())) {
+                Some(previous) => (previous.waiters, previous.cursor),
+                None => (VecDeque::new(), 0),
+            };
+            let index = this.groups.len();
+            this.groups.push(Group {
+                name,
+                direct: is_direct,
+                members,
+                max_waiting,
+                wait_for_reconnect,
+                waiters,
+                cursor,
+            });
+            index
+        };
         for spec in groups {
             let members = spec
                 .members
                 .iter()
                 .map(|m| Member {
-                    account: self.leases.configure(m.key.clone(), m.capacity, m.enabled),
+                    account: match self.leases.account(&m.key) {
+                        Some(id) if keep.contains(&&m.key) => id,
+                        _ => self.leases.configure(m.key.clone(), m.capacity, m.enabled),
+                    },
                     upstream_model: m.upstream_model.as_str().into(),
+                    traits: m.traits,
                 })
                 .collect();
-            let (waiters, cursor) = match old.remove(&spec.name) {
-                Some(previous) => (previous.waiters, previous.cursor),
-                None => (VecDeque::new(), 0),
-            };
-            self.by_name.insert(spec.name.clone(), self.groups.len());
-            self.groups.push(Group {
-                name: spec.name,
+            let name = spec.name.clone();
+            let index = place(
+                self,
+                spec.name,
+                false,
                 members,
-                max_waiting: spec.max_waiting,
-                wait_for_reconnect: spec.wait_for_reconnect,
-                waiters,
-                cursor,
-            });
+                spec.max_waiting,
+                spec.wait_for_reconnect,
+            );
+            self.by_name.insert(name, index);
+        }
+        for (key, account, traits) in direct {
+            let members = vec![Member {
+                account,
+                upstream_model: "".into(),
+                traits,
+            }];
+            let name = format!("{}/{}", key.node, key.provider);
+            let index = place(
+                self,
+                name,
+                true,
+                members,
+                DIRECT_MAX_WAITING,
+                Duration::ZERO,
+            );
+            self.by_provider.insert(key, index);
         }
         let orphaned = old
             .into_values()
@@ -273,8 +384,26 @@ impl<W> Scheduler<W> {
         self.by_name.get(name).copied()
     }
 
+    /// The configured model groups, by name.
     pub fn group_names(&self) -> impl Iterator<Item = &str> {
-        self.groups.iter().map(|g| g.name.as_str())
+        self.groups
+            .iter()
+            .filter(|g| !g.direct)
+            .map(|g| g.name.as_str())
+    }
+
+    /// The configured model groups with their waiting requests per lane.
+    pub fn groups_waiting(&self) -> impl Iterator<Item = (&str, LaneCounts)> {
+        self.groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !g.direct)
+            .map(|(i, g)| (g.name.as_str(), self.waiting(i)))
+    }
+
+    /// The queue of requests pinned to one provider.
+    pub fn provider_queue(&self, key: &ProviderKey) -> Option<usize> {
+        self.by_provider.get(key).copied()
     }
 
     /// Waiting requests of a group, per lane.
@@ -293,20 +422,70 @@ impl<W> Scheduler<W> {
     /// `payload` until [`Dispatch`], [`Lost::unavailable`] or
     /// [`Scheduler::expire_stranded`] hands it back.
     pub fn admit(&mut self, group: &str, lane: Lane, payload: W, now: Instant) -> Admission {
+        self.admit_excluding(group, lane, payload, &[], now)
+    }
+
+    /// Admits a retried request: never to a member in `exclude` (under that generation).
+    pub fn admit_excluding(
+        &mut self,
+        group: &str,
+        lane: Lane,
+        payload: W,
+        exclude: &[Exclusion],
+        now: Instant,
+    ) -> Admission {
         let Some(g) = self.group_index(group) else {
             return Admission::UnknownGroup;
         };
-        let configured = self.groups[g]
+        self.admit_to(g, lane, payload, exclude, now)
+    }
+
+    /// Admits a request pinned to one provider (a native run) through that provider's own
+    /// queue; `UnknownGroup` when no such provider is configured.
+    pub fn admit_direct(
+        &mut self,
+        key: &ProviderKey,
+        lane: Lane,
+        payload: W,
+        now: Instant,
+    ) -> Admission {
+        let Some(g) = self.provider_queue(key) else {
+            return Admission::UnknownGroup;
+        };
+        self.admit_to(g, lane, payload, &[], now)
+    }
+
+    fn admit_to(
+        &mut self,
+        g: usize,
+        lane: Lane,
+        payload: W,
+        exclude: &[Exclusion],
+        now: Instant,
+    ) -> Admission {
+        let exclude: Vec<(AccountId, Generation)> = exclude
+            .iter()
+            .filter_map(|e| Some((self.leases.account(&e.key)?, e.generation)))
+            .collect();
+        let configured: Vec<AccountId> = self.groups[g]
             .members
             .iter()
-            .any(|m| self.leases.configured_for(m.account, lane));
-        if !configured {
+            .map(|m| m.account)
+            .filter(|&a| self.leases.configured_for(a, lane))
+            .collect();
+        if configured.is_empty() {
             return Admission::NoCapacityInLane;
         }
-        if let Some(grant) = self.try_grant(g, lane, now) {
+        if configured
+            .iter()
+            .all(|&a| excluded(&self.leases, &exclude, a))
+        {
+            return Admission::Exhausted;
+        }
+        if let Some(grant) = self.try_grant(g, lane, &exclude, now) {
             return Admission::Granted(grant);
         }
-        let live = self.has_live_candidate(g, lane);
+        let live = self.live_for(g, lane, &exclude);
         if !live && self.groups[g].wait_for_reconnect.is_zero() {
             return Admission::Offline {
                 members: self.offline_members(g, lane),
@@ -324,6 +503,7 @@ impl<W> Scheduler<W> {
             id,
             seq: id.0,
             lane,
+            exclude,
             payload,
             stranded_since: (!live).then_some(now),
         });
@@ -404,10 +584,9 @@ impl<W> Scheduler<W> {
             let waits = !group.wait_for_reconnect.is_zero();
             let mut kept = VecDeque::with_capacity(group.waiters.len());
             for mut w in group.waiters.drain(..) {
-                let live = group
-                    .members
-                    .iter()
-                    .any(|m| leases.serves(m.account, w.lane));
+                let live = group.members.iter().any(|m| {
+                    leases.serves(m.account, w.lane) && !excluded(leases, &w.exclude, m.account)
+                });
                 if live {
                     kept.push_back(w);
                 } else if waits {
@@ -437,15 +616,29 @@ impl<W> Scheduler<W> {
             .any(|m| self.leases.serves(m.account, lane))
     }
 
-    fn try_grant(&mut self, g: usize, lane: Lane, now: Instant) -> Option<Grant> {
+    /// Whether any member of the group is live for `lane` and not one a request that
+    /// `exclude`s members already failed on.
+    fn live_for(&self, g: usize, lane: Lane, exclude: &[(AccountId, Generation)]) -> bool {
+        self.groups[g].members.iter().any(|m| {
+            self.leases.serves(m.account, lane) && !excluded(&self.leases, exclude, m.account)
+        })
+    }
+
+    fn try_grant(
+        &mut self,
+        g: usize,
+        lane: Lane,
+        exclude: &[(AccountId, Generation)],
+        now: Instant,
+    ) -> Option<Grant> {
         let group = &self.groups[g];
         let n = group.members.len();
-        let honour = self.exclusions_apply(g, lane, now);
+        let honour = self.exclusions_apply(g, lane, exclude, now);
         let mut best: Option<(u32, usize)> = None;
         for step in 0..n {
             let i = (group.cursor + step) % n;
             let account = group.members[i].account;
-            if !self.candidate(account, lane, honour, now) {
+            if !self.candidate(account, lane, exclude, honour, now) {
                 continue;
             }
             let load = self.leases.in_flight_total(account);
@@ -468,30 +661,42 @@ impl<W> Scheduler<W> {
             upstream_model: group.members[member].upstream_model.clone(),
             lane,
             generation,
+            traits: group.members[member].traits,
         })
     }
 
-    /// Dispatches waiters, oldest first across all groups, while any can get a slot.
+    /// Dispatches waiters, oldest first across all groups, while any can get a slot. Per
+    /// lane the first waiter a free slot can serve goes; one that may not take the free
+    /// slots (it failed on those members) lets the next one in that lane take them.
     fn pump(&mut self, woken: &mut Vec<Dispatch<W>>, now: Instant) {
         loop {
             let mut oldest: Option<(u64, usize, usize)> = None;
             for (g, group) in self.groups.iter().enumerate() {
-                let mut seen = [false; 2];
+                let mut done = [false; 2];
                 for (i, w) in group.waiters.iter().enumerate() {
                     let lane_slot = w.lane as usize;
-                    if seen[lane_slot] {
+                    if done[lane_slot] {
                         continue;
                     }
-                    seen[lane_slot] = true;
-                    let honour = self.exclusions_apply(g, w.lane, now);
-                    let can = group
-                        .members
-                        .iter()
-                        .any(|m| self.candidate(m.account, w.lane, honour, now));
+                    let honour = self.exclusions_apply(g, w.lane, &w.exclude, now);
+                    let mut free = false;
+                    let mut can = false;
+                    for m in &group.members {
+                        if self.candidate(m.account, w.lane, &[], honour, now) {
+                            free = true;
+                            if !excluded(&self.leases, &w.exclude, m.account) {
+                                can = true;
+                                break;
+                            }
+                        }
+                    }
+                    if !free || can {
+                        done[lane_slot] = true;
+                    }
                     if can && oldest.is_none_or(|(seq, _, _)| w.seq < seq) {
                         oldest = Some((w.seq, g, i));
                     }
-                    if seen[0] && seen[1] {
+                    if done[0] && done[1] {
                         break;
                     }
                 }
@@ -499,7 +704,7 @@ impl<W> Scheduler<W> {
             let Some((_, g, i)) = oldest else { return };
             let waiter = self.groups[g].waiters.remove(i).expect("index from scan");
             let grant = self
-                .try_grant(g, waiter.lane, now)
+                .try_grant(g, waiter.lane, &waiter.exclude, now)
                 .expect("scan found a free slot");
             woken.push(Dispatch {
                 waiter: waiter.payload,

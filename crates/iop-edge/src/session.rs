@@ -87,6 +87,20 @@ impl<T> StreamReceiver<T> {
         Some(item)
     }
 
+    /// The next frame if one is queued now: `Ok(None)` when none is, `Err(())` once the
+    /// route is gone and nothing is left.
+    #[allow(clippy::result_unit_err)]
+    pub fn try_recv(&mut self) -> Result<Option<T>, ()> {
+        match self.rx.try_recv() {
+            Ok((item, size)) => {
+                self.queued.fetch_sub(size, Ordering::AcqRel);
+                Ok(Some(item))
+            }
+            Err(mpsc::error::TryRecvError::Empty) => Ok(None),
+            Err(mpsc::error::TryRecvError::Disconnected) => Err(()),
+        }
+    }
+
     /// Bytes delivered to this stream and not taken yet.
     pub fn queued_bytes(&self) -> usize {
         self.queued.load(Ordering::Acquire)

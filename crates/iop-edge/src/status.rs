@@ -132,9 +132,8 @@ impl Edge {
                 .map(|id| (l.key(id).clone(), (l.view(id), s.health_view(id, now))))
                 .collect();
             let waiting = s
-                .group_names()
-                .enumerate()
-                .map(|(i, name)| (name.to_string(), s.waiting(i)))
+                .groups_waiting()
+                .map(|(name, counts)| (name.to_string(), counts))
                 .collect();
             (accounts, waiting, l.totals())
         });
@@ -283,5 +282,78 @@ fn provider_status(
         ejected,
         capacity,
         in_flight,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Generation;
+
+    #[test]
+    fn the_snapshot_is_what_the_state_says() {
+        let config = EdgeConfig::from_yaml(
+            r#"
+nodes:
+  - id: a
+    token: token-a-0123456789ab
+    providers: [{id: p, kind: mock, capacity: {normal: 2, long: 1}}]
+  - id: b
+    token: token-b-0123456789ab
+    providers: [{id: q, kind: mock, enabled: false}]
+model_groups:
+  - {name: g, members: [{node: a, provider: p}]}
+"#,
+            "test",
+        )
+        .unwrap();
+        let now = Instant::now();
+        let mut input = StatusInput {
+            config: Arc::new(config),
+            accounts: HashMap::new(),
+            waiting: HashMap::new(),
+            leases: LeaseTotals::default(),
+            nodes: HashMap::new(),
+            now,
+            now_unix_ms: 1_000,
+        };
+        input.accounts.insert(
+            ProviderKey::new("a", "p"),
+            (
+                AccountView {
+                    online: true,
+                    enabled: true,
+                    capacity: LaneCounts { normal: 2, long: 1 },
+                    in_flight: LaneCounts { normal: 1, long: 0 },
+                },
+                HealthView::default(),
+            ),
+        );
+        input.nodes.insert(
+            "a".into(),
+            NodeReading {
+                owner: OwnerState::Ready(Generation(4)),
+                session: Some((
+                    "127.0.0.1:5".into(),
+                    now - std::time::Duration::from_secs(9),
+                )),
+                link: None,
+            },
+        );
+        input
+            .waiting
+            .insert("g".into(), LaneCounts { normal: 3, long: 0 });
+        let s = StatusSnapshot::of(&input);
+        let a = &s.nodes[0];
+        assert_eq!(
+            (a.state, a.ready, a.connected_for_sec),
+            ("ready", true, Some(9))
+        );
+        assert_eq!(a.providers[0].status, "available");
+        assert_eq!(a.providers[0].health, "unknown");
+        assert_eq!(a.providers[0].in_flight.normal, 1);
+        let b = &s.nodes[1];
+        assert_eq!((b.state, b.providers[0].status), ("offline", "disabled"));
+        assert_eq!(s.model_groups[0].waiting.normal, 3);
     }
 }

@@ -9,6 +9,10 @@
 //! - `torn-mid-stream`: streams half its events and half of the next one (cut inside its
 //!   JSON), then breaks the connection (OpenAI API, streaming);
 //! - `hang`: never answers until the client goes away;
+//! - `stall-after-head`: streams its head and first events, then nothing until the client
+//!   goes away (OpenAI API, streaming);
+//! - `rate-limit-429`: answers 429 with an OpenAI error body (OpenAI API);
+//! - `lingering`: ends its event stream 100 ms after `data: [DONE]` (OpenAI API);
 //! - `slow`: at least 400 tokens, 25 ms apart;
 //! - `reasoning`: emits reasoning deltas (also on for every model with `--reasoning`).
 //!

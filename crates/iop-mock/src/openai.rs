@@ -78,6 +78,13 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
     if plan.model.contains("hang") {
         return hang(tracked).await;
     }
+    if plan.model.contains("rate-limit-429") {
+        tracked.finish();
+        return openai_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "mock provider rate limit (model rate-limit-429)",
+        );
+    }
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body
         .pointer("/stream_options/include_usage")
@@ -175,9 +182,28 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
             events.push((Duration::ZERO, format!("data: {c}\n\n")));
         }
         events.push((Duration::ZERO, "data: [DONE]\n\n".to_string()));
+        if plan.model.contains("lingering") {
+            // The body ends a while after its last event, as servers that finish a chunked
+            // response late: a client that stops at [DONE] is gone before the end.
+            events.push((Duration::from_millis(100), String::new()));
+        }
     }
     if plan.model.contains("torn-mid-stream") {
         return sse_response(torn(events, tracked));
+    }
+    if plan.model.contains("stall-after-head") {
+        // The head and the first two events, then silence until the client goes away.
+        events.truncate(2);
+        let head = stream::iter(
+            events
+                .into_iter()
+                .map(|(_, text)| Ok::<_, std::io::Error>(Bytes::from(text))),
+        );
+        let silence = stream::once(async move {
+            let _tracked = tracked;
+            std::future::pending::<Result<Bytes, std::io::Error>>().await
+        });
+        return sse_response(Body::from_stream(head.chain(silence)));
     }
     sse_response(paced(events, tracked))
 }

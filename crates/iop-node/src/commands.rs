@@ -3,6 +3,7 @@
 //! store's counters) and, for ollama adapters, `ollama.tags`, `ollama.ps` and
 //! `ollama.show` (arg `model`).
 
+use iop_proto::ErrorCode;
 use iop_proto::pb;
 use serde_json::{Value, json};
 
@@ -26,10 +27,7 @@ impl NodeRuntime {
                 command_id: request.command_id.clone(),
                 ok: false,
                 result_json: String::new(),
-                error: Some(pb::RunError {
-                    code: e.code,
-                    message: e.message,
-                }),
+                error: Some(e.to_wire()),
             },
         }
     }
@@ -57,7 +55,7 @@ impl NodeRuntime {
                 let what = &name["ollama.".len()..];
                 let instance = self.adapter(&request.adapter).ok_or_else(|| {
                     AdapterError::new(
-                        "unknown_adapter",
+                        ErrorCode::NotFound,
                         format!(
                             "{name} needs `adapter` naming an ollama adapter of node {} (it has: {})",
                             self.node_id(),
@@ -77,7 +75,7 @@ impl NodeRuntime {
                     .await
             }
             other => Err(AdapterError::new(
-                "unknown_command",
+                ErrorCode::BadRequest,
                 format!(
                     "unknown command {other:?}; commands are capabilities, transport, usage, sessions, runs, ollama.tags, ollama.ps, ollama.show"
                 ),

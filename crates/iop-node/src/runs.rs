@@ -2,7 +2,12 @@
 //! child of its connection's), admitted through its adapter's capacity gate, ending with
 //! exactly one terminal — the adapter's, or one synthesized here when the adapter returns
 //! without one, fails, or is cancelled. Also handles `CancelRequest`s.
+//!
+//! A run that passes its gate is acknowledged at once (an `accepted` event) so the edge
+//! knows the node took it; a full gate answers `node_capacity` instead, which the edge
+//! takes as "try again elsewhere". The gate's slot is freed before the terminal leaves.
 
+use iop_proto::ErrorCode;
 use std::sync::Arc;
 
 use iop_proto::pb::{self, RunEventKind};
@@ -55,7 +60,7 @@ impl NodeRuntime {
                 self.node_id(),
                 request.adapter
             );
-            let _ = sink.error("unknown_adapter", &message).await;
+            let _ = sink.error(ErrorCode::UnknownAdapter, &message).await;
             if let (Some(store), Some(row)) = (&self.store, stored) {
                 store.finished(row, RunStatus::Failed, Some(message));
             }
@@ -84,7 +89,9 @@ impl NodeRuntime {
         };
         let outcome = match slot {
             Err(outcome) => outcome,
-            Ok(_permit) => {
+            Ok(permit) => {
+                sink.hold(permit);
+                let _ = sink.accepted().await;
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => Outcome::Cancelled,
@@ -103,8 +110,8 @@ impl NodeRuntime {
                 (RunStatus::Cancelled, Some(why))
             }
             Outcome::Returned(Err(err)) => {
-                tracing::warn!(code = %err.code, error = %err.message, "run failed");
-                let _ = sink.error(&err.code, &err.message).await;
+                tracing::warn!(code = err.code.as_str(), error = %err.message, "run failed");
+                let _ = sink.error(err.code, &err.message).await;
                 (RunStatus::Failed, Some(err.message))
             }
             Outcome::Returned(Ok(())) => match sink.terminal() {
@@ -130,13 +137,10 @@ impl NodeRuntime {
 
     /// Handles a `CancelRequest`; the response goes back if the edge asked for one.
     pub async fn cancel(&self, request: &pb::CancelRequest) -> pb::CancelResponse {
-        let fail = |code: &str, message: String| pb::CancelResponse {
+        let fail = |code: ErrorCode, message: String| pb::CancelResponse {
             command_id: request.command_id.clone(),
             ok: false,
-            error: Some(pb::RunError {
-                code: code.to_string(),
-                message,
-            }),
+            error: Some(pb::RunError::new(code, message)),
         };
         let ok = pb::CancelResponse {
             command_id: request.command_id.clone(),
@@ -156,7 +160,10 @@ impl NodeRuntime {
                         run.cancel.cancel();
                         ok
                     }
-                    None => fail("not_found", format!("no active run {:?}", request.run_id)),
+                    None => fail(
+                        ErrorCode::NotFound,
+                        format!("no active run {:?}", request.run_id),
+                    ),
                 }
             }
             pb::CancelKind::CancelTunnel => match self.tunnels.lock().get(&request.request_id) {
@@ -165,14 +172,14 @@ impl NodeRuntime {
                     ok
                 }
                 None => fail(
-                    "not_found",
+                    ErrorCode::NotFound,
                     format!("no active tunnel {:?}", request.request_id),
                 ),
             },
             pb::CancelKind::TerminateSession => {
                 let Some(instance) = self.adapter(&request.adapter) else {
                     return fail(
-                        "unknown_adapter",
+                        ErrorCode::NotFound,
                         format!(
                             "node {} has no adapter {:?}",
                             self.node_id(),
@@ -182,7 +189,7 @@ impl NodeRuntime {
                 };
                 if !instance.adapter.supports_sessions() {
                     return fail(
-                        "not_supported",
+                        ErrorCode::NotSupported,
                         format!(
                             "adapter {} (kind {}) does not support session termination",
                             instance.spec.id,
@@ -196,10 +203,12 @@ impl NodeRuntime {
                     .await
                 {
                     Ok(()) => ok,
-                    Err(e) => fail(&e.code, e.message),
+                    Err(e) => fail(e.code, e.message),
                 }
             }
-            pb::CancelKind::Unspecified => fail("bad_request", "cancel kind is missing".into()),
+            pb::CancelKind::Unspecified => {
+                fail(ErrorCode::BadRequest, "cancel kind is missing".into())
+            }
         }
     }
 }

@@ -73,7 +73,7 @@ impl AdapterInstance {
     /// The error of a run or tunnel refused for capacity.
     pub fn at_capacity(&self) -> crate::adapters::AdapterError {
         crate::adapters::AdapterError::new(
-            "capacity",
+            iop_proto::ErrorCode::NodeCapacity,
             format!(
                 "adapter {} is at its max concurrency ({})",
                 self.spec.id,

@@ -1,9 +1,14 @@
 //! Where an adapter writes its run's events: numbers them, spends stream credit on data
 //! events, and sends them on the connection. Enforces exactly one terminal per run:
 //! anything an adapter emits after its terminal is dropped.
+//!
+//! The sink holds the run's capacity slot (its adapter's gate permit) and gives it up just
+//! before the terminal goes out: once the edge has seen a terminal, the node's slot is
+//! free, so the edge may hand it to the next request without the node refusing it.
 
-use iop_proto::Outbound;
 use iop_proto::pb::{self, RunEventKind};
+use iop_proto::{ErrorCode, Outbound};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::stream::Credit;
@@ -23,6 +28,8 @@ pub struct RunSink {
     terminal: Option<RunEventKind>,
     usage: Option<pb::Usage>,
     started: bool,
+    /// The adapter's capacity slot, released just before the terminal is sent.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl RunSink {
@@ -41,7 +48,21 @@ impl RunSink {
             terminal: None,
             usage: None,
             started: false,
+            permit: None,
         }
+    }
+
+    /// Holds the run's capacity slot until its terminal.
+    pub fn hold(&mut self, permit: OwnedSemaphorePermit) {
+        self.permit = Some(permit);
+    }
+
+    /// Acknowledges the dispatch: the run passed its gate and starts. Not numbered and not
+    /// a data event (no credit); the edge never shows it to clients.
+    pub async fn accepted(&mut self) -> Result<(), SinkClosed> {
+        let mut e = Self::event(RunEventKind::Accepted);
+        e.run_id = self.run_id.clone();
+        self.outbound.send(e).await.map_err(|_| SinkClosed)
     }
 
     pub fn run_id(&self) -> &str {
@@ -76,6 +97,8 @@ impl RunSink {
         if event.is_terminal() {
             self.terminal = Some(kind);
             self.usage = event.usage;
+            // The slot is free before the edge can see the terminal.
+            self.permit = None;
         }
         self.outbound.send(event).await.map_err(|_| SinkClosed)
     }
@@ -136,21 +159,15 @@ impl RunSink {
         self.send(e).await
     }
 
-    pub async fn error(&mut self, code: &str, message: &str) -> Result<(), SinkClosed> {
+    pub async fn error(&mut self, code: ErrorCode, message: &str) -> Result<(), SinkClosed> {
         let mut e = Self::event(RunEventKind::Error);
-        e.error = Some(pb::RunError {
-            code: code.to_string(),
-            message: message.to_string(),
-        });
+        e.error = Some(pb::RunError::new(code, message));
         self.send(e).await
     }
 
     pub async fn cancelled(&mut self, reason: &str) -> Result<(), SinkClosed> {
         let mut e = Self::event(RunEventKind::Cancelled);
-        e.error = Some(pb::RunError {
-            code: "cancelled".into(),
-            message: reason.to_string(),
-        });
+        e.error = Some(pb::RunError::new(ErrorCode::Cancelled, reason));
         self.send(e).await
     }
 }
@@ -175,7 +192,9 @@ mod tests {
         sink.start("m").await.unwrap();
         sink.delta("a").await.unwrap();
         sink.complete(None, "stop").await.unwrap();
-        sink.error("late", "ignored").await.unwrap();
+        sink.error(ErrorCode::ProviderError, "ignored")
+            .await
+            .unwrap();
         sink.delta("late").await.unwrap();
         drop(sink);
         let mut kinds = Vec::new();
@@ -192,6 +211,46 @@ mod tests {
                 RunEventKind::Delta,
                 RunEventKind::Complete
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_slot_is_free_before_the_terminal_is_sent() {
+        let (outbound, mut rx) = Outbound::channel(16);
+        let credits = Arc::new(StreamCredits::default());
+        let gate = Arc::new(tokio::sync::Semaphore::new(1));
+        let mut sink = RunSink::new(
+            "r",
+            outbound,
+            credits.open("r", 8),
+            CancellationToken::new(),
+        );
+        sink.hold(gate.clone().try_acquire_owned().unwrap());
+        sink.accepted().await.unwrap();
+        sink.start("m").await.unwrap();
+        let first = rx.recv().await.unwrap();
+        match first.message {
+            Some(Message::RunEvent(e)) => {
+                assert_eq!((e.kind(), e.seq), (RunEventKind::Accepted, 0));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(gate.available_permits(), 0, "held while the run goes on");
+        sink.error(ErrorCode::ProviderError, "boom").await.unwrap();
+        let mut terminal = None;
+        while let Ok(env) = rx.try_recv() {
+            if let Some(Message::RunEvent(e)) = env.message
+                && e.is_terminal()
+            {
+                // By the time anyone can read the terminal, the slot is back.
+                assert_eq!(gate.available_permits(), 1);
+                terminal = Some(e);
+            }
+        }
+        let terminal = terminal.expect("a terminal");
+        assert_eq!(
+            terminal.error.unwrap().error_code(),
+            ErrorCode::ProviderError
         );
     }
 }

@@ -8,12 +8,20 @@
 //! (`usage_injected`), what that added is removed from the relayed event stream
 //! ([`crate::usage`]). Cancelling the tunnel drops the provider response, closing its
 //! connection.
+//!
+//! A tunnel that passes its adapter's capacity gate (waiting up to
+//! [`crate::runtime::SLOT_GRACE`] for a slot) is acknowledged at once (`accepted`), before
+//! the provider is asked; a gate still full answers `node_capacity` instead. The gate's
+//! slot is freed before the tunnel's last frame (end, or error — `cancelled` when the edge
+//! cancelled it) leaves, so the edge, seeing that frame, may hand the slot on.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
+use iop_proto::ErrorCode;
 use iop_proto::pb::{self, provider_tunnel_frame::Frame};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::runtime::{Connection, NodeRuntime};
 use crate::usage::UsageObserver;
@@ -39,6 +47,8 @@ struct TunnelOut<'a> {
     /// The response head, held back until the first frame after it is ready so that both
     /// leave in the same write.
     head: Option<(u32, Vec<pb::Header>)>,
+    /// The adapter's capacity slot, released just before the tunnel's last frame.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl TunnelOut<'_> {
@@ -71,13 +81,34 @@ impl TunnelOut<'_> {
         }
     }
 
-    async fn error(&mut self, code: &str, message: String) {
-        tracing::warn!(request_id = self.request_id, code, %message, "tunnel failed");
-        self.send(Frame::Error(pb::TunnelError {
-            code: code.to_string(),
-            message,
-        }))
+    /// Ends the tunnel with an error (after freeing the slot).
+    async fn error(&mut self, code: ErrorCode, message: String) {
+        tracing::warn!(
+            request_id = self.request_id,
+            code = code.as_str(),
+            %message,
+            "tunnel failed"
+        );
+        self.permit = None;
+        self.send(Frame::Error(pb::TunnelError::new(code, message)))
+            .await;
+    }
+
+    /// Acknowledges the edge's cancel once the provider request is dropped: the last frame.
+    async fn cancelled(&mut self) {
+        self.permit = None;
+        self.head = None;
+        self.frame(Frame::Error(pb::TunnelError::new(
+            ErrorCode::Cancelled,
+            "cancelled by the edge",
+        )))
         .await;
+    }
+
+    /// Ends the tunnel normally (after freeing the slot).
+    async fn end(&mut self) {
+        self.permit = None;
+        self.send(Frame::End(pb::TunnelEnd {})).await;
     }
 }
 
@@ -98,10 +129,11 @@ impl NodeRuntime {
             conn: &conn,
             request_id: &request.request_id,
             head: None,
+            permit: None,
         };
         let Some(instance) = self.adapter(&request.adapter) else {
             out.error(
-                "unknown_adapter",
+                ErrorCode::UnknownAdapter,
                 format!(
                     "node {} has no adapter {:?}",
                     self.node_id(),
@@ -113,7 +145,7 @@ impl NodeRuntime {
         };
         let Some(endpoint) = instance.adapter.tunnel() else {
             out.error(
-                "not_supported",
+                ErrorCode::NotSupported,
                 format!(
                     "adapter {} (kind {}) is not OpenAI-compatible and takes no raw tunnel",
                     instance.spec.id,
@@ -129,14 +161,19 @@ impl NodeRuntime {
             .insert(request.request_id.clone(), cancel.clone());
         let slot = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return self.end_tunnel(&request.request_id),
+            _ = cancel.cancelled() => {
+                out.cancelled().await;
+                return self.end_tunnel(&request.request_id);
+            }
             slot = instance.acquire_slot() => slot,
         };
-        let Some(_permit) = slot else {
+        let Some(permit) = slot else {
             let refused = instance.at_capacity();
-            out.error(&refused.code, refused.message).await;
+            out.error(refused.code, refused.message).await;
             return self.end_tunnel(&request.request_id);
         };
+        out.permit = Some(permit);
+        out.frame(Frame::Accepted(pb::TunnelAccepted {})).await;
         let credit = conn
             .credits
             .open(&request.request_id, request.initial_credit);
@@ -159,9 +196,10 @@ impl NodeRuntime {
         let mut usage_seen = None;
         match response {
             None => {
-                tracing::info!(request_id = %request.request_id, "tunnel cancelled before the provider answered")
+                tracing::info!(request_id = %request.request_id, "tunnel cancelled before the provider answered");
+                out.cancelled().await;
             }
-            Some(Err(err)) => out.error(&err.code, err.message).await,
+            Some(Err(err)) => out.error(err.code, err.message).await,
             Some(Ok(mut response)) => {
                 let mut observer = UsageObserver::new(response.sse, endpoint.dialect);
                 if request.usage_injected && response.sse && (200..300).contains(&response.status) {
@@ -184,6 +222,7 @@ impl NodeRuntime {
                 }
                 out.head = Some((response.status as u32, response.headers));
                 if early.is_none() && !out.flush_head().await {
+                    out.cancelled().await;
                     return self.end_tunnel(&request.request_id);
                 }
                 let ok = loop {
@@ -192,6 +231,7 @@ impl NodeRuntime {
                         None => tokio::select! {
                             _ = cancel.cancelled() => {
                                 tracing::info!(request_id = %request.request_id, "tunnel cancelled mid-body: provider connection dropped");
+                                out.cancelled().await;
                                 return self.end_tunnel(&request.request_id);
                             }
                             chunk = body.next() => chunk,
@@ -200,7 +240,7 @@ impl NodeRuntime {
                     match chunk {
                         None => break true,
                         Some(Err(err)) => {
-                            out.error("provider_stream_error", err.message).await;
+                            out.error(ErrorCode::BrokenStream, err.message).await;
                             break false;
                         }
                         Some(Ok(bytes)) => {
@@ -215,13 +255,14 @@ impl NodeRuntime {
                                 send_body(&mut out, &credit, &cancel, bytes).await
                             };
                             if !sent {
+                                out.cancelled().await;
                                 return self.end_tunnel(&request.request_id);
                             }
                             match next {
                                 Pending::Nothing => {}
                                 Pending::End => break true,
                                 Pending::Error(err) => {
-                                    out.error("provider_stream_error", err.message).await;
+                                    out.error(ErrorCode::BrokenStream, err.message).await;
                                     break false;
                                 }
                             }
@@ -232,6 +273,7 @@ impl NodeRuntime {
                 // provider sent it. (After an error it is an unfinished event, which the edge
                 // drops anyway.)
                 if ok && !send_body(&mut out, &credit, &cancel, observer.take_held()).await {
+                    out.cancelled().await;
                     return self.end_tunnel(&request.request_id);
                 }
                 if ok {
@@ -245,7 +287,7 @@ impl NodeRuntime {
                     if let Some(usage) = &usage_seen {
                         out.send(Frame::Usage(*usage)).await;
                     }
-                    out.send(Frame::End(pb::TunnelEnd {})).await;
+                    out.end().await;
                 }
             }
         }

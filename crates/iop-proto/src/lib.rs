@@ -2,14 +2,16 @@
 //! `proto/iop/runtime.proto`, the length-prefixed frame codec, and the split connection
 //! (frame reader + batching frame writer) both daemons run over a TCP or TLS stream, the
 //! heartbeat both sides keep on it, the one-scheduler-round yield the relay path uses to
-//! batch what is ready into one write, and the trust material (CA pin, join string) an
-//! operator carries from the edge to a node.
+//! batch what is ready into one write, the trust material (CA pin, join string) an
+//! operator carries from the edge to a node, and the typed error reasons ([`ErrorCode`])
+//! with their fault / status / retry table.
 //!
 //! Nothing above this crate sees bytes: the edge and the node exchange [`pb::Envelope`]s.
 
 pub mod codec;
 pub mod connection;
 pub mod envelope;
+pub mod error_code;
 pub mod heartbeat;
 pub mod trust;
 pub mod yield_once;
@@ -22,7 +24,9 @@ pub mod pb {
 
 pub use codec::{DEFAULT_MAX_FRAME_BYTES, EnvelopeCodec, FrameError};
 pub use connection::{ByteStream, FrameReader, Outbound, split_stream};
+pub use error_code::{Disposition, Fault};
 pub use heartbeat::{HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat};
+pub use pb::ErrorCode;
 pub use yield_once::yield_once;
 
 /// The wire contract id this crate implements.

@@ -41,6 +41,8 @@ const FAST_RECONNECT: &str = "reconnect: {max_attempts: 0, interval_sec: 1}";
 struct StreamEnding {
     done: usize,
     errors: usize,
+    /// The code of the (last) error event.
+    error_code: String,
     finishes: usize,
     text: String,
     status: u16,
@@ -61,6 +63,7 @@ async fn stream_to_end(response: reqwest::Response) -> StreamEnding {
         let v: Value = serde_json::from_str(&data).unwrap();
         if v.get("error").is_some() {
             ending.errors += 1;
+            ending.error_code = v["error"]["code"].as_str().unwrap_or_default().to_string();
         }
         if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
             ending.text.push_str(t);
@@ -202,7 +205,7 @@ nodes:
 }
 
 #[tokio::test]
-async fn kill_9_mid_stream_errors_the_client_within_a_second_and_returns_the_lease() {
+async fn kill_9_mid_stream_errors_the_client_when_the_socket_closes_and_returns_the_lease() {
     let dir = tempdir();
     let edge = start_edge(dir.path(), &config(200, 20, 2)).await;
     let mut node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
@@ -213,20 +216,22 @@ async fn kill_9_mid_stream_errors_the_client_within_a_second_and_returns_the_lea
         s.matches("content").count() >= 5
     })
     .await;
-    let killed = Instant::now();
     node.kill9();
-    read_to_end(&mut response, &mut seen, Duration::from_secs(2)).await;
-    assert!(
-        killed.elapsed() < Duration::from_secs(1),
-        "error after {:?}",
-        killed.elapsed()
-    );
+    // The bound only keeps a broken edge from hanging the test; what matters is why the
+    // stream ended, which the error says: the closed socket, not the heartbeat (5 s).
+    read_to_end(&mut response, &mut seen, Duration::from_secs(10)).await;
     let events = sse_events(&seen);
-    let errors = events
+    let errors: Vec<&String> = events
         .iter()
-        .filter(|(_, d)| d.contains("\"error\""))
-        .count();
-    assert_eq!(errors, 1, "{seen}");
+        .map(|(_, d)| d)
+        .filter(|d| d.contains("\"error\""))
+        .collect();
+    assert_eq!(errors.len(), 1, "{seen}");
+    assert!(errors[0].contains("node_disconnected"), "{seen}");
+    assert!(
+        errors[0].contains("connection closed by the node"),
+        "noticed by the closed socket: {seen}"
+    );
     assert!(!seen.contains("[DONE]"));
     let s = status(&edge).await;
     assert!(all_idle(&s), "{s}");
@@ -391,19 +396,25 @@ impl Lcg {
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
     Completed,
-    Failed,
+    /// Failed with this error code; `began`: the response had started (status 200).
+    Failed {
+        code: String,
+        began: bool,
+    },
     Aborted,
 }
 
 #[tokio::test]
 async fn two_hundred_requests_with_aborts_and_a_node_restart_leave_nothing_behind() {
+    const CAPACITY: usize = 4;
+    const CLIENTS: usize = 16;
     let dir = tempdir();
-    let edge = Arc::new(start_edge(dir.path(), &waiting_config(8, 5, 4)).await);
+    let edge = Arc::new(start_edge(dir.path(), &waiting_config(8, 5, CAPACITY as u32)).await);
     let mut node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
     wait_ready(&edge, "n1").await;
     let mut rng = Lcg(0x1f0b);
     let mut tasks = tokio::task::JoinSet::new();
-    let gate = Arc::new(tokio::sync::Semaphore::new(16));
+    let gate = Arc::new(tokio::sync::Semaphore::new(CLIENTS));
     let mut restarted = None;
     for i in 0..200u64 {
         if i == 100 {
@@ -437,7 +448,10 @@ async fn two_hundred_requests_with_aborts_and_a_node_restart_leave_nothing_behin
                             assert_eq!(ending.finishes, 1, "{ending:?}");
                             Outcome::Completed
                         }
-                        (0, 1) => Outcome::Failed,
+                        (0, 1) => Outcome::Failed {
+                            code: ending.error_code.clone(),
+                            began: true,
+                        },
                         _ => panic!("request {i}: not exactly one ending: {ending:?}"),
                     }
                 } else {
@@ -448,7 +462,10 @@ async fn two_hundred_requests_with_aborts_and_a_node_restart_leave_nothing_behin
                         Outcome::Completed
                     } else {
                         assert!(v["error"]["message"].is_string(), "{text}");
-                        Outcome::Failed
+                        Outcome::Failed {
+                            code: v["error"]["code"].as_str().unwrap_or_default().to_string(),
+                            began: false,
+                        }
                     }
                 }
             };
@@ -468,15 +485,34 @@ async fn two_hundred_requests_with_aborts_and_a_node_restart_leave_nothing_behin
         .filter(|o| **o == Outcome::Completed)
         .count();
     let aborted = outcomes.iter().filter(|o| **o == Outcome::Aborted).count();
-    let failed = outcomes.len() - completed - aborted;
-    // Only what the kill caught may fail: the requests in flight on the node (at most 16
-    // clients in all). Waiters and everything sent after the kill wait for the new node
-    // (the group waits for reconnects) and complete.
-    assert!(
-        failed <= 16 && completed > 0,
-        "completed {completed}, failed {failed}, aborted {aborted}"
+    let failures: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Failed { .. }))
+        .collect();
+    eprintln!(
+        "completed {completed}, failed {}, aborted {aborted}: {failures:?}",
+        failures.len()
     );
-    eprintln!("completed {completed}, failed {failed}, aborted {aborted}");
+    // What the kill may fail, and only that: a request whose run had begun on the killed
+    // node (it held one of its CAPACITY slots: it is never retried, the provider was at
+    // work), and a request that found no member live for it (the group waits 20 s for a
+    // reconnect, so that needs the new node to be slower than that). Waiters and requests
+    // sent after the kill wait for the new node; a request dispatched into the dying
+    // connection before the edge noticed is retried and served by the new node.
+    let mut in_flight = 0;
+    for failure in &failures {
+        let Outcome::Failed { code, began } = failure else {
+            unreachable!()
+        };
+        match code.as_str() {
+            "node_disconnected" => in_flight += 1,
+            "model_unavailable" => assert!(!began, "{failure:?}"),
+            other => panic!("a failure the kill does not explain: {other} ({failures:?})"),
+        }
+    }
+    assert!(in_flight <= CAPACITY, "{failures:?}");
+    assert!(failures.len() <= CLIENTS, "{failures:?}");
+    assert!(completed > 0);
     assert!(restarted.is_some());
     wait_ready(&edge, "n1").await;
     wait_idle(&edge).await;

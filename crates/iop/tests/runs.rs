@@ -241,9 +241,25 @@ async fn provider_and_program_failures_end_with_an_error_terminal() {
             .contains("500")
     );
 
-    let events = run(&s.edge, json!({"adapter": "nope", "input": "x"})).await;
-    check_stream(&events, "error");
-    assert_eq!(events.last().unwrap().1["error"]["code"], "unknown_adapter");
+    // An adapter the node does not have is refused by the edge before anything is sent.
+    let response = client()
+        .post(s.edge.url("/v1/runs"))
+        .json(&json!({"adapter": "nope", "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    assert_eq!(response.headers()["x-iop-error"], "not_found");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unknown_adapter", "{body}");
+    assert_eq!(body["error"]["param"], "adapter", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("slowmock"),
+        "the message lists the adapters it has: {body}"
+    );
 }
 
 #[tokio::test]
@@ -360,22 +376,34 @@ async fn cancel_kills_the_cli_process_group() {
 }
 
 #[tokio::test]
-async fn max_concurrency_is_enforced_with_an_error_terminal() {
+async fn runs_beyond_max_concurrency_wait_for_the_slot_instead_of_failing() {
     let s = setup().await;
     let (_id, first, seen) =
         start_streaming(&s.edge, json!({"adapter": "slowmock", "input": "x"}), 1).await;
-    let events = run(&s.edge, json!({"adapter": "slowmock", "input": "y"})).await;
-    check_stream(&events, "error");
-    let err = &events.last().unwrap().1["error"];
-    assert_eq!(err["code"], "capacity");
-    assert!(
-        err["message"]
-            .as_str()
-            .unwrap()
-            .contains("max concurrency (1)"),
-        "{err}"
+    // The edge's account for slowmock is bounded by its max_concurrency (1): the second run
+    // waits at the edge for the slot rather than reaching the node's full gate.
+    let edge = std::sync::Arc::new(s.edge);
+    let second = {
+        let edge = edge.clone();
+        tokio::spawn(async move { run(&edge, json!({"adapter": "slowmock", "input": "y"})).await })
+    };
+    let snapshot = status(&edge).await;
+    assert_eq!(
+        provider_of(&snapshot, "n1", "slowmock")["in_flight"]["normal"],
+        1,
+        "{snapshot}"
     );
     check_stream(&rest(first, seen).await, "complete");
+    let events = tokio::time::timeout(Duration::from_secs(20), second)
+        .await
+        .expect("the waiting run got the slot")
+        .unwrap();
+    check_stream(&events, "complete");
+    assert!(
+        !s.node.has_line("max concurrency"),
+        "the node's gate never refused: {}",
+        s.node.log()
+    );
 }
 
 #[tokio::test]

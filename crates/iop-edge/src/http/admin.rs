@@ -1,15 +1,15 @@
 //! Admin endpoints: `/admin/status` (the snapshot), `/admin/events` (the event bus as SSE:
-//! every prompt and output passes through it), `/metrics` (Prometheus text) — admin keys
-//! only — and the open probes `/healthz` and `/readyz`. The node credential endpoints
-//! (`/admin/join-tokens`, `/admin/nodes/{node}/revoke`), admin-only too, are in
-//! `http::trust`.
+//! every prompt and output passes through it), `/metrics` (Prometheus text, or OpenMetrics
+//! when the scraper's `Accept` asks for it) — admin keys only — and the open probes
+//! `/healthz` and `/readyz`. The node credential endpoints (`/admin/join-tokens`,
+//! `/admin/nodes/{node}/revoke`), admin-only too, are in `http::trust`.
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::stream;
@@ -58,16 +58,11 @@ async fn readyz(State(edge): State<Arc<Edge>>) -> Response {
         .into_response()
 }
 
-async fn metrics(State(edge): State<Arc<Edge>>) -> Response {
-    let text = edge.metrics.render(&edge.snapshot());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+async fn metrics(State(edge): State<Arc<Edge>>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = crate::metrics::Format::negotiate(accept);
+    let text = edge.metrics.render(&edge.snapshot(), format);
+    ([(header::CONTENT_TYPE, format.content_type())], text).into_response()
 }
 
 async fn events(State(edge): State<Arc<Edge>>) -> Response {

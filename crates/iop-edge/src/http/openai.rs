@@ -1,11 +1,14 @@
 //! The OpenAI-compatible surface: `GET /v1/models`, `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `POST /v1/embeddings`.
 //!
-//! `model` names a model group. The edge takes a slot on one member, rewrites `model` to the
-//! member's upstream name and dispatches by the member provider's kind: OpenAI-compatible
-//! and vLLM providers get the request through the raw tunnel (their response bytes pass
-//! through untouched); Ollama, CLI and mock providers get a normalized run whose events
-//! the edge renders as OpenAI JSON or SSE. Nothing in the client's request picks the path.
+//! `model` names a model group. This layer parses and validates the request and renders
+//! what the service's dispatcher returns: the dispatcher takes a slot on one member
+//! (retrying on another when one fails before the response began) and sends the request
+//! by the member provider's kind — OpenAI-compatible and vLLM providers get the client's
+//! body through the raw tunnel with `model` rewritten to the member's upstream name (their
+//! response bytes pass through untouched); Ollama, CLI and mock providers get a normalized
+//! run whose events are rendered here as OpenAI JSON or SSE. Nothing in the client's
+//! request picks the path. Responses of dispatched requests carry `x-iop-attempts`.
 
 use std::sync::Arc;
 
@@ -13,19 +16,20 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use iop_proto::pb;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use super::error::ApiError;
+use super::error::{ATTEMPTS_HEADER, ApiError};
 use super::request::{ClientRequest, WrongType, require_json};
 use super::{chat_input, passthrough, render, stream_usage};
 use crate::auth::Caller;
-use crate::lease::Lane;
-use crate::service::{Edge, Observe, RunSpec, TunnelSpec};
+use crate::service::{Edge, LaneInputs, MemberRequest, OpenAiRequest, RunSpec, Served};
+
+pub use crate::service::Operation;
 
 pub fn routes() -> Router<Arc<Edge>> {
     Router::new()
@@ -33,25 +37,6 @@ pub fn routes() -> Router<Arc<Edge>> {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
-}
-
-/// Which OpenAI operation a request is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    Chat,
-    Completion,
-    Embedding,
-}
-
-impl Operation {
-    /// The path below the provider's API root.
-    fn provider_path(self) -> &'static str {
-        match self {
-            Operation::Chat => "/chat/completions",
-            Operation::Completion => "/completions",
-            Operation::Embedding => "/embeddings",
-        }
-    }
 }
 
 /// The model groups the caller's key may use.
@@ -121,158 +106,121 @@ async fn embeddings(
 async fn respond(edge: &Arc<Edge>, op: Operation, incoming: Incoming) -> Response {
     match handle(edge, op, incoming).await {
         Ok(response) => response,
-        Err((group, err)) => {
-            edge.metrics.count_request(&group, "none", &err.code);
-            err.into_response()
-        }
+        Err(err) => err.into_response(),
     }
 }
 
-/// Parses, admits and dispatches one request. Errors carry the model group for metrics.
-async fn handle(
-    edge: &Arc<Edge>,
-    op: Operation,
-    incoming: Incoming,
-) -> Result<Response, (String, ApiError)> {
+/// Parses and validates one request, has the service dispatch it and renders the answer.
+async fn handle(edge: &Arc<Edge>, op: Operation, incoming: Incoming) -> Result<Response, ApiError> {
     let Incoming {
         caller,
         headers,
         body,
     } = incoming;
-    let unknown = |e: ApiError| (String::new(), e);
-    require_json(&headers).map_err(unknown)?;
-    let body = body.map_err(|r| unknown(super::body_error(r, edge)))?;
-    let request = ClientRequest::parse(&body).map_err(unknown)?;
-    let invalid_model = || {
-        unknown(
-            ApiError::bad_request("invalid_model", "`model` must be a non-empty string")
-                .with_param("model"),
-        )
+    // Refused before it reached the dispatcher: counted here, under its group if known.
+    let rejected = |group: &str, e: ApiError| {
+        edge.metrics.count_request(group, "none", e.reason.as_str());
+        e
     };
+    require_json(&headers).map_err(|e| rejected("", e))?;
+    let body = body.map_err(|r| rejected("", super::body_error(r, edge)))?;
+    let request = ClientRequest::parse(&body).map_err(|e| rejected("", e))?;
     let group = match request.typed::<String>("model") {
         Ok(Some(m)) if !m.is_empty() => m,
         Ok(None) if !request.has("model") => {
-            return Err(unknown(
+            return Err(rejected(
+                "",
                 ApiError::bad_request("missing_model", "you must provide a `model` parameter")
                     .with_param("model"),
             ));
         }
-        _ => return Err(invalid_model()),
+        _ => {
+            return Err(rejected(
+                "",
+                ApiError::bad_request("invalid_model", "`model` must be a non-empty string")
+                    .with_param("model"),
+            ));
+        }
     };
-    let fail = |e: ApiError| (group.clone(), e);
-    let policy = edge
-        .admission
-        .policy(&group)
-        .filter(|_| caller.may_use_model(&group))
-        .ok_or_else(|| {
-            fail(
-                ApiError::not_found(
-                    "model_not_found",
-                    format!(
-                        "the model `{group}` does not exist or you do not have access to it; \
-                         GET /v1/models lists the models you can use"
-                    ),
-                )
-                .with_param("model"),
+    if edge.admission.policy(&group).is_none() || !caller.may_use_model(&group) {
+        return Err(rejected(
+            &group,
+            ApiError::not_found(
+                "model_not_found",
+                format!(
+                    "the model `{group}` does not exist or you do not have access to it; \
+                     GET /v1/models lists the models you can use"
+                ),
             )
-        })?;
-    validate(&request, op).map_err(fail)?;
+            .with_param("model"),
+        ));
+    }
+    validate(&request, op).map_err(|e| rejected(&group, e))?;
     let stream = op != Operation::Embedding && request.get::<bool>("stream").unwrap_or(false);
-    let lane = match policy.long_context_tokens {
-        Some(threshold) if estimate_context_tokens(&request, op) >= threshold => Lane::Long,
-        _ => Lane::Normal,
-    };
-    let (admitted, session) = edge
-        .admit_group(&group, lane)
-        .await
-        .map_err(|e| fail(e.into()))?;
-    let grant = admitted.grant.clone();
-    let provider = edge.provider(&grant.node, &grant.provider).ok_or_else(|| {
-        fail(ApiError::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "model_unavailable",
-            format!(
-                "provider {}/{} was removed from the configuration",
-                grant.node, grant.provider
-            ),
-        ))
-    })?;
-    let observe = Observe {
-        model_group: group.clone(),
-        node_id: grant.node.to_string(),
-        provider_id: grant.provider.to_string(),
-        api_key: caller.owner(),
-    };
-    if provider.kind.is_tunnel() {
-        let usage_injected =
-            stream && provider.injects_stream_usage() && !stream_usage::client_asked(&request);
-        let body = stream_usage::provider_body(&request, &grant.upstream_model, usage_injected);
-        let accept = if stream {
-            "text/event-stream"
-        } else {
-            "application/json"
-        };
-        let spec = TunnelSpec {
-            adapter: provider.id.clone(),
-            method: "POST".into(),
-            path: op.provider_path().into(),
-            headers: vec![
-                header("content-type", "application/json"),
-                header("accept", accept),
-            ],
-            body: body.into(),
-            usage_injected,
-        };
-        let tunnel = edge
-            .start_tunnel(session, spec, Some(admitted.guard), Some(observe))
-            .await
-            .map_err(|e| fail(e.into()))?;
-        let response = passthrough::respond(tunnel).await.map_err(fail)?;
-        edge.metrics.count_request(&group, "tunnel", "ok");
-        return Ok(response);
-    }
-    if op == Operation::Embedding {
-        return Err(fail(ApiError::bad_request(
-            "unsupported_operation",
-            format!(
-                "model `{group}` is served by a {} provider; embeddings are served by openai_compat and vllm providers only",
-                provider.kind.as_str()
-            ),
-        )));
-    }
-    let request = request.to_map();
-    let mut spec = run_spec(&request, op, &provider.id, &grant.upstream_model);
-    spec.owner = caller.owner();
     let include_usage = request
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
+        .get::<Map<String, Value>>("stream_options")
+        .and_then(|o| o.get("include_usage").and_then(Value::as_bool))
         .unwrap_or(false);
-    let mut run = edge
-        .start_run(session, spec, Some(admitted.guard), Some(observe))
-        .await
-        .map_err(|e| fail(e.into()))?;
-    let first = render::first_event(&mut run).await.map_err(fail)?;
-    let shape = render::Shape {
+    let shape_of = ShapeOf {
+        request: &request,
         op,
-        model: group.clone(),
-        include_usage,
+        stream,
     };
-    let response = if stream {
-        render::sse(run, first, shape)
-    } else {
-        let limit = edge.config().limits.http.max_response_bytes;
-        render::json(run, first, shape, limit).await.map_err(fail)?
+    let dispatched = edge
+        .dispatch(OpenAiRequest {
+            op,
+            group: &group,
+            stream,
+            lane: lane_inputs(&request, op),
+            api_key: caller.owner(),
+            body: &shape_of,
+        })
+        .await
+        .map_err(|failure| ApiError::from(failure.error).with_attempts(failure.attempts))?;
+    let attempts = dispatched.attempts;
+    let with_attempts = |e: ApiError| e.with_attempts(attempts);
+    let mut response = match dispatched.served {
+        Served::Tunnel { head, stream } => {
+            passthrough::respond(head, stream).map_err(with_attempts)?
+        }
+        Served::Run { first, stream: run } => {
+            let shape = render::Shape {
+                op,
+                model: group.clone(),
+                include_usage,
+            };
+            if stream {
+                render::sse(run, first, shape)
+            } else {
+                let limit = edge.config().limits.http.max_response_bytes;
+                render::json(run, first, shape, limit)
+                    .await
+                    .map_err(with_attempts)?
+            }
+        }
     };
-    edge.metrics.count_request(&group, "run", "ok");
+    response
+        .headers_mut()
+        .insert(ATTEMPTS_HEADER, HeaderValue::from(attempts));
     Ok(response)
 }
 
-fn header(name: &str, value: &str) -> pb::Header {
-    pb::Header {
-        name: name.into(),
-        value: value.as_bytes().to_vec(),
+/// The parsed request in the shape each kind of member takes.
+struct ShapeOf<'r, 'a> {
+    request: &'r ClientRequest<'a>,
+    op: Operation,
+    stream: bool,
+}
+
+impl MemberRequest for ShapeOf<'_, '_> {
+    fn tunnel_body(&self, upstream_model: &str, ask_usage: bool) -> (Bytes, bool) {
+        let usage_injected = ask_usage && self.stream && !stream_usage::client_asked(self.request);
+        let body = stream_usage::provider_body(self.request, upstream_model, usage_injected);
+        (body.into(), usage_injected)
+    }
+
+    fn run_spec(&self, adapter: &str, upstream_model: &str) -> RunSpec {
+        run_spec(&self.request.to_map(), self.op, adapter, upstream_model)
     }
 }
 
@@ -421,9 +369,9 @@ fn validate_text_input(request: &ClientRequest, key: &str) -> Result<(), ApiErro
     }
 }
 
-/// Cheap context estimate deciding the lane: characters of the prompt / 4 (about one token
-/// per four characters of English) plus the requested `max_tokens`.
-pub fn estimate_context_tokens(request: &ClientRequest, op: Operation) -> u64 {
+/// What the lane estimate reads of a request: characters of the prompt (every message's
+/// text content, the prompt or the input) and `max_completion_tokens` / `max_tokens`.
+pub fn lane_inputs(request: &ClientRequest, op: Operation) -> LaneInputs {
     let chars: usize = match op {
         Operation::Chat => request
             .value("messages")
@@ -442,7 +390,10 @@ pub fn estimate_context_tokens(request: &ClientRequest, op: Operation) -> u64 {
         .get::<u64>("max_completion_tokens")
         .or_else(|| request.get::<u64>("max_tokens"))
         .unwrap_or(0);
-    (chars as u64).div_ceil(4).saturating_add(max_tokens)
+    LaneInputs {
+        prompt_chars: chars as u64,
+        max_tokens,
+    }
 }
 
 /// The text of a message's `content`: a string, or the text parts of an array.
@@ -539,7 +490,10 @@ mod tests {
 
     fn estimate(v: Value, op: Operation) -> u64 {
         let body = v.to_string();
-        estimate_context_tokens(&ClientRequest::parse(body.as_bytes()).unwrap(), op)
+        crate::service::dispatch::estimate_context_tokens(lane_inputs(
+            &ClientRequest::parse(body.as_bytes()).unwrap(),
+            op,
+        ))
     }
 
     fn check(v: Value, op: Operation) -> Result<(), ApiError> {

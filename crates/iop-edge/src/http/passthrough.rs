@@ -17,36 +17,22 @@ use futures::stream;
 use iop_proto::pb;
 
 use super::error::ApiError;
-use crate::service::{TunnelItem, TunnelStream};
+use crate::service::{TunnelHead, TunnelItem, TunnelStream};
+use iop_proto::ErrorCode;
 use sse::EventBoundary;
 
 /// Most body bytes already arrived that are merged into one write to the client.
 const MAX_MERGE: usize = 256 * 1024;
 
-/// Waits for the response head, then streams the body.
-pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
-    let mut status = None;
-    let headers = loop {
-        match tunnel.next().await {
-            Some(TunnelItem::Status(s)) => status = Some(s),
-            Some(TunnelItem::Headers(h)) => break h,
-            Some(TunnelItem::Error(e)) => return Err(ApiError::upstream(&e.code, &e.message)),
-            Some(TunnelItem::Body(_)) | Some(TunnelItem::End) | None => {
-                return Err(ApiError::upstream(
-                    "upstream_error",
-                    "the provider response ended before its headers",
-                ));
-            }
-        }
-    };
-    let head = status
-        .ok_or_else(|| "the provider response came without a status".to_string())
-        .and_then(|status| head::relay_head(status, &headers))
-        .map_err(|message| {
-            tracing::warn!(node_id = tunnel.node_id(), request_id = tunnel.request_id(), %message, "provider response refused");
-            // Dropping the unfinished tunnel cancels it on the node.
-            ApiError::upstream("bad_upstream_response", &message)
-        })?;
+/// Checks the provider's response head (which the dispatcher waited for), then streams
+/// the body.
+pub fn respond(provider_head: TunnelHead, mut tunnel: TunnelStream) -> Result<Response, ApiError> {
+    let head = head::relay_head(provider_head.status, &provider_head.headers).map_err(|message| {
+        tracing::warn!(node_id = tunnel.node_id(), request_id = tunnel.request_id(), %message, "provider response refused");
+        // Dropping the unfinished tunnel cancels it on the node.
+        tunnel.fail(ErrorCode::BadUpstreamResponse);
+        ApiError::of(ErrorCode::BadUpstreamResponse, message)
+    })?;
     let state = BodyState {
         tunnel,
         is_sse: head.is_sse,
@@ -151,7 +137,7 @@ impl BodyState {
     /// Ends the body after `bytes`: an SSE error event for event streams, an aborted
     /// body (the client sees a truncated response) otherwise.
     fn fail(mut self, bytes: Bytes, e: pb::TunnelError) -> BodyStep {
-        tracing::warn!(request_id = self.tunnel.request_id(), code = %e.code, message = %e.message, "tunnel failed mid-body");
+        tracing::warn!(request_id = self.tunnel.request_id(), code = e.error_code().as_str(), message = %e.message, "tunnel failed mid-body");
         if self.is_sse {
             let mut out = bytes::BytesMut::from(&bytes[..]);
             if let Some(events) = self.events.as_mut() {
@@ -179,6 +165,6 @@ impl BodyState {
 }
 
 fn sse_error(e: &pb::TunnelError) -> Bytes {
-    let body = ApiError::upstream(&e.code, &e.message).body();
+    let body = ApiError::from_tunnel_error(e).body();
     Bytes::from(format!("data: {body}\n\n"))
 }

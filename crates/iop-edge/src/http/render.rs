@@ -7,12 +7,16 @@ use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures::stream;
+use iop_proto::ErrorCode;
 use iop_proto::pb::{self, RunEventKind};
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::openai::Operation;
-use crate::service::RunStream;
+use crate::service::{Operation, RunStream};
+
+fn cancelled() -> ApiError {
+    ApiError::of(ErrorCode::Cancelled, "the run was cancelled")
+}
 
 /// What the client asked to get back.
 #[derive(Debug, Clone)]
@@ -21,23 +25,6 @@ pub struct Shape {
     /// The public model name (the group), as the client sent it.
     pub model: String,
     pub include_usage: bool,
-}
-
-/// Waits for the run's first event so a failure before any output becomes an HTTP error.
-pub async fn first_event(run: &mut RunStream) -> Result<pb::RunEvent, ApiError> {
-    match run.next().await {
-        Some(e) if e.kind() == RunEventKind::Error => {
-            Err(ApiError::from_run_error(e.error.as_ref()))
-        }
-        Some(e) if e.kind() == RunEventKind::Cancelled => {
-            Err(ApiError::upstream("cancelled", "the run was cancelled"))
-        }
-        Some(e) => Ok(e),
-        None => Err(ApiError::upstream(
-            "upstream_error",
-            "the run ended without events",
-        )),
-    }
 }
 
 fn created() -> u64 {
@@ -96,8 +83,9 @@ pub async fn json(
     let mut event = Some(first);
     let complete = loop {
         let Some(e) = event.take() else {
-            return Err(ApiError::upstream(
-                "upstream_error",
+            run.fail(ErrorCode::ProviderError);
+            return Err(ApiError::of(
+                ErrorCode::ProviderError,
                 "the run ended without a terminal",
             ));
         };
@@ -110,10 +98,9 @@ pub async fn json(
                 max_bytes,
                 "non-streamed answer over limits.http.max_response_bytes: cancelling the run"
             );
-            return Err(ApiError::new(
-                axum::http::StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                "response_too_large",
+            run.fail(ErrorCode::ResponseTooLarge);
+            return Err(ApiError::of(
+                ErrorCode::ResponseTooLarge,
                 format!(
                     "the answer grew past this edge's limit of {max_bytes} bytes for a \
                      non-streamed response (limits.http.max_response_bytes) and was cancelled; \
@@ -130,10 +117,8 @@ pub async fn json(
             }
             RunEventKind::Complete => break e,
             RunEventKind::Error => return Err(ApiError::from_run_error(e.error.as_ref())),
-            RunEventKind::Cancelled => {
-                return Err(ApiError::upstream("cancelled", "the run was cancelled"));
-            }
-            RunEventKind::Start | RunEventKind::Unspecified => {}
+            RunEventKind::Cancelled => return Err(cancelled()),
+            RunEventKind::Start | RunEventKind::Unspecified | RunEventKind::Accepted => {}
         }
         event = run.next().await;
     };
@@ -231,6 +216,7 @@ impl SseState {
         };
         match e.kind() {
             RunEventKind::Start | RunEventKind::Unspecified => role(self, &mut out),
+            RunEventKind::Accepted => {}
             RunEventKind::Delta => {
                 role(self, &mut out);
                 out.extend_from_slice(&self.chunk(json!({"content": e.text}), None));
@@ -262,9 +248,7 @@ impl SseState {
                 self.done = true;
             }
             RunEventKind::Cancelled => {
-                out.extend_from_slice(&data(
-                    &ApiError::upstream("cancelled", "the run was cancelled").body(),
-                ));
+                out.extend_from_slice(&data(&cancelled().body()));
                 self.done = true;
             }
         }

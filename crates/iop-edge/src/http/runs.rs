@@ -196,7 +196,7 @@ pub fn event_json(e: &pb::RunEvent) -> Value {
         v["usage"] = usage;
     }
     if let Some(err) = &e.error {
-        v["error"] = json!({"code": err.code, "message": err.message});
+        v["error"] = json!({"code": err.error_code().as_str(), "message": err.message});
     }
     if !e.tool_calls.is_empty() {
         v["tool_calls"] = e

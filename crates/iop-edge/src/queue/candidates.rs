@@ -1,18 +1,22 @@
 //! Which members may take new requests, and what changes it: a member is a candidate when
-//! it is online with a free slot in the lane and, while its group has another online
-//! member that is not excluded, is not excluded itself (probed unhealthy or ejected).
-//! Request outcomes feed passive ejection here, probe reports the probe health; neither
-//! ever ejects or excludes a group's last usable member.
+//! it is online with a free slot in the lane, is not one the request already failed on
+//! (a retry), and, while its group has another such member that is not excluded, is not
+//! excluded itself (probed unhealthy or ejected). Request outcomes feed passive ejection
+//! here, probe reports the probe health; neither ever ejects or excludes a group's last
+//! usable member. A provider's own queue (native runs pinned to it) is not a group here:
+//! it never keeps a provider from being ejected.
 
 use std::time::Instant;
 
 use iop_proto::pb;
 
-use super::{Dispatch, Scheduler};
+use super::{Dispatch, Scheduler, excluded};
 use crate::ejection::{ProviderOutcome, Verdict};
 use crate::health::{ProbeChange, ProbeHealth};
 use crate::lease::{AccountId, Lane, ProviderKey};
 use crate::registry::Generation;
+
+type Tried = [(AccountId, Generation)];
 
 /// What the status snapshot shows of one provider's health.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -31,28 +35,40 @@ pub struct HealthView {
 }
 
 impl<W> Scheduler<W> {
-    fn excluded(&self, account: AccountId, now: Instant) -> bool {
+    fn health_excluded(&self, account: AccountId, now: Instant) -> bool {
         self.health.get(&account).is_some_and(|h| h.excluded(now))
     }
 
-    /// Whether exclusions apply to `lane` requests of group `g`: some member that serves
-    /// the lane is not excluded. If none is, every online member is a candidate again.
-    pub(super) fn exclusions_apply(&self, g: usize, lane: Lane, now: Instant) -> bool {
-        self.groups[g]
-            .members
-            .iter()
-            .any(|m| self.leases.serves(m.account, lane) && !self.excluded(m.account, now))
+    /// Whether health exclusions apply to `lane` requests of group `g` that already failed
+    /// on the members in `tried`: some other member that serves the lane is not excluded.
+    /// If none is, every online member is a candidate again.
+    pub(super) fn exclusions_apply(
+        &self,
+        g: usize,
+        lane: Lane,
+        tried: &Tried,
+        now: Instant,
+    ) -> bool {
+        self.groups[g].members.iter().any(|m| {
+            self.leases.serves(m.account, lane)
+                && !excluded(&self.leases, tried, m.account)
+                && !self.health_excluded(m.account, now)
+        })
     }
 
-    /// Whether `account` can take a `lane` request now (`honour`: exclusions apply).
+    /// Whether `account` can take a `lane` request that already failed on `tried` now
+    /// (`honour`: health exclusions apply).
     pub(super) fn candidate(
         &self,
         account: AccountId,
         lane: Lane,
+        tried: &Tried,
         honour: bool,
         now: Instant,
     ) -> bool {
-        self.leases.has_free(account, lane) && !(honour && self.excluded(account, now))
+        self.leases.has_free(account, lane)
+            && !excluded(&self.leases, tried, account)
+            && !(honour && self.health_excluded(account, now))
     }
 
     /// Whether `account` may be ejected: every group it belongs to keeps another member
@@ -60,12 +76,12 @@ impl<W> Scheduler<W> {
     fn may_eject(&self, account: AccountId, now: Instant) -> bool {
         self.groups
             .iter()
-            .filter(|g| g.members.iter().any(|m| m.account == account))
+            .filter(|g| !g.direct && g.members.iter().any(|m| m.account == account))
             .all(|g| {
                 g.members.iter().any(|m| {
                     m.account != account
                         && self.leases.serves_any(m.account)
-                        && !self.excluded(m.account, now)
+                        && !self.health_excluded(m.account, now)
                 })
             })
     }

@@ -19,6 +19,7 @@ fn member(node: &str, capacity: u32) -> MemberSpec {
             long: 0,
         },
         enabled: true,
+        traits: MemberTraits::default(),
     }
 }
 

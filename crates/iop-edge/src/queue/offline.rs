@@ -23,12 +23,17 @@ impl<W> Scheduler<W> {
     }
 
     /// Brings every waiter's stranding up to date: stranded from `now` if no member serves
-    /// its lane any more, no longer stranded if one does.
+    /// its lane any more (none it has not already failed on), no longer stranded if one
+    /// does.
     pub(super) fn restrand(&mut self, now: Instant) {
         for g in 0..self.groups.len() {
-            let live = [Lane::Normal, Lane::Long].map(|lane| self.has_live_candidate(g, lane));
-            for w in &mut self.groups[g].waiters {
-                if live[w.lane as usize] {
+            let live: Vec<bool> = self.groups[g]
+                .waiters
+                .iter()
+                .map(|w| self.live_for(g, w.lane, &w.exclude))
+                .collect();
+            for (w, live) in self.groups[g].waiters.iter_mut().zip(live) {
+                if live {
                     w.stranded_since = None;
                 } else if w.stranded_since.is_none() {
                     w.stranded_since = Some(now);

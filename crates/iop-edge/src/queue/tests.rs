@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 
 use super::*;
+use crate::lease::AccountSpec;
 
 /// A fixed moment: these tests do not depend on time (the health tests pass their own).
 fn now() -> Instant {
@@ -23,6 +24,19 @@ fn member(node: &str, provider: &str, normal: u32, long: u32) -> MemberSpec {
         upstream_model: format!("{provider}-model"),
         capacity: LaneCounts { normal, long },
         enabled: true,
+        traits: MemberTraits::default(),
+    }
+}
+
+fn provider(node: &str, name: &str, normal: u32, long: u32) -> ProviderSpec {
+    ProviderSpec {
+        account: AccountSpec {
+            key: key(node, name),
+            capacity: LaneCounts { normal, long },
+            max_in_flight: normal + long,
+            enabled: true,
+        },
+        traits: MemberTraits::default(),
     }
 }
 
@@ -245,7 +259,7 @@ fn more_capacity_from_a_reload_dispatches_waiters_at_once() {
     queued(s.admit("g", Lane::Normal, "waiting", now()));
     let online = [("n".to_string(), Generation(1))].into();
     let (orphaned, woken) = s.reconfigure(
-        [(key("n", "p"), LaneCounts { normal: 2, long: 0 }, true)],
+        [provider("n", "p", 2, 0)],
         [group("g", vec![member("n", "p", 2, 0)])],
         &online,
         now(),
@@ -272,10 +286,7 @@ fn a_reload_ends_waiters_of_removed_groups_and_serves_new_ones() {
     queued(s.admit("old", Lane::Normal, "orphan", now()));
     let online = [("n".to_string(), Generation(3))].into();
     let (orphaned, woken) = s.reconfigure(
-        [
-            (key("n", "p"), LaneCounts { normal: 1, long: 0 }, true),
-            (key("n", "q"), LaneCounts { normal: 1, long: 0 }, true),
-        ],
+        [provider("n", "p", 1, 0), provider("n", "q", 1, 0)],
         [group("new", vec![member("n", "q", 1, 0)])],
         &online,
         now(),
@@ -310,6 +321,118 @@ fn a_provider_dropped_by_a_reload_takes_no_new_requests() {
     let (_, _) = s.reconfigure([], [], &online, now());
     let account = s.leases().account(&key("n", "p")).unwrap();
     assert!(!s.leases().view(account).enabled);
+}
+
+#[test]
+fn a_retry_never_gets_a_member_that_failed_it_under_the_same_generation() {
+    let mut s: Scheduler<&str> = Scheduler::new(
+        [provider("a", "p", 1, 0), provider("b", "p", 1, 0)],
+        [group(
+            "g",
+            vec![member("a", "p", 1, 0), member("b", "p", 1, 0)],
+        )],
+    );
+    s.node_ready("a", Generation(1), now());
+    s.node_ready("b", Generation(2), now());
+    let first = granted(s.admit("g", Lane::Normal, "first", now()));
+    let failed_on = first.exclusion();
+    let mut woken = Vec::new();
+    s.release(first.lease, &mut woken, now());
+    // The retry goes to the other member, whichever the round-robin would pick.
+    let retry = granted(s.admit_excluding(
+        "g",
+        Lane::Normal,
+        "retry",
+        std::slice::from_ref(&failed_on),
+        now(),
+    ));
+    assert_ne!(retry.node, failed_on.key.node);
+    // With the other member busy, the retry waits rather than taking the failed one...
+    let blocked = s.admit_excluding(
+        "g",
+        Lane::Normal,
+        "again",
+        std::slice::from_ref(&failed_on),
+        now(),
+    );
+    let waiting = queued(blocked);
+    // ...while a fresh request behind it takes the free (not excluded) slot.
+    let fresh = granted(s.admit("g", Lane::Normal, "fresh", now()));
+    assert_eq!(fresh.node, failed_on.key.node);
+    // When the other member frees, the excluded waiter gets it.
+    s.release(retry.lease, &mut woken, now());
+    assert_eq!(woken.len(), 1);
+    assert_eq!(woken[0].waiter, "again");
+    assert_ne!(woken[0].grant.node, failed_on.key.node);
+    assert!(s.cancel_waiter(waiting).is_none());
+    // Every member excluded: refused at once.
+    let other = woken[0].grant.exclusion();
+    assert!(matches!(
+        s.admit_excluding("g", Lane::Normal, "none", &[failed_on, other], now()),
+        Admission::Exhausted
+    ));
+}
+
+#[test]
+fn an_excluded_member_is_a_candidate_again_under_its_next_generation() {
+    let mut s: Scheduler<&str> = Scheduler::new(
+        [provider("a", "p", 1, 0)],
+        [waiting_group("g", vec![member("a", "p", 1, 0)])],
+    );
+    s.node_ready("a", Generation(1), now());
+    let first = granted(s.admit("g", Lane::Normal, "first", now()));
+    let failed_on = first.exclusion();
+    s.node_lost("a", Generation(1), now());
+    // The node is gone: in a group that waits for reconnects the retry waits for it...
+    queued(s.admit_excluding("g", Lane::Normal, "retry", &[failed_on], now()));
+    // ...and its new generation serves it.
+    let woken = s.node_ready("a", Generation(2), now());
+    assert_eq!(woken.len(), 1);
+    assert_eq!(woken[0].grant.generation, Generation(2));
+}
+
+#[test]
+fn the_nodes_gate_caps_the_lanes_of_a_provider() {
+    let mut p = provider("n", "p", 4, 1);
+    p.account.max_in_flight = 1;
+    let mut s: Scheduler<&str> = Scheduler::new([p], [group("g", vec![member("n", "p", 4, 1)])]);
+    s.node_ready("n", Generation(1), now());
+    let only = granted(s.admit("g", Lane::Normal, "only", now()));
+    queued(s.admit("g", Lane::Normal, "second", now()));
+    queued(s.admit("g", Lane::Long, "long", now()));
+    let mut woken = Vec::new();
+    s.release(only.lease, &mut woken, now());
+    assert_eq!(woken.len(), 1, "one at a time");
+}
+
+#[test]
+fn requests_pinned_to_a_provider_share_its_account_with_the_groups() {
+    let mut s: Scheduler<&str> = Scheduler::new(
+        [provider("n", "p", 1, 0)],
+        [group("g", vec![member("n", "p", 1, 0)])],
+    );
+    s.node_ready("n", Generation(1), now());
+    let pinned = granted(s.admit_direct(&key("n", "p"), Lane::Normal, "native run", now()));
+    assert_eq!(&*pinned.provider, "p");
+    // The group's request waits for the slot the native run holds.
+    queued(s.admit("g", Lane::Normal, "group request", now()));
+    queued(s.admit_direct(&key("n", "p"), Lane::Normal, "second run", now()));
+    let mut woken = Vec::new();
+    s.release(pinned.lease, &mut woken, now());
+    assert_eq!(
+        woken[0].waiter, "group request",
+        "oldest first across queues"
+    );
+    assert!(matches!(
+        s.admit_direct(&key("n", "nope"), Lane::Normal, "x", now()),
+        Admission::UnknownGroup
+    ));
+    // Provider queues are not model groups.
+    assert_eq!(s.groups_waiting().count(), 1);
+    assert!(matches!(
+        s.admit("n/p", Lane::Normal, "x", now()),
+        Admission::UnknownGroup
+    ));
 }
 
 // ------------------------------------------------------------------ property test
@@ -463,8 +586,8 @@ proptest! {
                             assert!(serving.iter().all(|&n| m.generation[n].is_none()));
                             assert!(!members.is_empty());
                         }
-                        Admission::NoCapacityInLane | Admission::UnknownGroup => {
-                            unreachable!("every fixture group has both lanes")
+                        Admission::NoCapacityInLane | Admission::UnknownGroup | Admission::Exhausted => {
+                            unreachable!("every fixture group has both lanes; nothing is excluded")
                         }
                     }
                 }

@@ -12,14 +12,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iop_proto::pb;
+use iop_proto::{ErrorCode, pb};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 
 use crate::ejection::{ProviderOutcome, Verdict};
 use crate::health::ProbeChange;
 use crate::lease::{Lane, LeaseId, ProviderKey};
-use crate::queue::{Admission, Dispatch, Grant, Scheduler, WaiterId};
+use crate::queue::{Admission, Dispatch, Exclusion, Grant, Scheduler, WaiterId};
 use crate::registry::Generation;
 
 /// The scheduler's clock: tokio's, so a paused test clock drives it.
@@ -29,6 +29,24 @@ pub fn clock() -> Instant {
 
 /// Suggested wait before retrying after a full queue (the `Retry-After` header).
 pub const RETRY_AFTER_SECS: u64 = 1;
+/// How long a request pinned to one provider (a native run) waits for a slot.
+pub const DIRECT_TIMEOUT: Duration = Duration::from_secs(crate::config::DEFAULT_QUEUE_TIMEOUT_SEC);
+
+/// What a request waits for: a slot on any member of a model group, or on one provider.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    Group(&'a str),
+    Provider(&'a ProviderKey),
+}
+
+impl Target<'_> {
+    fn name(&self) -> String {
+        match self {
+            Target::Group(name) => name.to_string(),
+            Target::Provider(key) => format!("{}/{}", key.node, key.provider),
+        }
+    }
+}
 
 /// Why a request got no slot.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -57,6 +75,23 @@ pub enum AdmitError {
         members: Vec<String>,
         waited: Option<Duration>,
     },
+    /// Every member that could serve the request already failed it.
+    #[error("every member of model `{group}` failed this request")]
+    Exhausted { group: String },
+}
+
+impl AdmitError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            AdmitError::UnknownGroup(_) => ErrorCode::ModelNotFound,
+            AdmitError::NoCapacityInLane { .. } => ErrorCode::ContextLengthExceeded,
+            AdmitError::QueueFull { .. } => ErrorCode::QueueFull,
+            AdmitError::Timeout { .. } => ErrorCode::QueueTimeout,
+            AdmitError::Unavailable { .. }
+            | AdmitError::Offline { .. }
+            | AdmitError::Exhausted { .. } => ErrorCode::ModelUnavailable,
+        }
+    }
 }
 
 /// A held slot. Dropping it returns the slot (once; a slot already returned by a node
@@ -153,7 +188,7 @@ impl AdmissionControl {
     /// removed groups end with an error; waiters the new capacity lets through run now.
     pub fn reconfigure(
         self: &Arc<Self>,
-        plan: crate::service::reload::AdmissionPlan,
+        plan: crate::service::plan::AdmissionPlan,
         online: &std::collections::HashMap<String, Generation>,
     ) {
         let (orphaned, woken) = {
@@ -175,22 +210,40 @@ impl AdmissionControl {
         }
     }
 
-    /// Waits for a slot of `lane` in `group`, up to the group's queue timeout (and, while
-    /// no member is online, up to its `wait_for_reconnect`).
+    /// Waits for a slot of `lane` on `target`, up to its queue timeout (or `until`, for a
+    /// retry that already spent part of it; and, while no member is online, up to the
+    /// group's `wait_for_reconnect`), never on a member `exclude` names (under that
+    /// generation). `until` is on the scheduler's [`clock`].
     pub async fn acquire(
         self: &Arc<Self>,
-        group: &str,
+        target: Target<'_>,
         lane: Lane,
+        exclude: &[Exclusion],
+        until: Option<Instant>,
     ) -> Result<Admitted, AdmitError> {
-        let Some(policy) = self.policy(group) else {
-            return Err(AdmitError::UnknownGroup(group.to_string()));
-        };
+        let group = target.name();
         let started = clock();
+        let (timeout, wait_for_reconnect) = match target {
+            Target::Group(name) => match self.policy(name) {
+                Some(policy) => (policy.timeout, policy.wait_for_reconnect),
+                None => return Err(AdmitError::UnknownGroup(group)),
+            },
+            Target::Provider(_) => (DIRECT_TIMEOUT, Duration::ZERO),
+        };
+        let timeout = match until {
+            Some(until) => until.saturating_duration_since(started).min(timeout),
+            None => timeout,
+        };
         let (tx, mut rx) = oneshot::channel();
-        let admission = self
-            .scheduler
-            .lock()
-            .admit(group, lane, (tx, started), started);
+        let admission = {
+            let mut scheduler = self.scheduler.lock();
+            match target {
+                Target::Group(name) => {
+                    scheduler.admit_excluding(name, lane, (tx, started), exclude, started)
+                }
+                Target::Provider(key) => scheduler.admit_direct(key, lane, (tx, started), started),
+            }
+        };
         let id = match admission {
             Admission::Granted(grant) => {
                 return Ok(Admitted {
@@ -201,33 +254,28 @@ impl AdmissionControl {
             }
             Admission::Queued(id) => id,
             Admission::QueueFull { max_waiting } => {
-                return Err(AdmitError::QueueFull {
-                    group: group.to_string(),
-                    max_waiting,
-                });
+                return Err(AdmitError::QueueFull { group, max_waiting });
             }
             Admission::NoCapacityInLane => {
-                return Err(AdmitError::NoCapacityInLane {
-                    group: group.to_string(),
-                    lane,
-                });
+                return Err(AdmitError::NoCapacityInLane { group, lane });
             }
             Admission::Offline { members } => {
                 return Err(AdmitError::Offline {
-                    group: group.to_string(),
+                    group,
                     members,
                     waited: None,
                 });
             }
-            Admission::UnknownGroup => return Err(AdmitError::UnknownGroup(group.to_string())),
+            Admission::Exhausted => return Err(AdmitError::Exhausted { group }),
+            Admission::UnknownGroup => return Err(AdmitError::UnknownGroup(group)),
         };
-        tracing::debug!(model_group = group, lane = lane.as_str(), "request queued");
+        tracing::debug!(model_group = %group, lane = lane.as_str(), "request queued");
         let mut waiter = QueuedWaiter {
             control: self,
             id,
             active: true,
         };
-        let deadline = tokio::time::Instant::from_std(started) + policy.timeout;
+        let deadline = tokio::time::Instant::from_std(started) + timeout;
         let dropped = || Err("the edge dropped the request".to_string());
         let outcome = loop {
             // Registered before the stranding is read, so a loss in between still wakes us.
@@ -241,7 +289,7 @@ impl AdmissionControl {
                     waiter.active = false;
                     if self.scheduler.lock().cancel_waiter(id).is_some() {
                         return Err(AdmitError::Timeout {
-                            group: group.to_string(),
+                            group,
                             waited: clock().saturating_duration_since(started),
                         });
                     }
@@ -254,9 +302,9 @@ impl AdmissionControl {
                     if let Some((_, members)) = expired {
                         waiter.active = false;
                         return Err(AdmitError::Offline {
-                            group: group.to_string(),
+                            group,
                             members,
-                            waited: Some(policy.wait_for_reconnect),
+                            waited: Some(wait_for_reconnect),
                         });
                     }
                 }
@@ -264,10 +312,7 @@ impl AdmissionControl {
             }
         };
         waiter.active = false;
-        outcome.map_err(|reason| AdmitError::Unavailable {
-            group: group.to_string(),
-            reason,
-        })
+        outcome.map_err(|reason| AdmitError::Unavailable { group, reason })
     }
 
     fn guard(self: &Arc<Self>, lease: LeaseId) -> LeaseGuard {
@@ -435,6 +480,7 @@ mod tests {
                     upstream_model: "m".into(),
                     capacity: LaneCounts { normal: 1, long: 0 },
                     enabled: true,
+                    traits: Default::default(),
                 }],
                 max_waiting: 8,
                 wait_for_reconnect,
@@ -455,7 +501,10 @@ mod tests {
     async fn with_no_member_online_a_request_fails_at_once_naming_it() {
         let c = control(Duration::ZERO);
         let started = tokio::time::Instant::now();
-        let err = c.acquire("g", Lane::Normal).await.unwrap_err();
+        let err = c
+            .acquire(Target::Group("g"), Lane::Normal, &[], None)
+            .await
+            .unwrap_err();
         assert_eq!(started.elapsed(), Duration::ZERO);
         assert_eq!(
             err.to_string(),
@@ -467,7 +516,10 @@ mod tests {
     async fn a_group_that_waits_for_reconnects_gives_up_after_its_wait() {
         let c = control(Duration::from_secs(5));
         let started = tokio::time::Instant::now();
-        let err = c.acquire("g", Lane::Normal).await.unwrap_err();
+        let err = c
+            .acquire(Target::Group("g"), Lane::Normal, &[], None)
+            .await
+            .unwrap_err();
         assert_eq!(started.elapsed(), Duration::from_secs(5));
         assert!(
             matches!(err, AdmitError::Offline { waited: Some(w), .. } if w == Duration::from_secs(5))
@@ -485,7 +537,7 @@ mod tests {
         let waiter = tokio::spawn({
             let c = c.clone();
             async move {
-                c.acquire("g", Lane::Normal)
+                c.acquire(Target::Group("g"), Lane::Normal, &[], None)
                     .await
                     .map(|a| a.grant.generation)
             }
@@ -499,10 +551,17 @@ mod tests {
     async fn a_waiter_stranded_by_a_loss_waits_from_the_loss_on() {
         let c = control(Duration::from_secs(5));
         c.node_ready("n", Generation(1));
-        let running = c.acquire("g", Lane::Normal).await.unwrap();
+        let running = c
+            .acquire(Target::Group("g"), Lane::Normal, &[], None)
+            .await
+            .unwrap();
         let waiter = tokio::spawn({
             let c = c.clone();
-            async move { c.acquire("g", Lane::Normal).await.map(|_| ()) }
+            async move {
+                c.acquire(Target::Group("g"), Lane::Normal, &[], None)
+                    .await
+                    .map(|_| ())
+            }
         });
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert!(!waiter.is_finished(), "waiting for capacity, not stranded");

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use iop_proto::pb;
+use iop_proto::{ErrorCode, pb};
 
 use super::Edge;
 use super::run::SubmitError;
@@ -23,7 +23,7 @@ pub enum CommandError {
     Timeout,
     /// The node answered with an error.
     #[error("{message}")]
-    Failed { code: String, message: String },
+    Failed { code: ErrorCode, message: String },
 }
 
 impl Edge {
@@ -48,7 +48,7 @@ impl Edge {
                 .unwrap_or(serde_json::Value::String(resp.result_json))),
             CommandReply::Command(resp) => Err(failed(resp.error)),
             CommandReply::Cancel(_) => Err(CommandError::Failed {
-                code: "protocol".into(),
+                code: ErrorCode::NodeProtocol,
                 message: "node answered a command with a cancel response".into(),
             }),
         }
@@ -106,7 +106,7 @@ impl Edge {
             CommandReply::Cancel(resp) if resp.ok => Ok(()),
             CommandReply::Cancel(resp) => Err(failed(resp.error)),
             CommandReply::Command(_) => Err(CommandError::Failed {
-                code: "protocol".into(),
+                code: ErrorCode::NodeProtocol,
                 message: "node answered a cancel with a command response".into(),
             }),
         }
@@ -149,7 +149,7 @@ impl Edge {
 fn failed(error: Option<pb::RunError>) -> CommandError {
     let error = error.unwrap_or_default();
     CommandError::Failed {
-        code: error.code,
+        code: error.error_code(),
         message: error.message,
     }
 }

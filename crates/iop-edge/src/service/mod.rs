@@ -1,6 +1,7 @@
 //! The edge service: the authoritative owner of node lifecycle (register → ready → lost),
-//! the dispatch-ready sessions, admission, and the event bus. The transport feeds it
-//! connection events; the HTTP surfaces call it to run, tunnel and command.
+//! the dispatch-ready sessions, admission, request dispatch, and the event bus. The
+//! transport feeds it connection events; the HTTP surfaces hand it parsed requests
+//! ([`dispatch`], runs, commands) and render what comes back.
 //!
 //! Node loss is handled here, on one path, not through the event bus: the registry fences
 //! the generation, the session's streams end with an error, the generation's leases are
@@ -9,10 +10,12 @@
 pub mod admission;
 pub mod command;
 pub mod credentials;
-pub mod group;
+pub mod dispatch;
 pub mod health;
+pub mod plan;
 pub mod reload;
 pub mod run;
+pub mod stream;
 pub mod tunnel;
 
 use std::collections::HashMap;
@@ -33,6 +36,7 @@ use crate::queue::Scheduler;
 use crate::registry::{
     ClaimError, DisconnectOutcome, Generation, OwnerState, ReadyOutcome, Registry,
 };
+use crate::retry_budget::{BudgetPolicy, RetryBudget};
 use crate::session::{NodeSession, STREAM_WINDOW};
 use crate::throttle::{FailureThrottle, ThrottlePolicy};
 use crate::trust::join::JoinError;
@@ -40,8 +44,11 @@ use crate::trust::{Link, TrustStore};
 use admission::AdmissionControl;
 use credentials::{ConnectionControl, LinkEntry};
 
+pub use dispatch::{
+    DispatchFailure, Dispatched, LaneInputs, MemberRequest, OpenAiRequest, Operation, Served,
+};
 pub use run::{RunSpec, RunStream};
-pub use tunnel::{TunnelItem, TunnelSpec, TunnelStream};
+pub use tunnel::{TunnelHead, TunnelItem, TunnelSpec, TunnelStream};
 
 /// Why a registration was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,6 +220,8 @@ pub struct Edge {
     /// Dispatch-ready sessions by node id (current generation only).
     sessions: RwLock<foldhash::HashMap<String, Arc<NodeSession>>>,
     pub admission: Arc<AdmissionControl>,
+    /// Retries allowed over the last window (`dispatch.retry_budget_*`).
+    retry_budget: Mutex<RetryBudget>,
     pub events: EventBus,
     pub metrics: Metrics,
     tasks: TaskTracker,
@@ -262,12 +271,16 @@ impl Edge {
     /// An edge whose node credentials, join tokens and revocations live in `trust`.
     pub fn with_trust(config: EdgeConfig, trust: Option<Arc<TrustStore>>) -> Arc<Self> {
         let registry = Registry::new(reload::token_records(&config));
-        let plan = reload::AdmissionPlan::of(&config);
+        let plan = plan::AdmissionPlan::of(&config);
         let mut scheduler = Scheduler::new(plan.providers, plan.groups);
         scheduler.set_ejection_policy(plan.ejection);
         let metrics = Metrics::new();
         metrics.set_model_groups(config.model_groups.iter().map(|g| g.name.as_str()));
         metrics.set_api_keys(config.auth.keys.iter().map(|k| k.name.as_str()));
+        let retry_budget = Mutex::new(RetryBudget::new(
+            budget_policy(&config.dispatch),
+            crate::retry_budget::WINDOW,
+        ));
         Arc::new(Edge {
             metrics,
             keys: RwLock::new(Arc::new(KeyTable::from_config(&config.auth))),
@@ -278,6 +291,7 @@ impl Edge {
             registry: Mutex::new(registry),
             sessions: RwLock::new(foldhash::HashMap::default()),
             admission: AdmissionControl::new(scheduler, plan.policies),
+            retry_budget,
             events: EventBus::default(),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
@@ -559,6 +573,14 @@ impl Edge {
         };
         self.metrics.record_usage(&event);
         self.events.publish(EdgeEvent::Usage(event));
+    }
+}
+
+/// The retry budget a dispatch config asks for.
+pub(crate) fn budget_policy(config: &crate::config::DispatchConfig) -> BudgetPolicy {
+    BudgetPolicy {
+        percent: config.retry_budget_percent,
+        min: config.retry_budget_min,
     }
 }
 

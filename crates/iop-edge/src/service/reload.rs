@@ -8,88 +8,15 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use iop_proto::pb;
 
 use super::Edge;
-use super::admission::GroupPolicy;
+use super::plan::AdmissionPlan;
 use crate::auth::KeyTable;
 use crate::config::{EdgeConfig, TokenHash, hash_token};
-use crate::lease::{LaneCounts, ProviderKey};
 use crate::payload::build_payload;
-use crate::queue::{GroupSpec, MemberSpec};
 use crate::registry::OwnerState;
-
-/// What admission needs of a config.
-#[derive(Debug)]
-pub struct AdmissionPlan {
-    pub providers: Vec<(ProviderKey, LaneCounts, bool)>,
-    pub groups: Vec<GroupSpec>,
-    pub policies: Vec<GroupPolicy>,
-    pub ejection: crate::ejection::EjectionPolicy,
-}
-
-impl AdmissionPlan {
-    pub fn of(config: &EdgeConfig) -> Self {
-        let capacity = |c: &crate::config::CapacityConfig| LaneCounts {
-            normal: c.normal,
-            long: c.long,
-        };
-        let providers = config
-            .nodes
-            .iter()
-            .flat_map(|n| {
-                n.providers.iter().map(move |p| {
-                    (
-                        ProviderKey::new(&n.id, &p.id),
-                        capacity(&p.capacity),
-                        p.enabled,
-                    )
-                })
-            })
-            .collect();
-        let groups = config
-            .model_groups
-            .iter()
-            .map(|g| GroupSpec {
-                name: g.name.clone(),
-                max_waiting: g.queue.max_waiting,
-                wait_for_reconnect: Duration::from_secs(g.queue.wait_for_reconnect_sec),
-                members: g
-                    .members
-                    .iter()
-                    .map(|m| {
-                        let p = super::provider_of(config, &m.node, &m.provider)
-                            .expect("validated config");
-                        MemberSpec {
-                            key: ProviderKey::new(&m.node, &m.provider),
-                            upstream_model: m.model.clone().unwrap_or_else(|| g.name.clone()),
-                            capacity: capacity(&p.capacity),
-                            enabled: p.enabled,
-                        }
-                    })
-                    .collect(),
-            })
-            .collect();
-        let policies = config
-            .model_groups
-            .iter()
-            .map(|g| GroupPolicy {
-                name: g.name.clone(),
-                timeout: Duration::from_secs(g.queue.timeout_sec),
-                long_context_tokens: g.long_context_tokens,
-                wait_for_reconnect: Duration::from_secs(g.queue.wait_for_reconnect_sec),
-            })
-            .collect();
-        Self {
-            providers,
-            groups,
-            policies,
-            ejection: config.health.ejection.policy(),
-        }
-    }
-}
 
 /// `(node id, token hash)` of every configured node.
 pub fn token_records(config: &EdgeConfig) -> Vec<(String, TokenHash)> {
@@ -205,6 +132,9 @@ impl Edge {
             }
         }
         self.admission.reconfigure(AdmissionPlan::of(&new), &online);
+        self.retry_budget
+            .lock()
+            .set_policy(super::budget_policy(&new.dispatch));
         tracing::info!(
             refreshed = ?report.refreshed,
             removed = ?report.removed,

@@ -1,20 +1,32 @@
 //! SubmitRun: sends a `RunRequest` to a node and streams its `RunEvent`s back.
 //!
 //! A [`RunStream`] yields the run's events and ends with exactly one terminal: the node's,
-//! or an error synthesized here when the node's connection is lost first. Dropping the
-//! stream before its terminal cancels the run on the node, unless the run is background,
-//! in which case it is drained to the event bus until it ends.
+//! or an error synthesized here when the node's connection is lost first, when the node
+//! does not acknowledge the run within the ack timeout, or when the run's provider stays
+//! silent past its idle timeout once the run started. The node's `accepted` event is
+//! consumed here and never shown.
+//!
+//! Dropping the stream before its terminal cancels the run on the node, unless the run is
+//! background, in which case it is drained to the event bus until it ends. A cancelled
+//! run keeps its provider slot until the node's terminal confirms the cancel (the node
+//! frees its own slot first) or the ack timeout passes.
+//!
+//! Native runs (`POST /v1/runs`) take a slot on their provider too, through the
+//! provider's own queue, so they count against the same capacity as model-group requests.
 //!
 //! A model-group run (one with an [`Observe`]) reports its provider's outcome for passive
-//! ejection at its terminal.
+//! ejection when it ends ([`Edge::attempt_finished`]).
 
 use std::sync::Arc;
 
+use iop_proto::ErrorCode;
 use iop_proto::pb;
 
-use super::admission::{AdmitError, LeaseGuard};
+use super::admission::{AdmitError, LeaseGuard, Target};
+use super::stream::{Deadlines, Expired, RequestMeter, StreamLimits};
 use super::{CreditReturn, Edge, Observe};
 use crate::events::{EdgeEvent, RunEventNotice};
+use crate::lease::{Lane, ProviderKey};
 use crate::session::{NodeSession, STREAM_WINDOW, StreamReceiver};
 
 /// A surface-neutral run submission.
@@ -31,7 +43,7 @@ pub struct RunSpec {
     pub owner: Option<String>,
 }
 
-/// Why a run, tunnel or command could not be started.
+/// Why a run, tunnel or command could not be started or failed before it began.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SubmitError {
     #[error("no node is connected and ready")]
@@ -42,10 +54,47 @@ pub enum SubmitError {
     UnknownNode(String),
     #[error("node `{0}` is not connected and ready")]
     NodeNotReady(String),
+    #[error("node `{node}` has no adapter `{adapter}` (its providers: {known})")]
+    UnknownAdapter {
+        node: String,
+        adapter: String,
+        known: String,
+    },
     #[error("could not send the request to node `{node}`: {reason}")]
     SendFailed { node: String, reason: String },
+    /// The node, or the provider behind it, failed the request before it began.
+    #[error("{message}")]
+    Failed { code: ErrorCode, message: String },
     #[error(transparent)]
     Admission(#[from] AdmitError),
+}
+
+impl SubmitError {
+    /// The typed reason.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            SubmitError::NoReadyNode | SubmitError::NodeNotReady(_) => ErrorCode::NodeUnavailable,
+            SubmitError::AmbiguousNode(_) => ErrorCode::BadRequest,
+            SubmitError::UnknownNode(_) | SubmitError::UnknownAdapter { .. } => ErrorCode::NotFound,
+            SubmitError::SendFailed { .. } => ErrorCode::NodeDisconnected,
+            SubmitError::Failed { code, .. } => *code,
+            SubmitError::Admission(e) => e.code(),
+        }
+    }
+
+    /// A run's error terminal (or its absence) as a failure.
+    pub fn of_run_error(error: Option<&pb::RunError>) -> Self {
+        match error {
+            Some(e) => SubmitError::Failed {
+                code: e.error_code(),
+                message: e.message.clone(),
+            },
+            None => SubmitError::Failed {
+                code: ErrorCode::ProviderError,
+                message: "the run failed without a reason".into(),
+            },
+        }
+    }
 }
 
 impl Edge {
@@ -72,14 +121,64 @@ impl Edge {
         }
     }
 
-    /// `SubmitRun`: sends the run to the named node (or the only ready one).
+    /// `SubmitRun`: takes a slot on the run's provider (waiting in that provider's queue
+    /// like any request) and sends the run to the named node (or the only ready one).
     pub async fn submit_run(
         self: &Arc<Self>,
         node: Option<&str>,
         spec: RunSpec,
     ) -> Result<RunStream, SubmitError> {
-        let session = self.pick_node(node)?;
-        self.start_run(session, spec, None, None).await
+        let node_id = self.pick_node(node)?.node_id.clone();
+        let config = self.config();
+        let Some(provider) = super::provider_of(&config, &node_id, &spec.adapter) else {
+            let known = config
+                .nodes
+                .iter()
+                .find(|n| n.id == node_id)
+                .map(|n| {
+                    n.providers
+                        .iter()
+                        .map(|p| p.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default();
+            return Err(SubmitError::UnknownAdapter {
+                node: node_id,
+                adapter: spec.adapter,
+                known,
+            });
+        };
+        if !provider.enabled {
+            return Err(SubmitError::Failed {
+                code: ErrorCode::NotFound,
+                message: format!(
+                    "adapter `{}` of node `{node_id}` is disabled in the edge config",
+                    spec.adapter
+                ),
+            });
+        }
+        let lane = if provider.capacity.normal > 0 {
+            Lane::Normal
+        } else {
+            Lane::Long
+        };
+        let key = ProviderKey::new(&node_id, &spec.adapter);
+        let limits = StreamLimits {
+            ack_timeout: config.dispatch.ack_timeout(),
+            idle_timeout: provider.idle_timeout(),
+        };
+        drop(config);
+        let admitted = self
+            .admission
+            .acquire(Target::Provider(&key), lane, &[], None)
+            .await?;
+        let session = match self.session(&node_id) {
+            Some(s) if s.generation == admitted.grant.generation => s,
+            _ => return Err(SubmitError::NodeNotReady(node_id)),
+        };
+        self.start_run(session, spec, Some(admitted.guard), None, limits)
+            .await
     }
 
     /// Sends a run on `session`. A `lease`, if given, is held until the run's terminal.
@@ -89,6 +188,7 @@ impl Edge {
         spec: RunSpec,
         lease: Option<LeaseGuard>,
         observe: Option<Observe>,
+        limits: StreamLimits,
     ) -> Result<RunStream, SubmitError> {
         let run_id = self.new_id();
         let send_failed = |reason: String| SubmitError::SendFailed {
@@ -129,12 +229,18 @@ impl Edge {
                 run_id,
                 session,
                 rx,
-                finished: false,
+                deadlines: Deadlines::new(limits),
+                ended: false,
+                done: false,
+                cancel_sent: false,
                 background: spec.background,
                 lease,
                 observe,
                 served_model: None,
                 owned,
+                failure: None,
+                meter: None,
+                concluded: false,
             }),
         })
     }
@@ -153,7 +259,12 @@ struct RunInner {
     run_id: String,
     rx: StreamReceiver<pb::RunEvent>,
     credit: CreditReturn,
-    finished: bool,
+    deadlines: Deadlines,
+    /// The node's terminal arrived, or the route is gone.
+    ended: bool,
+    /// The consumer has seen a terminal.
+    done: bool,
+    cancel_sent: bool,
     background: bool,
     lease: Option<LeaseGuard>,
     observe: Option<Observe>,
@@ -161,6 +272,10 @@ struct RunInner {
     served_model: Option<String>,
     /// Whether `run_owners` holds this run (forgotten when the run is dropped).
     owned: bool,
+    /// Why the consumer gave the run up, when it did (see [`RunStream::fail`]).
+    failure: Option<ErrorCode>,
+    meter: Option<RequestMeter>,
+    concluded: bool,
 }
 
 impl Drop for RunInner {
@@ -172,6 +287,10 @@ impl Drop for RunInner {
 }
 
 impl RunStream {
+    fn inner_mut(&mut self) -> &mut RunInner {
+        self.inner.as_mut().expect("live stream")
+    }
+
     pub fn run_id(&self) -> &str {
         &self.inner.as_ref().expect("live stream").run_id
     }
@@ -184,58 +303,123 @@ impl RunStream {
     pub async fn next(&mut self) -> Option<pb::RunEvent> {
         self.inner.as_mut()?.next().await
     }
+
+    /// Makes this run's metrics the client request's.
+    pub fn set_meter(&mut self, mut meter: RequestMeter) {
+        meter.set_path("run");
+        self.inner_mut().meter = Some(meter);
+    }
+
+    /// Says why the consumer gives the run up (before dropping it): what the metrics and
+    /// the attempt report record instead of `client_abort`.
+    pub fn fail(&mut self, code: ErrorCode) {
+        let inner = self.inner_mut();
+        if inner.failure.is_none() && !inner.ended {
+            inner.failure = Some(code);
+        }
+    }
 }
 
 impl RunInner {
-    async fn next(&mut self) -> Option<pb::RunEvent> {
-        if self.finished {
-            return None;
+    fn error_event(&self, code: ErrorCode, message: String) -> pb::RunEvent {
+        pb::RunEvent {
+            run_id: self.run_id.clone(),
+            kind: pb::RunEventKind::Error as i32,
+            error: Some(pb::RunError::new(code, message)),
+            ..Default::default()
         }
-        let event = match self.rx.recv().await {
-            Some(event) => event,
-            None => {
-                let reason = self
-                    .session
-                    .close_reason()
-                    .unwrap_or_else(|| "the node stopped the stream".into());
-                pb::RunEvent {
-                    run_id: self.run_id.clone(),
-                    kind: pb::RunEventKind::Error as i32,
-                    error: Some(pb::RunError {
-                        code: "node_disconnected".into(),
-                        message: format!("node {} connection lost: {reason}", self.session.node_id),
-                    }),
-                    ..Default::default()
+    }
+
+    async fn next(&mut self) -> Option<pb::RunEvent> {
+        let event = loop {
+            if self.done {
+                return None;
+            }
+            match self.deadlines.recv(&mut self.rx).await {
+                Ok(Some(event)) if event.kind() == pb::RunEventKind::Accepted => {
+                    self.deadlines.acknowledged();
+                }
+                Ok(Some(event)) => break event,
+                Ok(None) => {
+                    let reason = self
+                        .session
+                        .close_reason()
+                        .unwrap_or_else(|| "the node stopped the stream".into());
+                    break self.error_event(
+                        ErrorCode::NodeDisconnected,
+                        format!("node {} connection lost: {reason}", self.session.node_id),
+                    );
+                }
+                Err(expired) => {
+                    let limits = self.deadlines.limits();
+                    let message = match expired {
+                        Expired::Ack => format!(
+                            "node {} did not acknowledge the run within {:.1}s",
+                            self.session.node_id,
+                            limits.ack_timeout.as_secs_f64()
+                        ),
+                        Expired::Idle => format!(
+                            "the provider sent nothing for {}s (its idle_timeout_sec)",
+                            limits.idle_timeout.as_secs()
+                        ),
+                    };
+                    let code = expired.code();
+                    tracing::warn!(node_id = %self.session.node_id, run_id = %self.run_id, code = code.as_str(), "{message}");
+                    self.failure = Some(code);
+                    self.done = true;
+                    self.conclude(Some(code));
+                    self.send_cancel("deadline passed");
+                    let event = self.error_event(code, message);
+                    self.publish(&event);
+                    return Some(event);
                 }
             }
         };
+        self.deadlines.acknowledged();
         match event.kind() {
             pb::RunEventKind::Delta
             | pb::RunEventKind::ReasoningDelta
             | pb::RunEventKind::ToolCall => {
+                self.deadlines.began();
                 self.credit.consumed_one(&self.edge, &self.session);
+                if let Some(meter) = &mut self.meter {
+                    meter.first_token();
+                }
             }
             _ if event.is_terminal() => {
-                self.finished = true;
+                self.ended = true;
+                self.done = true;
                 self.lease = None;
-                if let Some(observe) = &self.observe {
-                    self.edge.report_provider_outcome(
-                        &observe.node_id,
-                        &observe.provider_id,
-                        crate::ejection::ProviderOutcome::of_run_terminal(&event),
-                        super::admission::clock(),
-                    );
-                }
                 if let (Some(observe), Some(usage)) = (&self.observe, &event.usage) {
                     let served = self.served_model.take();
                     self.edge.observe_usage(observe, "run", usage, served);
                 }
+                let failure = match event.kind() {
+                    pb::RunEventKind::Complete => None,
+                    pb::RunEventKind::Cancelled => Some(ErrorCode::Cancelled),
+                    _ => Some(
+                        event
+                            .error
+                            .as_ref()
+                            .map(pb::RunError::error_code)
+                            .unwrap_or(ErrorCode::ProviderError),
+                    ),
+                };
+                self.conclude(self.failure.or(failure));
             }
-            pb::RunEventKind::Start if !event.model.is_empty() => {
-                self.served_model = Some(event.model.clone());
+            pb::RunEventKind::Start => {
+                self.deadlines.began();
+                if !event.model.is_empty() {
+                    self.served_model = Some(event.model.clone());
+                }
             }
             _ => {}
         }
+        self.publish(&event);
+        Some(event)
+    }
+
+    fn publish(&self, event: &pb::RunEvent) {
         if self.edge.events.has_subscribers() {
             self.edge.events.publish(EdgeEvent::Run(RunEventNotice {
                 node_id: self.session.node_id.clone(),
@@ -244,7 +428,54 @@ impl RunInner {
                 text: event.text.clone(),
             }));
         }
-        Some(event)
+    }
+
+    /// Records the outcome once: the request's metrics and the attempt's report.
+    fn conclude(&mut self, failure: Option<ErrorCode>) {
+        if self.concluded {
+            return;
+        }
+        self.concluded = true;
+        if let Some(meter) = &mut self.meter {
+            meter.finish(failure);
+        }
+        if let Some(observe) = &self.observe {
+            self.edge
+                .attempt_finished(&observe.node_id, &observe.provider_id, failure);
+        }
+    }
+
+    fn send_cancel(&mut self, reason: &str) {
+        if self.cancel_sent || self.ended {
+            return;
+        }
+        self.cancel_sent = true;
+        self.edge.send_control(
+            &self.session.outbound,
+            pb::CancelRequest::run(&self.run_id, reason).into(),
+        );
+    }
+
+    /// After a cancel: takes the node's events until its terminal (which comes once the
+    /// node freed its slot), up to the ack timeout, then returns the slot.
+    async fn drain(mut self) {
+        let bound = self.deadlines.limits().ack_timeout;
+        let confirmed = tokio::time::timeout(bound, async {
+            while let Some(event) = self.rx.recv().await {
+                if event.is_terminal() {
+                    return true;
+                }
+            }
+            true
+        })
+        .await
+        .unwrap_or(false);
+        if !confirmed {
+            tracing::warn!(node_id = %self.session.node_id, run_id = %self.run_id, "the node did not confirm the run's cancel within {:.1}s: its slot is returned anyway", bound.as_secs_f64());
+            self.session.close_stream(&self.run_id);
+        }
+        self.ended = true;
+        self.lease = None;
     }
 }
 
@@ -253,20 +484,35 @@ impl Drop for RunStream {
         let Some(mut inner) = self.inner.take() else {
             return;
         };
-        if inner.finished {
+        if inner.ended {
             return;
         }
-        if inner.background {
-            let tasks = inner.edge.tasks().clone();
+        let tasks = inner.edge.tasks().clone();
+        if inner.background && !inner.done {
             tasks.spawn(async move { while inner.next().await.is_some() {} });
             return;
         }
-        tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, "client went away: cancelling run");
-        inner.session.close_stream(&inner.run_id);
-        inner.edge.send_control(
-            &inner.session.outbound,
-            pb::CancelRequest::run(&inner.run_id, "client disconnected").into(),
-        );
+        let failure = inner.failure.unwrap_or(ErrorCode::ClientAbort);
+        inner.conclude(Some(failure));
+        if !inner.cancel_sent {
+            match failure {
+                ErrorCode::ClientAbort => {
+                    tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, "client went away: cancelling run")
+                }
+                other => {
+                    tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, reason = other.as_str(), "run given up: cancelling it on the node")
+                }
+            }
+        }
+        inner.send_cancel(match failure {
+            ErrorCode::ClientAbort => "client disconnected",
+            other => other.as_str(),
+        });
+        if inner.lease.is_none() {
+            inner.session.close_stream(&inner.run_id);
+            return;
+        }
+        tasks.spawn(inner.drain());
     }
 }
 
@@ -280,5 +526,6 @@ pub fn kind_name(kind: pb::RunEventKind) -> &'static str {
         pb::RunEventKind::Error => "error",
         pb::RunEventKind::Cancelled => "cancelled",
         pb::RunEventKind::ToolCall => "tool_call",
+        pb::RunEventKind::Accepted => "accepted",
     }
 }

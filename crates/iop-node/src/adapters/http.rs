@@ -6,6 +6,7 @@
 //! connections its own task drives ([`super::plain`]); HTTPS providers go through reqwest
 //! there too.
 
+use iop_proto::ErrorCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +56,8 @@ pub const DEFAULT_HEAD_TIMEOUT: Duration = Duration::from_secs(600);
 pub struct HttpProvider {
     pub id: String,
     base_url: String,
+    /// The base URL's `host:port`, kept out of messages that reach clients.
+    authority: String,
     headers: HeaderMap,
     head_timeout: Duration,
     client: reqwest::Client,
@@ -99,6 +102,10 @@ impl HttpProvider {
         }
         Ok(Self {
             id: spec.id.clone(),
+            authority: parsed
+                .authority()
+                .map(|a| a.as_str().to_string())
+                .unwrap_or_default(),
             base_url,
             headers,
             head_timeout: if spec.request_timeout_sec > 0 {
@@ -188,7 +195,7 @@ impl HttpProvider {
         let target = format!("{}{path}", plain.path_prefix);
         let uri: http::Uri = target.parse().map_err(|e| {
             AdapterError::new(
-                "bad_request",
+                ErrorCode::BadRequest,
                 format!("provider {}: bad path {path:?}: {e}", self.id),
             )
         })?;
@@ -204,9 +211,9 @@ impl HttpProvider {
                 map.insert(name, value);
             }
         }
-        let request = request
-            .body(Full::new(body))
-            .map_err(|e| AdapterError::new("bad_request", format!("provider {}: {e}", self.id)))?;
+        let request = request.body(Full::new(body)).map_err(|e| {
+            AdapterError::new(ErrorCode::BadRequest, format!("provider {}: {e}", self.id))
+        })?;
         let response = match tokio::time::timeout(self.head_timeout, plain.pool.send(request)).await
         {
             Ok(Ok(response)) => response,
@@ -222,7 +229,7 @@ impl HttpProvider {
             .into_body()
             .map(move |r| {
                 r.map_err(|e: PlainError| {
-                    AdapterError::new("provider_stream_error", format!("provider {id}: {e}"))
+                    AdapterError::new(ErrorCode::BrokenStream, format!("provider {id}: {e}"))
                 })
             })
             .boxed();
@@ -237,7 +244,7 @@ impl HttpProvider {
 
     fn head_timeout_error(&self) -> AdapterError {
         AdapterError::new(
-            "provider_timeout",
+            ErrorCode::ProviderTimeout,
             format!(
                 "provider {} did not answer within {}s",
                 self.id,
@@ -247,8 +254,8 @@ impl HttpProvider {
     }
 
     /// What went wrong, for the edge and its clients: `provider ID: what (cause)`, never the
-    /// provider's URL or address (they are internal). The whole error chain, URL included,
-    /// is logged here on the node.
+    /// provider's URL or address (they are internal: any left in `what` are replaced). The
+    /// whole error chain, URL included, is logged here on the node.
     fn chain(&self, what: &str, err: &dyn std::error::Error) -> String {
         let mut full = format!("provider {} at {}: {err}", self.id, self.base_url);
         let mut source = err.source();
@@ -257,17 +264,21 @@ impl HttpProvider {
             source = inner.source();
         }
         tracing::warn!(provider = %self.id, error = %full, "provider request failed");
+        let mut what = what.replace(&self.base_url, "(provider)");
+        if !self.authority.is_empty() {
+            what = what.replace(&self.authority, "(provider)");
+        }
         format!("provider {}: {what}", self.id)
     }
 
     /// Maps a failed request to an error that says what went wrong where.
     pub fn transport_error(&self, err: &reqwest::Error) -> AdapterError {
         let code = if err.is_timeout() {
-            "provider_timeout"
+            ErrorCode::ProviderTimeout
         } else if err.is_connect() {
-            "provider_unreachable"
+            ErrorCode::ProviderUnreachable
         } else {
-            "provider_error"
+            ErrorCode::ProviderError
         };
         AdapterError::new(
             code,
@@ -315,13 +326,8 @@ impl HttpProvider {
                     .and_then(|m| m.as_str().map(String::from))
             })
             .unwrap_or_else(|| body.chars().take(300).collect());
-        let code = match status.as_u16() {
-            400 | 422 => "bad_request",
-            401 | 403 => "provider_auth",
-            404 => "unknown_target",
-            429 => "capacity",
-            _ => "provider_error",
-        };
+        let code =
+            ErrorCode::from_provider_status(status.as_u16()).unwrap_or(ErrorCode::ProviderError);
         AdapterError::new(
             code,
             format!("provider {} returned {status}: {detail}", self.id),
@@ -360,13 +366,14 @@ fn with_cause(what: &str, err: &reqwest::Error) -> String {
 }
 
 /// The code and the words (without the provider's address) for a failed plain exchange.
-fn plain_failure(err: &PlainError) -> (&'static str, String) {
+fn plain_failure(err: &PlainError) -> (ErrorCode, String) {
     match err {
-        PlainError::Connect { source, .. } => {
-            ("provider_unreachable", format!("cannot connect ({source})"))
-        }
+        PlainError::Connect { source, .. } => (
+            ErrorCode::ProviderUnreachable,
+            format!("cannot connect ({source})"),
+        ),
         PlainError::ConnectTimeout(_) => (
-            "provider_unreachable",
+            ErrorCode::ProviderUnreachable,
             "cannot connect (timed out)".to_string(),
         ),
         PlainError::Http(e) => {
@@ -378,9 +385,9 @@ fn plain_failure(err: &PlainError) -> (&'static str, String) {
                 source = inner.source();
             }
             words.push(')');
-            ("provider_error", words)
+            (ErrorCode::ProviderError, words)
         }
-        PlainError::Closed => ("provider_error", err.to_string()),
+        PlainError::Closed => (ErrorCode::ProviderError, err.to_string()),
     }
 }
 

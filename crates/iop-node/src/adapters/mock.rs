@@ -12,6 +12,7 @@
 //! finish reason `stop`), and refuses with `bad_request` what it cannot do: `tools`, a
 //! `response_format` other than `text`, and `n` above 1.
 
+use iop_proto::ErrorCode;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,7 +39,8 @@ impl MockAdapter {
 
 /// Refuses what the mock cannot honour, naming the parameter.
 fn refuse_unsupported(options: &pb::GenerationOptions) -> Result<(), AdapterError> {
-    let refuse = |message: String| Err(AdapterError::new("bad_request", message));
+    let refuse =
+        |message: String| Err(AdapterError::new(iop_proto::ErrorCode::BadRequest, message));
     if let Some(n) = options.n.filter(|n| *n > 1) {
         return refuse(format!(
             "`n` is {n}, but the mock adapter answers with one choice: send n = 1 (or leave it out)"
@@ -153,7 +155,7 @@ impl Adapter for MockAdapter {
             }
             if input.target.contains("mock-error") && i == tokens / 2 {
                 return Err(AdapterError::new(
-                    "provider_error",
+                    ErrorCode::ProviderError,
                     format!("mock failure after {i} tokens (target {})", input.target),
                 ));
             }
@@ -247,7 +249,7 @@ mod tests {
     fn what_the_mock_cannot_honour_is_refused_naming_it() {
         let refused = |options: pb::GenerationOptions| {
             let e = refuse_unsupported(&options).unwrap_err();
-            assert_eq!(e.code, "bad_request");
+            assert_eq!(e.code, iop_proto::ErrorCode::BadRequest);
             e.message
         };
         assert!(

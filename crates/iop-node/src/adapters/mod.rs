@@ -13,6 +13,7 @@ pub mod ollama;
 pub mod openai_compat;
 pub mod plain;
 
+use iop_proto::ErrorCode;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -94,30 +95,36 @@ impl RunInput {
     }
 }
 
-/// A failed run, with a stable code the edge maps to an HTTP status.
+/// A failed run, with its typed reason (the edge maps it to a status and decides on
+/// retries). The message is for humans: it names the provider by id, never by address.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct AdapterError {
-    pub code: String,
+    pub code: ErrorCode,
     pub message: String,
 }
 
 impl AdapterError {
-    pub fn new(code: &str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            code: code.to_string(),
+            code,
             message: message.into(),
         }
     }
 
     pub fn not_supported(what: &str) -> Self {
-        Self::new("not_supported", what)
+        Self::new(ErrorCode::NotSupported, what)
+    }
+
+    /// The error as it goes on the wire.
+    pub fn to_wire(&self) -> pb::RunError {
+        pb::RunError::new(self.code, self.message.clone())
     }
 }
 
 impl From<crate::sink::SinkClosed> for AdapterError {
     fn from(_: crate::sink::SinkClosed) -> Self {
-        AdapterError::new("stream_closed", "the run's stream closed")
+        AdapterError::new(ErrorCode::NodeDisconnected, "the run's stream closed")
     }
 }
 

@@ -8,6 +8,7 @@ mod chat;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use iop_proto::ErrorCode;
 use iop_proto::pb;
 use serde_json::{Value, json};
 
@@ -31,7 +32,10 @@ impl OllamaAdapter {
             "ps" => self.provider.request(reqwest::Method::GET, "/api/ps"),
             "show" => {
                 let model = model.ok_or_else(|| {
-                    AdapterError::new("bad_request", "ollama.show needs a `model` argument")
+                    AdapterError::new(
+                        ErrorCode::BadRequest,
+                        "ollama.show needs a `model` argument",
+                    )
                 })?;
                 self.provider
                     .request(reqwest::Method::POST, "/api/show")
@@ -88,7 +92,7 @@ impl Adapter for OllamaAdapter {
             return Ok(());
         }
         Err(AdapterError::new(
-            "provider_stream_error",
+            ErrorCode::BrokenStream,
             format!(
                 "provider {} ended the stream without a final `done` line",
                 self.provider.id
@@ -122,13 +126,13 @@ impl OllamaAdapter {
         }
         let value: Value = serde_json::from_slice(line).map_err(|e| {
             AdapterError::new(
-                "provider_stream_error",
+                ErrorCode::BrokenStream,
                 format!("provider {} sent a bad line: {e}", self.provider.id),
             )
         })?;
         if let Some(err) = value.get("error").and_then(Value::as_str) {
             return Err(AdapterError::new(
-                "provider_error",
+                ErrorCode::ProviderError,
                 format!("provider {}: {err}", self.provider.id),
             ));
         }

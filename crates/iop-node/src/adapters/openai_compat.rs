@@ -6,6 +6,7 @@
 use async_trait::async_trait;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
+use iop_proto::ErrorCode;
 use serde_json::{Value, json};
 
 use super::{Adapter, AdapterError, HttpProvider, RunInput};
@@ -49,7 +50,7 @@ impl Adapter for OpenAiCompatAdapter {
         while let Some(event) = events.next().await {
             let event = event.map_err(|e| {
                 AdapterError::new(
-                    "provider_stream_error",
+                    ErrorCode::BrokenStream,
                     format!("provider {} stream broke: {e}", self.provider.id),
                 )
             })?;
@@ -64,7 +65,7 @@ impl Adapter for OpenAiCompatAdapter {
                     .get("message")
                     .and_then(Value::as_str)
                     .unwrap_or("provider reported an error mid-stream");
-                return Err(AdapterError::new("provider_error", message));
+                return Err(AdapterError::new(ErrorCode::ProviderError, message));
             }
             if let Some(u) = chunk
                 .get("usage")

@@ -6,6 +6,7 @@
 
 pub mod health;
 pub mod node_wire;
+pub mod sdk;
 pub mod tls;
 
 use std::io::{BufRead, BufReader};

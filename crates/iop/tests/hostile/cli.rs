@@ -76,8 +76,12 @@ async fn setup() -> Setup {
         std::fs::write(path.join(name), body).unwrap();
     }
     let d = path.display();
+    // A generous header timeout: the abort storm below opens 250 connections at once,
+    // which an edge on a loaded 2-core machine may take longer than the default 10 s to
+    // read; this suite is about runs and sessions, not slow clients.
     let config = format!(
         r#"
+limits: {{http: {{header_timeout_sec: 120}}}}
 nodes:
   - id: n1
     token: t1-long-enough-token
@@ -87,7 +91,7 @@ nodes:
       - {{id: echo_once, kind: cli, cli: {{argv: [sh, "{d}/echo_once.sh"]}}}}
       - {{id: echo_session, kind: cli, cli: {{argv: [sh, "{d}/echo_session.sh"]}}}}
       - {{id: huge, kind: cli, cli: {{argv: [sh, "{d}/huge.sh"]}}}}
-      - {{id: slow, kind: mock, max_concurrency: 1000, mock: {{tokens: 2000, token_delay_ms: 20}}}}
+      - {{id: slow, kind: mock, capacity: {{normal: 1000}}, mock: {{tokens: 2000, token_delay_ms: 20}}}}
 "#
     );
     let edge = start_edge(&path, &config).await;

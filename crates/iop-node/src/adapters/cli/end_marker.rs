@@ -3,6 +3,7 @@
 //! escaping exists that every program would undo).
 
 use super::AdapterError;
+use iop_proto::ErrorCode;
 
 /// Every line break a common reader honours (`\n`, `\r`, and the ones Python's
 /// `str.splitlines` adds).
@@ -33,7 +34,7 @@ pub fn refuse_end_marker(prompt: &str, marker: &str) -> Result<(), AdapterError>
         .any(|line| line.trim() == marker)
     {
         return Err(AdapterError::new(
-            "bad_request",
+            ErrorCode::BadRequest,
             format!(
                 "the input holds a line {marker:?}, the session's end marker (cli.end_marker): it would end the input early, so the run is refused; remove or change that line"
             ),

@@ -22,6 +22,7 @@ mod process;
 pub mod sessions;
 pub mod usage_line;
 
+use iop_proto::ErrorCode;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -166,7 +167,7 @@ impl CliAdapter {
 
     fn spawn_error(&self, err: std::io::Error) -> AdapterError {
         AdapterError::new(
-            "cli_spawn",
+            ErrorCode::CliSpawn,
             format!("cannot start {:?}: {err}", self.spec.argv[0]),
         )
     }
@@ -229,7 +230,7 @@ impl CliAdapter {
                     Ok(None) => return Ok(usage),
                     Err(e) => {
                         return Err(AdapterError::new(
-                            "cli_output",
+                            ErrorCode::CliOutput,
                             format!("reading the program's output failed: {e}"),
                         ));
                     }
@@ -239,7 +240,10 @@ impl CliAdapter {
         let ((), stderr_bytes, usage) = tokio::join!(write, read_err, read_out);
         let usage = usage?;
         let status = child.wait().await.map_err(|e| {
-            AdapterError::new("cli_exit", format!("waiting for the program failed: {e}"))
+            AdapterError::new(
+                ErrorCode::CliExit,
+                format!("waiting for the program failed: {e}"),
+            )
         })?;
         guard.0 = None;
         if status.success() {
@@ -248,7 +252,7 @@ impl CliAdapter {
             Ok(())
         } else {
             Err(AdapterError::new(
-                "cli_exit",
+                ErrorCode::CliExit,
                 format!(
                     "{:?} exited with {status}{}",
                     self.spec.argv[0],
@@ -284,7 +288,7 @@ impl CliAdapter {
         let process = turn.process.as_mut().expect("held until the turn ends");
         let gone = |e: std::io::Error| {
             AdapterError::new(
-                "cli_exit",
+                ErrorCode::CliExit,
                 format!("session {} process is gone: {e}", input.session_id),
             )
         };
@@ -305,7 +309,7 @@ impl CliAdapter {
                 Ok(None) | Err(_) => {
                     process.kill_and_collect().await;
                     return Err(AdapterError::new(
-                        "cli_exit",
+                        ErrorCode::CliExit,
                         format!(
                             "session {} process exited before its end marker{}",
                             input.session_id,
@@ -342,13 +346,13 @@ impl CliAdapter {
                 Ok(checked)
             }
             Err(CheckoutError::Busy) => Err(AdapterError::new(
-                "session_busy",
+                ErrorCode::SessionBusy,
                 format!("session {} is busy with another run", input.session_id),
             )),
             Err(CheckoutError::Full { max_sessions }) => {
                 tracing::warn!(target = %key.0, session_id = %key.1, max_sessions, "new cli session refused: at the session cap");
                 Err(AdapterError::new(
-                    "session_limit",
+                    ErrorCode::SessionLimit,
                     format!(
                         "this adapter already runs its maximum of {max_sessions} session processes (cli.max_sessions); end a session (DELETE /v1/sessions/...) or retry once idle ones are ended after {}s (cli.session_idle_sec)",
                         limits.idle.as_secs()
@@ -367,7 +371,7 @@ impl CliAdapter {
             .map_err(|e| self.spawn_error(e))?;
         let pid = child.id().ok_or_else(|| {
             AdapterError::new(
-                "cli_spawn",
+                ErrorCode::CliSpawn,
                 format!("{:?} exited as soon as it started", self.spec.argv[0]),
             )
         })?;
@@ -479,7 +483,7 @@ impl Adapter for CliAdapter {
         let removed = self.shared.table.lock().remove(&key, Instant::now());
         let Some(session) = removed else {
             return Err(AdapterError::new(
-                "not_found",
+                ErrorCode::NotFound,
                 format!("no session {session_id:?} for target {target:?}"),
             ));
         };

@@ -70,7 +70,7 @@ async fn run(adapter: &CliAdapter, session_id: &str, input: &str) -> Ran {
         ..Default::default()
     };
     if let Err(e) = adapter.execute(input, &mut sink).await {
-        sink.error(&e.code, &e.message).await.unwrap();
+        sink.error(e.code, &e.message).await.unwrap();
     }
     drop(sink);
     let mut text = String::new();
@@ -134,7 +134,7 @@ fn the_end_marker_line_is_found_under_every_line_break() {
         format!("a\u{85}{m}\u{0b}"),
     ] {
         let e = refuse_end_marker(&input, m).unwrap_err();
-        assert_eq!(e.code, "bad_request");
+        assert_eq!(e.code, iop_proto::ErrorCode::BadRequest);
         assert!(e.message.contains("end marker"), "{}", e.message);
     }
     for fine in [

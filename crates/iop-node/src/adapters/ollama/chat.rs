@@ -46,7 +46,7 @@ pub fn request_body(input: &RunInput) -> Result<Value, AdapterError> {
 }
 
 fn bad_request(message: String) -> AdapterError {
-    AdapterError::new("bad_request", message)
+    AdapterError::new(iop_proto::ErrorCode::BadRequest, message)
 }
 
 fn messages(messages: &[pb::ChatMessage]) -> Result<Vec<Value>, AdapterError> {
@@ -277,7 +277,7 @@ mod tests {
 
     fn err(input: &RunInput) -> String {
         let e = request_body(input).unwrap_err();
-        assert_eq!(e.code, "bad_request");
+        assert_eq!(e.code, iop_proto::ErrorCode::BadRequest);
         e.message
     }
 

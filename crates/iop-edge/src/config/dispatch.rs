@@ -1,0 +1,137 @@
+//! `dispatch`: how the edge sends a model-group request to a member and what it does when
+//! that fails before the provider accepted it — attempts, the retry budget, and how long a
+//! node may take to acknowledge a dispatch. Reloadable.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+pub const DEFAULT_ACK_TIMEOUT_SEC: f64 = 10.0;
+pub const DEFAULT_RETRY_BUDGET_PERCENT: u32 = 20;
+pub const DEFAULT_RETRY_BUDGET_MIN: u32 = 10;
+
+const MAX_ATTEMPTS: u32 = 10;
+const MAX_ACK_TIMEOUT_SEC: f64 = 300.0;
+const MAX_RETRY_BUDGET_MIN: u32 = 100_000;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchConfig {
+    /// Attempts per request, the first included: a request that fails before its provider
+    /// accepted it (node gate full, node link lost, provider unreachable, provider 429 or
+    /// 503 with nothing streamed) is tried on another member up to this many times.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// A node must acknowledge a dispatch (run or tunnel) within this many seconds, or
+    /// the attempt fails with `node_timeout` (and may go to another member).
+    #[serde(default = "default_ack_timeout_sec")]
+    pub ack_timeout_sec: f64,
+    /// Retries are at most this percentage of the requests of the last 10 s (plus
+    /// `retry_budget_min`), so a failing fleet does not multiply its own load.
+    #[serde(default = "default_retry_budget_percent")]
+    pub retry_budget_percent: u32,
+    /// Retries always allowed per 10 s, whatever the percentage says.
+    #[serde(default = "default_retry_budget_min")]
+    pub retry_budget_min: u32,
+}
+
+fn default_max_attempts() -> u32 {
+    DEFAULT_MAX_ATTEMPTS
+}
+fn default_ack_timeout_sec() -> f64 {
+    DEFAULT_ACK_TIMEOUT_SEC
+}
+fn default_retry_budget_percent() -> u32 {
+    DEFAULT_RETRY_BUDGET_PERCENT
+}
+fn default_retry_budget_min() -> u32 {
+    DEFAULT_RETRY_BUDGET_MIN
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            ack_timeout_sec: DEFAULT_ACK_TIMEOUT_SEC,
+            retry_budget_percent: DEFAULT_RETRY_BUDGET_PERCENT,
+            retry_budget_min: DEFAULT_RETRY_BUDGET_MIN,
+        }
+    }
+}
+
+impl DispatchConfig {
+    pub fn ack_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.ack_timeout_sec)
+    }
+
+    /// The bounds; the error is `(field, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if !(1..=MAX_ATTEMPTS).contains(&self.max_attempts) {
+            return Err((
+                "max_attempts".into(),
+                format!(
+                    "{} is out of range: give 1 (no retries) to {MAX_ATTEMPTS}",
+                    self.max_attempts
+                ),
+            ));
+        }
+        if !(self.ack_timeout_sec > 0.0 && self.ack_timeout_sec <= MAX_ACK_TIMEOUT_SEC) {
+            return Err((
+                "ack_timeout_sec".into(),
+                format!("must be above 0 and at most {MAX_ACK_TIMEOUT_SEC} seconds"),
+            ));
+        }
+        if self.retry_budget_percent > 100 {
+            return Err(("retry_budget_percent".into(), "must be at most 100".into()));
+        }
+        if self.retry_budget_min > MAX_RETRY_BUDGET_MIN {
+            return Err((
+                "retry_budget_min".into(),
+                format!("must be at most {MAX_RETRY_BUDGET_MIN}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How long a provider's stream may go silent after its response began, unless the
+/// provider says (`providers[].idle_timeout_sec`).
+pub const DEFAULT_IDLE_TIMEOUT_SEC: u32 = 300;
+/// Largest `idle_timeout_sec`.
+pub const MAX_IDLE_TIMEOUT_SEC: u32 = 24 * 3600;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_checked() {
+        assert!(DispatchConfig::default().validate().is_ok());
+        let bad = [
+            DispatchConfig {
+                max_attempts: 0,
+                ..Default::default()
+            },
+            DispatchConfig {
+                max_attempts: 11,
+                ..Default::default()
+            },
+            DispatchConfig {
+                ack_timeout_sec: 0.0,
+                ..Default::default()
+            },
+            DispatchConfig {
+                ack_timeout_sec: f64::NAN,
+                ..Default::default()
+            },
+            DispatchConfig {
+                retry_budget_percent: 101,
+                ..Default::default()
+            },
+        ];
+        for config in bad {
+            assert!(config.validate().is_err(), "{config:?}");
+        }
+    }
+}

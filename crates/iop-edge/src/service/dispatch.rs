@@ -1,0 +1,541 @@
+//! Model-group dispatch: one OpenAI request in, a response stream (a provider tunnel or a
+//! run to render) out, with the number of attempts it took.
+//!
+//! For each attempt: estimate the lane, wait for a slot on a member ([`Target::Group`]),
+//! send the request in the shape the member's provider kind takes (the kind travels in the
+//! grant), and wait for the response to begin — the tunnel's head, the run's first event.
+//! A failure before that, that the reason table calls retryable (the node's gate was full,
+//! its link dropped, it never acknowledged, the provider was unreachable or answered 429 /
+//! 503), is tried again on another member: at most `dispatch.max_attempts` attempts, within
+//! the retry budget, after a short jittered backoff, never on a member (under the same
+//! generation) that already failed it — except a full gate, which only sends the request
+//! back to the queue. Nothing is retried once the response began: the client may have
+//! bytes, the provider may be spending tokens.
+//!
+//! Members whose provider is probed unhealthy or ejected are not chosen while the group has
+//! another (the scheduler's rule), and every attempt's outcome goes through
+//! [`Edge::attempt_finished`] into passive ejection: a member that keeps failing attempts,
+//! here or in its stream, leaves rotation.
+//!
+//! The request's metrics are counted here or, once a response is returned, by its stream
+//! when it ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use iop_proto::{ErrorCode, pb};
+
+use super::admission::{AdmitError, Admitted, Target, clock};
+use super::run::{RunSpec, RunStream, SubmitError};
+use super::stream::{RequestMeter, StreamLimits};
+use super::tunnel::{TunnelHead, TunnelSpec, TunnelStream};
+use super::{Edge, Observe};
+use crate::ejection::ProviderOutcome;
+use crate::lease::Lane;
+use crate::queue::Exclusion;
+
+/// Which OpenAI operation a request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Chat,
+    Completion,
+    Embedding,
+}
+
+impl Operation {
+    /// The path below the provider's API root.
+    pub fn provider_path(self) -> &'static str {
+        match self {
+            Operation::Chat => "/chat/completions",
+            Operation::Completion => "/completions",
+            Operation::Embedding => "/embeddings",
+        }
+    }
+}
+
+/// What the lane estimate reads of a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaneInputs {
+    /// Characters of the prompt: every message's text (chat), the prompt, or the input.
+    pub prompt_chars: u64,
+    /// `max_completion_tokens`, else `max_tokens`, else 0.
+    pub max_tokens: u64,
+}
+
+/// Cheap context estimate deciding the lane: characters of the prompt / 4 (about one token
+/// per four characters of English) plus the requested `max_tokens`.
+pub fn estimate_context_tokens(inputs: LaneInputs) -> u64 {
+    inputs
+        .prompt_chars
+        .div_ceil(4)
+        .saturating_add(inputs.max_tokens)
+}
+
+/// The lane a request needs in a group whose long-context threshold is `threshold`.
+pub fn lane_for(threshold: Option<u64>, inputs: LaneInputs) -> Lane {
+    match threshold {
+        Some(t) if estimate_context_tokens(inputs) >= t => Lane::Long,
+        _ => Lane::Normal,
+    }
+}
+
+/// How a client request is sent to the member that got it, decided once its grant says
+/// the member's upstream model and provider kind. The HTTP layer implements it over the
+/// body it parsed, so the body is rewritten once per attempt and never re-parsed.
+pub trait MemberRequest: Sync {
+    /// The client's body with `model` set to the member's upstream name (raw tunnel), and
+    /// whether it asks for stream usage the client did not ask for (only if `ask_usage`:
+    /// the member's provider takes that); the node then removes that usage from the relay.
+    fn tunnel_body(&self, upstream_model: &str, ask_usage: bool) -> (Bytes, bool);
+    /// The normalized run for a rendered provider.
+    fn run_spec(&self, adapter: &str, upstream_model: &str) -> RunSpec;
+}
+
+/// A parsed, validated OpenAI request.
+pub struct OpenAiRequest<'a> {
+    pub op: Operation,
+    /// The model group (`model`).
+    pub group: &'a str,
+    pub stream: bool,
+    pub lane: LaneInputs,
+    /// The name of the API key that sent it.
+    pub api_key: Option<String>,
+    pub body: &'a dyn MemberRequest,
+}
+
+/// A response that began.
+#[derive(Debug)]
+pub enum Served {
+    /// The provider's own response: its head, then its body from the stream.
+    Tunnel {
+        head: TunnelHead,
+        stream: TunnelStream,
+    },
+    /// A run whose first event came; the rest is rendered from the stream.
+    Run {
+        first: pb::RunEvent,
+        stream: RunStream,
+    },
+}
+
+#[derive(Debug)]
+pub struct Dispatched {
+    pub served: Served,
+    /// Attempts it took (1 when the first member served it).
+    pub attempts: u32,
+}
+
+#[derive(Debug)]
+pub struct DispatchFailure {
+    pub error: SubmitError,
+    /// Attempts made (0 when it never got a slot).
+    pub attempts: u32,
+}
+
+/// What to do after an attempt failed before its response began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Give the client this attempt's answer.
+    Return,
+    /// Try again; `exclude`: not on the member (under its generation) that failed.
+    Retry { exclude: bool },
+}
+
+/// The retry decision for an attempt that failed with `code` before its response began,
+/// after `attempts` attempts of at most `max_attempts` (the budget is checked after).
+pub fn decide(code: ErrorCode, attempts: u32, max_attempts: u32) -> Decision {
+    if !code.retryable() || attempts >= max_attempts {
+        return Decision::Return;
+    }
+    Decision::Retry {
+        // A full gate is no fault of the member: back to the queue, any member.
+        exclude: code != ErrorCode::NodeCapacity,
+    }
+}
+
+/// The wait before retry number `retry` (1 for the first): 25 ms doubling up to 1 s, half
+/// of it jittered by `jitter` in [0, 1).
+pub fn backoff(retry: u32, jitter: f64) -> Duration {
+    let ceiling = Duration::from_millis(25)
+        .saturating_mul(1 << retry.saturating_sub(1).min(6))
+        .min(Duration::from_secs(1));
+    ceiling / 2 + ceiling.mul_f64(jitter.clamp(0.0, 1.0) / 2.0)
+}
+
+/// Attempts at a grant whose node changed generation between grant and send.
+const STALE_GRANT_RETRIES: usize = 3;
+
+enum Attempt {
+    /// The response began.
+    Served(Served),
+    /// The provider's head is a refusal worth retrying elsewhere (429, 503); relayed as
+    /// it is if there is no retry.
+    Refused { served: Served, code: ErrorCode },
+    /// It failed before any response.
+    Failed(SubmitError),
+}
+
+impl Edge {
+    /// Where every attempt's outcome ends up, once per attempt: a failure before the
+    /// response began (from the dispatcher), or the end of a stream (from the stream).
+    /// `failure` is `None` for a response that ended cleanly with a success status. It
+    /// feeds passive ejection ([`Edge::report_provider_outcome`]).
+    pub(crate) fn attempt_finished(&self, node: &str, provider: &str, failure: Option<ErrorCode>) {
+        let outcome = ProviderOutcome::of(failure);
+        if let ProviderOutcome::Failure { reason } = &outcome {
+            tracing::debug!(
+                node_id = node,
+                provider,
+                reason,
+                "attempt failed at the provider"
+            );
+        }
+        self.report_provider_outcome(node, provider, outcome, clock());
+    }
+
+    /// Dispatches one OpenAI request to a member of its model group, retrying before the
+    /// response began as the module doc says.
+    pub async fn dispatch(
+        self: &Arc<Self>,
+        request: OpenAiRequest<'_>,
+    ) -> Result<Dispatched, DispatchFailure> {
+        let group = request.group;
+        let mut meter = RequestMeter::new(self.clone(), group);
+        let Some(policy) = self.admission.policy(group) else {
+            let error = SubmitError::from(AdmitError::UnknownGroup(group.to_string()));
+            meter.finish(Some(error.code()));
+            return Err(DispatchFailure { error, attempts: 0 });
+        };
+        let lane = lane_for(policy.long_context_tokens, request.lane);
+        let settings = self.config().dispatch.clone();
+        let started = clock();
+        // Retries wait in the queue only for what is left of the group's timeout.
+        let queue_until = started + policy.timeout;
+        self.retry_budget.lock().record_request(started);
+        let mut exclude: Vec<Exclusion> = Vec::new();
+        let mut attempts = 0u32;
+        let mut last: Option<SubmitError> = None;
+        let mut stale = 0;
+        loop {
+            let admitted = match self
+                .admission
+                .acquire(Target::Group(group), lane, &exclude, Some(queue_until))
+                .await
+            {
+                Ok(admitted) => admitted,
+                Err(err) => {
+                    let error = match (err, last.take()) {
+                        // Every member failed this request, or no other became free in
+                        // time: its last failure says why.
+                        (
+                            AdmitError::Exhausted { .. } | AdmitError::Timeout { .. },
+                            Some(previous),
+                        ) => previous,
+                        (err, _) => err.into(),
+                    };
+                    meter.finish(Some(error.code()));
+                    return Err(DispatchFailure { error, attempts });
+                }
+            };
+            self.metrics.observe_queue_wait(group, admitted.waited);
+            let session = match self.session(&admitted.grant.node) {
+                Some(s) if s.generation == admitted.grant.generation => s,
+                // The node's connection changed under the grant: its lease was fenced
+                // already, so dropping it is a no-op. Try again.
+                _ if stale < STALE_GRANT_RETRIES => {
+                    stale += 1;
+                    continue;
+                }
+                _ => {
+                    let error = SubmitError::from(AdmitError::Unavailable {
+                        group: group.to_string(),
+                        reason: "its nodes keep reconnecting".into(),
+                    });
+                    meter.finish(Some(error.code()));
+                    return Err(DispatchFailure { error, attempts });
+                }
+            };
+            attempts += 1;
+            let exclusion = admitted.grant.exclusion();
+            let path = if admitted.grant.traits.kind.is_tunnel() {
+                "tunnel"
+            } else {
+                "run"
+            };
+            meter.set_path(path);
+            let (code, refused) = match self
+                .attempt(session, admitted, &request, settings.ack_timeout())
+                .await
+            {
+                Attempt::Served(served) => {
+                    return Ok(self.served(served, meter, attempts));
+                }
+                Attempt::Refused { served, code } => (code, Some(served)),
+                Attempt::Failed(error) => {
+                    let code = error.code();
+                    last = Some(error);
+                    (code, None)
+                }
+            };
+            let decision = match decide(code, attempts, settings.max_attempts) {
+                Decision::Retry { .. } if !self.retry_budget.lock().try_retry(clock()) => {
+                    tracing::warn!(
+                        model_group = group,
+                        code = code.as_str(),
+                        "retry budget spent: not retrying"
+                    );
+                    Decision::Return
+                }
+                decision => decision,
+            };
+            match (decision, refused) {
+                (Decision::Return, Some(served)) => {
+                    return Ok(self.served(served, meter, attempts));
+                }
+                (Decision::Return, None) => {
+                    let error = last.take().expect("a failed attempt");
+                    meter.finish(Some(code));
+                    return Err(DispatchFailure { error, attempts });
+                }
+                (Decision::Retry { exclude: excluding }, refused) => {
+                    if let Some(served) = refused {
+                        give_up(served, code);
+                        last = Some(SubmitError::Failed {
+                            code,
+                            message: format!(
+                                "the provider of node {} answered {} ({})",
+                                exclusion.key.node,
+                                code.status(),
+                                code.as_str()
+                            ),
+                        });
+                    }
+                    tracing::info!(
+                        model_group = group,
+                        node_id = %exclusion.key.node,
+                        provider = %exclusion.key.provider,
+                        code = code.as_str(),
+                        attempt = attempts,
+                        "attempt failed before the response began: retrying"
+                    );
+                    if excluding {
+                        exclude.push(exclusion);
+                    }
+                    tokio::time::sleep(backoff(attempts, rand::random::<f64>())).await;
+                }
+            }
+        }
+    }
+
+    /// A response that began: its stream takes over the request's metrics.
+    fn served(&self, served: Served, meter: RequestMeter, attempts: u32) -> Dispatched {
+        let served = match served {
+            Served::Tunnel { head, mut stream } => {
+                stream.set_meter(meter);
+                Served::Tunnel { head, stream }
+            }
+            Served::Run { first, mut stream } => {
+                stream.set_meter(meter);
+                Served::Run { first, stream }
+            }
+        };
+        Dispatched { served, attempts }
+    }
+
+    /// One attempt on the member `admitted` names.
+    async fn attempt(
+        self: &Arc<Self>,
+        session: Arc<crate::session::NodeSession>,
+        admitted: Admitted,
+        request: &OpenAiRequest<'_>,
+        ack_timeout: Duration,
+    ) -> Attempt {
+        let Admitted { grant, guard, .. } = admitted;
+        let observe = Observe {
+            model_group: request.group.to_string(),
+            node_id: grant.node.to_string(),
+            provider_id: grant.provider.to_string(),
+            api_key: request.api_key.clone(),
+        };
+        let limits = StreamLimits {
+            ack_timeout,
+            idle_timeout: grant.traits.idle_timeout,
+        };
+        let not_sent = |edge: &Edge, error: SubmitError| {
+            edge.attempt_finished(&grant.node, &grant.provider, Some(error.code()));
+            Attempt::Failed(error)
+        };
+        if grant.traits.kind.is_tunnel() {
+            let (body, usage_injected) = request
+                .body
+                .tunnel_body(&grant.upstream_model, grant.traits.inject_stream_usage);
+            let spec = TunnelSpec {
+                adapter: grant.provider.to_string(),
+                method: "POST".into(),
+                path: request.op.provider_path().into(),
+                headers: vec![
+                    header("content-type", "application/json"),
+                    header(
+                        "accept",
+                        if request.stream {
+                            "text/event-stream"
+                        } else {
+                            "application/json"
+                        },
+                    ),
+                ],
+                body,
+                usage_injected,
+            };
+            let mut stream = match self
+                .start_tunnel(session, spec, Some(guard), Some(observe), limits)
+                .await
+            {
+                Ok(stream) => stream,
+                Err(error) => return not_sent(self, error),
+            };
+            return match stream.head().await {
+                Ok(head) => {
+                    let refusal = ErrorCode::from_provider_status(head.status as u16)
+                        .filter(|code| code.retryable());
+                    let served = Served::Tunnel { head, stream };
+                    match refusal {
+                        Some(code) => Attempt::Refused { served, code },
+                        None => Attempt::Served(served),
+                    }
+                }
+                Err(e) => Attempt::Failed(SubmitError::Failed {
+                    code: e.error_code(),
+                    message: e.message,
+                }),
+            };
+        }
+        if request.op == Operation::Embedding {
+            drop(guard);
+            return Attempt::Failed(SubmitError::Failed {
+                code: ErrorCode::NotSupported,
+                message: format!(
+                    "model `{}` is served by a {} provider; embeddings are served by \
+                     openai_compat and vllm providers only",
+                    request.group,
+                    grant.traits.kind.as_str()
+                ),
+            });
+        }
+        let mut spec = request
+            .body
+            .run_spec(&grant.provider, &grant.upstream_model);
+        spec.owner = request.api_key.clone();
+        let mut stream = match self
+            .start_run(session, spec, Some(guard), Some(observe), limits)
+            .await
+        {
+            Ok(stream) => stream,
+            Err(error) => return not_sent(self, error),
+        };
+        match stream.next().await {
+            Some(e) if e.kind() == pb::RunEventKind::Error => {
+                Attempt::Failed(SubmitError::of_run_error(e.error.as_ref()))
+            }
+            Some(e) if e.kind() == pb::RunEventKind::Cancelled => {
+                Attempt::Failed(SubmitError::Failed {
+                    code: ErrorCode::Cancelled,
+                    message: "the run was cancelled".into(),
+                })
+            }
+            Some(first) => Attempt::Served(Served::Run { first, stream }),
+            None => Attempt::Failed(SubmitError::Failed {
+                code: ErrorCode::ProviderError,
+                message: "the run ended without events".into(),
+            }),
+        }
+    }
+}
+
+/// Drops a response the dispatcher will not relay, recording why.
+fn give_up(served: Served, code: ErrorCode) {
+    match served {
+        Served::Tunnel { mut stream, .. } => stream.fail(code),
+        Served::Run { mut stream, .. } => stream.fail(code),
+    }
+}
+
+fn header(name: &str, value: &str) -> pb::Header {
+    pb::Header {
+        name: name.into(),
+        value: value.as_bytes().to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_retried_and_where() {
+        use ErrorCode::*;
+        let cases = [
+            // Failed before the provider accepted: another member.
+            (NodeDisconnected, Decision::Retry { exclude: true }),
+            (NodeTimeout, Decision::Retry { exclude: true }),
+            (ProviderUnreachable, Decision::Retry { exclude: true }),
+            (ProviderRateLimited, Decision::Retry { exclude: true }),
+            (ProviderOverloaded, Decision::Retry { exclude: true }),
+            (UnknownAdapter, Decision::Retry { exclude: true }),
+            (CliSpawn, Decision::Retry { exclude: true }),
+            // A full gate: back to the queue, any member (the same one included).
+            (NodeCapacity, Decision::Retry { exclude: false }),
+            // The provider may have done (or be doing) the work, or the client is at fault.
+            (ProviderTimeout, Decision::Return),
+            (ProviderIdleTimeout, Decision::Return),
+            (ProviderError, Decision::Return),
+            (BrokenStream, Decision::Return),
+            (BadRequest, Decision::Return),
+            (UnknownTarget, Decision::Return),
+            (Cancelled, Decision::Return),
+            (QueueTimeout, Decision::Return),
+        ];
+        for (code, want) in cases {
+            assert_eq!(decide(code, 1, 3), want, "{code:?}");
+        }
+        // Never more than max_attempts.
+        assert_eq!(
+            decide(NodeDisconnected, 2, 3),
+            Decision::Retry { exclude: true }
+        );
+        assert_eq!(decide(NodeDisconnected, 3, 3), Decision::Return);
+        assert_eq!(decide(NodeCapacity, 1, 1), Decision::Return);
+    }
+
+    #[test]
+    fn backoff_grows_is_jittered_and_capped() {
+        assert_eq!(backoff(1, 0.0), Duration::from_micros(12_500));
+        assert_eq!(backoff(1, 1.0), Duration::from_millis(25));
+        assert_eq!(backoff(2, 0.0), Duration::from_millis(25));
+        for retry in 1..100 {
+            for jitter in [0.0, 0.5, 0.999] {
+                let wait = backoff(retry, jitter);
+                assert!(wait <= Duration::from_secs(1), "{retry} {jitter}");
+                assert!(wait >= Duration::from_micros(12_500));
+            }
+        }
+    }
+
+    #[test]
+    fn the_lane_follows_the_estimate() {
+        let inputs = LaneInputs {
+            prompt_chars: 4000,
+            max_tokens: 100,
+        };
+        assert_eq!(estimate_context_tokens(inputs), 1100);
+        assert_eq!(lane_for(Some(1100), inputs), Lane::Long);
+        assert_eq!(lane_for(Some(1101), inputs), Lane::Normal);
+        assert_eq!(lane_for(None, inputs), Lane::Normal);
+        let huge = LaneInputs {
+            prompt_chars: 4,
+            max_tokens: u64::MAX,
+        };
+        assert_eq!(estimate_context_tokens(huge), u64::MAX);
+    }
+}
