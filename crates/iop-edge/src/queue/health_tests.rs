@@ -344,3 +344,108 @@ fn a_group_that_waits_for_reconnects_strands_its_waiters_until_their_time() {
     s.node_ready("a", Generation(2), t0 + 4 * SEC);
     assert_eq!(s.stranded_deadline(w), None, "served: it was dispatched");
 }
+
+fn failed_on(s: &Scheduler<u32>, node: &str) -> Exclusion {
+    let account = s.leases().account(&ProviderKey::new(node, "p")).unwrap();
+    Exclusion {
+        key: ProviderKey::new(node, "p"),
+        generation: s.leases().online_generation(account).unwrap(),
+    }
+}
+
+fn granted_node(a: Admission) -> String {
+    match a {
+        Admission::Granted(g) => g.node.to_string(),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_retry_skips_ejected_members_and_those_it_failed_on_but_never_ends_with_none() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new([], [group("g", &["a", "b", "c"], Duration::ZERO)]);
+    s.set_ejection_policy(EjectionPolicy {
+        consecutive_failures: 1,
+        base: 10 * SEC,
+        max: 60 * SEC,
+    });
+    for (node, generation) in [("a", 1), ("b", 2), ("c", 3)] {
+        s.node_ready(node, Generation(generation), t0);
+    }
+    assert!(matches!(fail(&mut s, "a", t0), Verdict::Ejected { .. }));
+    // Failed on b, a ejected: only c.
+    let exclude = [failed_on(&s, "b")];
+    for i in 0..6 {
+        let node = granted_node(s.admit_excluding("g", Lane::Normal, i, &exclude, t0));
+        assert_eq!(node, "c");
+    }
+    // Failed on b and c: the ejected a is all that is left, and it is used.
+    let exclude = [failed_on(&s, "b"), failed_on(&s, "c")];
+    let node = granted_node(s.admit_excluding("g", Lane::Normal, 9, &exclude, t0));
+    assert_eq!(node, "a");
+}
+
+#[test]
+fn a_retry_with_every_live_member_tried_ends_offline_or_waits_for_a_reconnect() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(
+        [],
+        [
+            group("g", &["a", "b"], Duration::ZERO),
+            group("w", &["a", "b"], 5 * SEC),
+        ],
+    );
+    s.node_ready("a", Generation(1), t0);
+    // b is offline; the request failed on a.
+    let exclude = [failed_on(&s, "a")];
+    match s.admit_excluding("g", Lane::Normal, 1, &exclude, t0) {
+        Admission::Offline { members } => assert_eq!(members, ["b/p"]),
+        other => panic!("expected offline, got {other:?}"),
+    }
+    let id = match s.admit_excluding("w", Lane::Normal, 2, &exclude, t0) {
+        Admission::Queued(id) => id,
+        other => panic!("expected to wait, got {other:?}"),
+    };
+    assert_eq!(s.stranded_deadline(id), Some(t0 + 5 * SEC));
+    // b reconnects: the retry is served there, not on a.
+    let woken = s.node_ready("b", Generation(2), t0 + SEC);
+    assert_eq!(woken.len(), 1);
+    assert_eq!(&*woken[0].grant.node, "b");
+}
+
+#[test]
+fn native_runs_reach_an_ejected_provider_and_do_not_keep_it_in_rotation() {
+    let t0 = Instant::now();
+    let provider = |node: &str| ProviderSpec {
+        account: crate::lease::AccountSpec {
+            key: ProviderKey::new(node, "p"),
+            capacity: LaneCounts { normal: 8, long: 0 },
+            max_in_flight: 8,
+            enabled: true,
+        },
+        traits: MemberTraits::default(),
+    };
+    let mut s: Scheduler<u32> = Scheduler::new(
+        [provider("a"), provider("b")],
+        [group("g", &["a", "b"], Duration::ZERO)],
+    );
+    s.set_ejection_policy(EjectionPolicy {
+        consecutive_failures: 1,
+        ..EjectionPolicy::default()
+    });
+    s.node_ready("a", Generation(1), t0);
+    s.node_ready("b", Generation(2), t0);
+    // b's own queue (one member) does not make it a last usable member.
+    assert!(matches!(fail(&mut s, "b", t0), Verdict::Ejected { .. }));
+    let granted = nodes_granted(&mut s, 4, t0);
+    assert!(granted.iter().all(|n| n == "a"), "{granted:?}");
+    // A native run names its provider: it is served there, ejected or not.
+    let node = granted_node(s.admit_direct(&ProviderKey::new("b", "p"), Lane::Normal, 7, t0));
+    assert_eq!(node, "b");
+    // And one to a provider whose node is offline ends at once.
+    s.node_lost("a", Generation(1), t0);
+    assert!(matches!(
+        s.admit_direct(&ProviderKey::new("a", "p"), Lane::Normal, 8, t0),
+        Admission::Offline { .. }
+    ));
+}
