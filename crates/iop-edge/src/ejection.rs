@@ -61,11 +61,17 @@ impl ProviderOutcome {
     /// provider's own server-side failures count against it (unreachable, 5xx, timed out,
     /// stalled or broken streams, a CLI program that would not start or failed); a 4xx,
     /// a 429, refused credentials, the client leaving, the node's link or gate say
-    /// nothing about the provider.
-    pub fn of(failure: Option<ErrorCode>) -> Self {
+    /// nothing about the provider. `provider_status`, the status the provider answered if
+    /// the failure came after one, is named in the reason when it is a 5xx.
+    pub fn of(failure: Option<ErrorCode>, provider_status: Option<u32>) -> Self {
         match failure {
             None => ProviderOutcome::Success,
-            Some(code) if counts_against_provider(code) => ProviderOutcome::failure(code.as_str()),
+            Some(code) if counts_against_provider(code) => {
+                ProviderOutcome::failure(match provider_status.filter(|s| *s >= 500) {
+                    Some(status) => format!("{} (HTTP {status})", code.as_str()),
+                    None => code.as_str().to_string(),
+                })
+            }
             Some(_) => ProviderOutcome::Neutral,
         }
     }
@@ -369,7 +375,7 @@ mod tests {
     fn outcomes_are_classified_by_who_is_at_fault() {
         use ErrorCode::*;
         use ProviderOutcome as O;
-        assert_eq!(O::of(None), O::Success);
+        assert_eq!(O::of(None, None), O::Success);
         for code in [
             ProviderUnreachable,
             ProviderError,
@@ -380,7 +386,11 @@ mod tests {
             BadUpstreamResponse,
             CliSpawn,
         ] {
-            assert_eq!(O::of(Some(code)), O::failure(code.as_str()), "{code:?}");
+            assert_eq!(
+                O::of(Some(code), None),
+                O::failure(code.as_str()),
+                "{code:?}"
+            );
         }
         for code in [
             ProviderRateLimited,
@@ -394,13 +404,18 @@ mod tests {
             NodeTimeout,
             UnknownAdapter,
         ] {
-            assert_eq!(O::of(Some(code)), O::Neutral, "{code:?}");
+            assert_eq!(O::of(Some(code), None), O::Neutral, "{code:?}");
         }
         // A provider's HTTP status, as a tunnel ending after it is classified.
-        let of_status = |s: u16| O::of(ErrorCode::from_provider_status(s));
+        let of_status = |s: u16| O::of(ErrorCode::from_provider_status(s), Some(s.into()));
         assert_eq!(of_status(200), O::Success);
-        assert_eq!(of_status(503), O::failure("provider_overloaded"));
-        assert_eq!(of_status(500), O::failure("provider_error"));
+        assert_eq!(of_status(503), O::failure("provider_overloaded (HTTP 503)"));
+        assert_eq!(of_status(500), O::failure("provider_error (HTTP 500)"));
+        // A stream that broke after a 200 names no status.
+        assert_eq!(
+            O::of(Some(BrokenStream), Some(200)),
+            O::failure("broken_stream")
+        );
         for status in [400, 401, 404, 429] {
             assert_eq!(of_status(status), O::Neutral, "{status}");
         }

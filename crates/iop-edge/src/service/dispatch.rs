@@ -179,10 +179,17 @@ enum Attempt {
 impl Edge {
     /// Where every attempt's outcome ends up, once per attempt: a failure before the
     /// response began (from the dispatcher), or the end of a stream (from the stream).
-    /// `failure` is `None` for a response that ended cleanly with a success status. It
-    /// feeds passive ejection ([`Edge::report_provider_outcome`]).
-    pub(crate) fn attempt_finished(&self, node: &str, provider: &str, failure: Option<ErrorCode>) {
-        let outcome = ProviderOutcome::of(failure);
+    /// `failure` is `None` for a response that ended cleanly with a success status;
+    /// `provider_status` is the status the provider answered, if it did. It feeds passive
+    /// ejection ([`Edge::report_provider_outcome`]).
+    pub(crate) fn attempt_finished(
+        &self,
+        node: &str,
+        provider: &str,
+        failure: Option<ErrorCode>,
+        provider_status: Option<u32>,
+    ) {
+        let outcome = ProviderOutcome::of(failure, provider_status);
         if let ProviderOutcome::Failure { reason } = &outcome {
             tracing::debug!(
                 node_id = node,
@@ -363,7 +370,7 @@ impl Edge {
             idle_timeout: grant.traits.idle_timeout,
         };
         let not_sent = |edge: &Edge, error: SubmitError| {
-            edge.attempt_finished(&grant.node, &grant.provider, Some(error.code()));
+            edge.attempt_finished(&grant.node, &grant.provider, Some(error.code()), None);
             Attempt::Failed(error)
         };
         if grant.traits.kind.is_tunnel() {
@@ -537,5 +544,54 @@ mod tests {
             max_tokens: u64::MAX,
         };
         assert_eq!(estimate_context_tokens(huge), u64::MAX);
+    }
+
+    #[tokio::test]
+    async fn failed_attempts_reach_passive_ejection() {
+        use crate::config::EdgeConfig;
+        use crate::lease::ProviderKey;
+        use crate::registry::Generation;
+        let config = EdgeConfig::from_yaml(
+            r#"
+nodes:
+  - {id: a, token: token-a-0123456789ab, providers: [{id: p, kind: mock}]}
+  - {id: b, token: token-b-0123456789ab, providers: [{id: p, kind: mock}]}
+model_groups:
+  - {name: g, members: [{node: a, provider: p}, {node: b, provider: p}]}
+"#,
+            "test",
+        )
+        .unwrap();
+        let edge = Edge::new(config);
+        edge.admission.node_ready("a", Generation(1));
+        edge.admission.node_ready("b", Generation(2));
+        let ejected = |node: &str| {
+            edge.admission.inspect(|s| {
+                let account = s.leases().account(&ProviderKey::new(node, "p")).unwrap();
+                s.health_view(account, clock()).ejected_until.is_some()
+            })
+        };
+        // Refusals that say nothing about the provider never eject it...
+        for code in [
+            ErrorCode::ProviderRateLimited,
+            ErrorCode::NodeDisconnected,
+            ErrorCode::ClientAbort,
+        ] {
+            for _ in 0..5 {
+                edge.attempt_finished("b", "p", Some(code), None);
+            }
+        }
+        assert!(!ejected("b"));
+        // ...and a success in between resets the count.
+        edge.attempt_finished("b", "p", Some(ErrorCode::ProviderUnreachable), None);
+        edge.attempt_finished("b", "p", Some(ErrorCode::ProviderUnreachable), None);
+        edge.attempt_finished("b", "p", None, None);
+        edge.attempt_finished("b", "p", Some(ErrorCode::ProviderUnreachable), None);
+        assert!(!ejected("b"));
+        // Three provider failures in a row (the default) eject it.
+        edge.attempt_finished("b", "p", Some(ErrorCode::ProviderOverloaded), None);
+        edge.attempt_finished("b", "p", Some(ErrorCode::BrokenStream), None);
+        assert!(ejected("b"));
+        assert!(!ejected("a"));
     }
 }

@@ -18,8 +18,9 @@ const MAX_REPORT_ENTRIES: usize = 1024;
 impl Edge {
     /// Records how one request to `node`/`provider` went: consecutive provider-side
     /// failures eject the member for a while (never the last usable member of a group).
-    /// Run and tunnel streams of model-group requests report their own outcome when they
-    /// end; call this for outcomes they do not see. `Neutral` outcomes change nothing.
+    /// Every attempt of a model-group request reports here once, through
+    /// `Edge::attempt_finished` (the dispatcher, or the run or tunnel stream when it ends);
+    /// call this for outcomes they do not see. `Neutral` outcomes change nothing.
     pub fn report_provider_outcome(
         &self,
         node: &str,

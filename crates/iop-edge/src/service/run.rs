@@ -441,7 +441,7 @@ impl RunInner {
         }
         if let Some(observe) = &self.observe {
             self.edge
-                .attempt_finished(&observe.node_id, &observe.provider_id, failure);
+                .attempt_finished(&observe.node_id, &observe.provider_id, failure, None);
         }
     }
 

@@ -361,8 +361,12 @@ impl TunnelInner {
             meter.finish(failure);
         }
         if let Some(observe) = &self.observe {
-            self.edge
-                .attempt_finished(&observe.node_id, &observe.provider_id, failure);
+            self.edge.attempt_finished(
+                &observe.node_id,
+                &observe.provider_id,
+                failure,
+                self.status,
+            );
         }
     }
 
