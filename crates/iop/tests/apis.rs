@@ -507,6 +507,34 @@ async fn what_cannot_be_honoured_is_refused_in_each_apis_error_shape() {
     let (status, _, text) = post(&messages, &json!([1]), &[]).await;
     assert_eq!(status, 400, "{text}");
     anthropic_error(&text, "invalid_request_error");
+    // Parsing is as strict as for chat: a key given twice, nesting too deep.
+    for raw in [
+        r#"{"model":"mock","model":"tunnel","max_tokens":8,"messages":[{"role":"user","content":"x"}]}"#
+            .to_string(),
+        format!(
+            r#"{{"model":"mock","max_tokens":8,"messages":[{{"role":"user","content":"x"}}],"metadata":{}{}}}"#,
+            "[".repeat(100),
+            "]".repeat(100)
+        ),
+    ] {
+        for url in [&messages, &responses] {
+            let response = client()
+                .post(url.as_str())
+                .header("content-type", "application/json")
+                .body(raw.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 400, "{url}");
+            let text = response.text().await.unwrap();
+            if url == &messages {
+                anthropic_error(&text, "invalid_request_error");
+            } else {
+                let e: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(e["error"]["type"], "invalid_request_error", "{text}");
+            }
+        }
+    }
     // A provider's own refusal comes back in the client's API shape.
     let mut tools = messages_request("tunnel", false);
     tools["tools"] = json!([{"name": "f", "input_schema": {"type": "object"}}]);
@@ -625,4 +653,135 @@ async fn messages_take_x_api_key_and_answer_auth_errors_in_anthropic_shape() {
         serde_json::from_str::<Value>(&text).unwrap()["error"]["type"],
         "authentication_error"
     );
+}
+
+#[tokio::test]
+async fn tool_calls_round_trip_through_both_apis() {
+    let s = setup().await;
+    let schema = json!({"type": "object", "properties": {"query": {"type": "string"}}});
+
+    // Responses: a function_call item, then its output back as input.
+    let tools = json!([{"type": "function", "name": "lookup", "description": "Looks things up",
+                        "parameters": schema}]);
+    let ask = json!({"model": "ollama", "input": "cats", "tools": tools});
+    let (status, _, body) = post(&s.edge.url("/v1/responses"), &ask, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let r: Value = serde_json::from_str(&body).unwrap();
+    let call = &r["output"][0];
+    assert_eq!(call["type"], "function_call", "{r}");
+    assert_eq!(call["name"], "lookup", "{r}");
+    let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments, json!({"query": "cats"}));
+    let call_id = call["call_id"].as_str().unwrap();
+    assert!(!call_id.is_empty());
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let (status, _, body) = post(&s.edge.url("/v1/responses"), &streamed, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let events = parse_events(&body);
+    let done = events
+        .iter()
+        .find(|(n, _)| n == "response.function_call_arguments.done")
+        .unwrap_or_else(|| panic!("no arguments done: {body}"));
+    assert_eq!(done.1["arguments"], call["arguments"], "{body}");
+    let follow_up = json!({"model": "ollama", "tools": tools, "input": [
+        {"role": "user", "content": "cats"},
+        {"type": "function_call", "call_id": call_id, "name": "lookup", "arguments": call["arguments"]},
+        {"type": "function_call_output", "call_id": call_id, "output": "meow"},
+    ]});
+    let (status, _, body) = post(&s.edge.url("/v1/responses"), &follow_up, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    check_response(&serde_json::from_str(&body).unwrap(), "ollama");
+
+    // Messages: a tool_use block, then a tool_result.
+    let tools =
+        json!([{"name": "lookup", "description": "Looks things up", "input_schema": schema}]);
+    let ask = json!({"model": "ollama", "max_tokens": 64, "tools": tools,
+                     "messages": [{"role": "user", "content": "cats"}]});
+    let (status, _, body) = post(&s.edge.url("/v1/messages"), &ask, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let m: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(m["stop_reason"], "tool_use", "{m}");
+    let block = &m["content"][0];
+    assert_eq!(block["type"], "tool_use", "{m}");
+    assert_eq!(block["name"], "lookup", "{m}");
+    assert_eq!(block["input"], json!({"query": "cats"}), "{m}");
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let (status, _, body) = post(&s.edge.url("/v1/messages"), &streamed, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let events = parse_events(&body);
+    let partial: String = events
+        .iter()
+        .filter(|(_, d)| d["delta"]["type"] == "input_json_delta")
+        .map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&partial).unwrap(),
+        json!({"query": "cats"}),
+        "{body}"
+    );
+    let follow_up = json!({"model": "ollama", "max_tokens": 64, "tools": tools, "messages": [
+        {"role": "user", "content": "cats"},
+        {"role": "assistant", "content": [block]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block["id"], "content": "meow"}]},
+    ]});
+    let (status, _, body) = post(&s.edge.url("/v1/messages"), &follow_up, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    check_message(&serde_json::from_str(&body).unwrap(), "ollama");
+
+    // An image goes to Ollama as the run's image.
+    let image = json!({"model": "ollama", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        {"type": "text", "text": "what is this?"}]}]});
+    let (status, _, body) = post(&s.edge.url("/v1/messages"), &image, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    wait_idle(&s.edge).await;
+}
+
+#[tokio::test]
+async fn a_non_streamed_answer_over_the_response_limit_is_a_502_and_frees_the_slot() {
+    let dir = tempdir();
+    let mock = start_mock(&["--tokens", "400"]).await;
+    let config = format!(
+        r#"
+limits:
+  http: {{max_response_bytes: 1024}}
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers:
+      - {{id: oa, kind: openai_compat, base_url: "{oa}"}}
+      - {{id: m, kind: mock, mock: {{tokens: 400}}}}
+model_groups:
+  - {{name: tunnel, members: [{{node: n1, provider: oa, model: mock-model}}]}}
+  - {{name: mock, members: [{{node: n1, provider: m}}]}}
+"#,
+        oa = mock.openai_base(),
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    for group in ["tunnel", "mock"] {
+        let (status, _, body) = post(
+            &edge.url("/v1/responses"),
+            &responses_request(group, false),
+            &[],
+        )
+        .await;
+        assert_eq!(status, 502, "{group}: {body}");
+        assert!(body.contains("max_response_bytes"), "{body}");
+        let mut long = messages_request(group, false);
+        long["max_tokens"] = json!(1000);
+        let (status, _, body) = post(&edge.url("/v1/messages"), &long, &[]).await;
+        assert_eq!(status, 502, "{group}: {body}");
+        let e: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(e["error"]["type"], "api_error", "{body}");
+        // Streamed, the same answer has no such limit.
+        long["stream"] = json!(true);
+        let (status, _, body) = post(&edge.url("/v1/messages"), &long, &[]).await;
+        assert_eq!(status, 200, "{group}: {body}");
+        assert!(body.contains("message_stop"), "{body}");
+    }
+    wait_idle(&edge).await;
 }
