@@ -1,5 +1,5 @@
-//! A model's answer as normalized events, whatever produced it: text and reasoning
-//! deltas, complete tool calls, then exactly one ending — finished (with the reason and
+//! A model's answer as normalized events, whatever produced it: its start, text and
+//! reasoning deltas, complete tool calls, then exactly one ending — finished (with the reason and
 //! the provider's usage) or failed. The Responses and Messages renderers read these; a
 //! node run's events ([`from_run`]) and an OpenAI chat answer ([`super::chat_answer`])
 //! become these.
@@ -14,6 +14,9 @@ use crate::http::error::ApiError;
 /// One step of an answer.
 #[derive(Debug, Clone)]
 pub enum AnswerEvent {
+    /// The node or provider accepted the request and the answer begins (renders to
+    /// nothing; it lets a stream start before the first token).
+    Started,
     Text(String),
     Reasoning(String),
     /// A complete call of a function tool.
@@ -70,7 +73,7 @@ impl FinishReason {
     }
 }
 
-/// A run event as answer events (none for a start event).
+/// A run event as answer events.
 pub fn from_run(event: pb::RunEvent) -> Vec<AnswerEvent> {
     match event.kind() {
         RunEventKind::Delta => vec![AnswerEvent::Text(event.text)],
@@ -97,7 +100,8 @@ pub fn from_run(event: pb::RunEvent) -> Vec<AnswerEvent> {
             "cancelled",
             "the run was cancelled",
         ))],
-        RunEventKind::Start | RunEventKind::Unspecified => Vec::new(),
+        RunEventKind::Start => vec![AnswerEvent::Started],
+        RunEventKind::Unspecified => Vec::new(),
     }
 }
 
@@ -147,7 +151,11 @@ mod tests {
             kind: kind as i32,
             ..Default::default()
         };
-        assert!(from_run(event(RunEventKind::Start)).is_empty());
+        assert!(matches!(
+            &from_run(event(RunEventKind::Start))[..],
+            [AnswerEvent::Started]
+        ));
+        assert!(from_run(event(RunEventKind::Unspecified)).is_empty());
         let mut delta = event(RunEventKind::Delta);
         delta.text = "hi".into();
         assert!(matches!(&from_run(delta)[..], [AnswerEvent::Text(t)] if t == "hi"));

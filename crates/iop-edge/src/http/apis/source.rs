@@ -32,12 +32,12 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 pub struct AnswerSource {
     id: String,
     queue: VecDeque<AnswerEvent>,
-    from: From,
+    from: Origin,
     /// The largest JSON answer read whole.
     max_bytes: usize,
 }
 
-enum From {
+enum Origin {
     Run(RunStream),
     /// The tunnel before its head.
     Head(TunnelStream),
@@ -76,7 +76,7 @@ impl AnswerSource {
         Self {
             id: run.run_id().to_string(),
             queue: VecDeque::new(),
-            from: From::Run(run),
+            from: Origin::Run(run),
             max_bytes,
         }
     }
@@ -87,7 +87,7 @@ impl AnswerSource {
         Self {
             id: tunnel.request_id().to_string(),
             queue: VecDeque::new(),
-            from: From::Head(tunnel),
+            from: Origin::Head(tunnel),
             max_bytes,
         }
     }
@@ -97,8 +97,9 @@ impl AnswerSource {
         &self.id
     }
 
-    /// The first event, or the error the answer failed with before any output (for an
-    /// HTTP error status instead of a stream that fails at once).
+    /// The first event (the start, once the node or provider accepted the request), or
+    /// the error the answer failed with before that (for an HTTP error status instead of
+    /// a stream that fails at once).
     pub async fn first(&mut self) -> Result<AnswerEvent, ApiError> {
         match self.next().await {
             Some(AnswerEvent::Failed(e)) => Err(e),
@@ -116,21 +117,21 @@ impl AnswerSource {
             if let Some(e) = self.queue.pop_front() {
                 if e.is_terminal() {
                     self.queue.clear();
-                    self.from = From::Ended;
+                    self.from = Origin::Ended;
                 }
                 return Some(e);
             }
             match &mut self.from {
-                From::Ended => return None,
-                From::Run(run) => match run.next().await {
+                Origin::Ended => return None,
+                Origin::Run(run) => match run.next().await {
                     Some(event) => self.queue.extend(answer::from_run(event)),
                     None => {
-                        self.from = From::Ended;
+                        self.from = Origin::Ended;
                         return None;
                     }
                 },
-                From::Head(_) => self.read_head().await,
-                From::Events {
+                Origin::Head(_) => self.read_head().await,
+                Origin::Events {
                     events,
                     chat,
                     ending,
@@ -181,7 +182,7 @@ impl AnswerSource {
 
     /// Reads the tunnel's head, and then the whole body if it is not an event stream.
     async fn read_head(&mut self) {
-        let From::Head(mut tunnel) = std::mem::replace(&mut self.from, From::Ended) else {
+        let Origin::Head(mut tunnel) = std::mem::replace(&mut self.from, Origin::Ended) else {
             return;
         };
         let mut status = None;
@@ -212,8 +213,9 @@ impl AnswerSource {
                     .to_ascii_lowercase()
                     .starts_with(b"text/event-stream")
         });
+        self.queue.push_back(AnswerEvent::Started);
         if is_sse {
-            self.from = From::Events {
+            self.from = Origin::Events {
                 events: Box::pin(bounded_body(tunnel).eventsource()),
                 chat: ChatStream::default(),
                 ending: None,
@@ -322,7 +324,202 @@ impl EventLength {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use iop_proto::Outbound;
+    use iop_proto::pb::provider_tunnel_frame::Frame;
+    use tokio_util::sync::CancellationToken;
+
     use super::*;
+    use crate::config::EdgeConfig;
+    use crate::registry::Generation;
+    use crate::service::{Edge, TunnelSpec};
+    use crate::session::NodeSession;
+
+    /// A tunnel whose frames the test delivers, and a way to deliver them.
+    async fn open_tunnel() -> (
+        TunnelStream,
+        impl Fn(Frame),
+        tokio::sync::mpsc::Receiver<pb::Envelope>,
+    ) {
+        let config = EdgeConfig::from_yaml("nodes: []\nmodel_groups: []\n", "test").unwrap();
+        let (outbound, sent) = Outbound::channel(64);
+        let session = Arc::new(NodeSession::new(
+            "n1".into(),
+            Generation(1),
+            "peer".into(),
+            outbound,
+            CancellationToken::new(),
+        ));
+        let spec = TunnelSpec {
+            adapter: "oa".into(),
+            method: "POST".into(),
+            path: "/chat/completions".into(),
+            headers: vec![],
+            body: Bytes::new(),
+            usage_injected: false,
+        };
+        let stream = Edge::new(config)
+            .start_tunnel(session.clone(), spec, None, None)
+            .await
+            .unwrap();
+        let id = stream.request_id().to_string();
+        let deliver = move |frame: Frame| {
+            session.deliver_tunnel_frame(pb::ProviderTunnelFrame {
+                request_id: id.clone(),
+                frame: Some(frame),
+            });
+        };
+        (stream, deliver, sent)
+    }
+
+    fn head(deliver: &impl Fn(Frame), status: u32, content_type: &str) {
+        deliver(Frame::Status(status));
+        deliver(Frame::Headers(pb::TunnelHeaders {
+            headers: vec![pb::Header {
+                name: "content-type".into(),
+                value: content_type.as_bytes().to_vec(),
+            }],
+        }));
+    }
+
+    async fn all(source: &mut AnswerSource) -> Vec<AnswerEvent> {
+        let mut out = Vec::new();
+        while let Some(e) = source.next().await {
+            out.push(e);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_chat_stream_split_anywhere_becomes_answer_events_ending_at_the_tunnel_end() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\r\n\r\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":3}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        // (At most a credit window of frames: a node never sends more unread.)
+        for size in [3, 7, 64, stream.len()] {
+            let (tunnel, deliver, _sent) = open_tunnel().await;
+            head(&deliver, 200, "text/event-stream; charset=utf-8");
+            for piece in stream.as_bytes().chunks(size) {
+                deliver(Frame::Body(Bytes::copy_from_slice(piece)));
+            }
+            deliver(Frame::End(pb::TunnelEnd {}));
+            let mut source = AnswerSource::chat(tunnel, 1024);
+            let events = all(&mut source).await;
+            let text: String = events
+                .iter()
+                .filter_map(|e| match e {
+                    AnswerEvent::Text(t) => Some(t.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(text, "Hello", "split by {size}");
+            assert!(matches!(events[0], AnswerEvent::Started));
+            match events.last().unwrap() {
+                AnswerEvent::Finished(f) => assert_eq!(f.usage.unwrap().output_tokens, 3),
+                other => panic!("split by {size}: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_finish_waits_for_the_tunnel_end() {
+        let (tunnel, deliver, _sent) = open_tunnel().await;
+        head(&deliver, 200, "text/event-stream");
+        deliver(Frame::Body(Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+        )));
+        let mut source = AnswerSource::chat(tunnel, 1024);
+        assert!(matches!(source.next().await, Some(AnswerEvent::Started)));
+        assert!(matches!(source.next().await, Some(AnswerEvent::Text(_))));
+        let pending =
+            tokio::time::timeout(std::time::Duration::from_millis(50), source.next()).await;
+        assert!(pending.is_err(), "the finish came before the tunnel ended");
+        deliver(Frame::End(pb::TunnelEnd {}));
+        assert!(matches!(
+            source.next().await,
+            Some(AnswerEvent::Finished(_))
+        ));
+        assert!(source.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn provider_errors_tunnel_errors_and_oversized_answers_fail() {
+        // A provider's error answer keeps its status and message.
+        let (tunnel, deliver, _sent) = open_tunnel().await;
+        head(&deliver, 400, "application/json");
+        deliver(Frame::Body(Bytes::from_static(
+            br#"{"error":{"message":"no tools here","type":"invalid_request_error"}}"#,
+        )));
+        deliver(Frame::End(pb::TunnelEnd {}));
+        let e = AnswerSource::chat(tunnel, 1024).first().await.unwrap_err();
+        assert_eq!(
+            (e.status.as_u16(), e.message.as_str()),
+            (400, "no tools here")
+        );
+
+        // A JSON answer over the limit.
+        let (tunnel, deliver, _sent) = open_tunnel().await;
+        head(&deliver, 200, "application/json");
+        deliver(Frame::Body(Bytes::from(vec![b' '; 2048])));
+        deliver(Frame::End(pb::TunnelEnd {}));
+        let events = all(&mut AnswerSource::chat(tunnel, 1024)).await;
+        assert!(
+            matches!(events.last(), Some(AnswerEvent::Failed(e)) if e.code == "response_too_large"),
+            "{events:?}"
+        );
+
+        // The tunnel failing mid-stream.
+        let (tunnel, deliver, _sent) = open_tunnel().await;
+        head(&deliver, 200, "text/event-stream");
+        deliver(Frame::Body(Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+        )));
+        deliver(Frame::Error(pb::TunnelError {
+            code: "provider_stream_error".into(),
+            message: "connection reset".into(),
+        }));
+        let events = all(&mut AnswerSource::chat(tunnel, 1024)).await;
+        assert!(
+            matches!(events.last(), Some(AnswerEvent::Failed(e)) if e.message == "connection reset"),
+            "{events:?}"
+        );
+
+        // One event longer than the limit, with no end in sight.
+        let (tunnel, deliver, mut sent) = open_tunnel().await;
+        head(&deliver, 200, "text/event-stream");
+        let chunk = Bytes::from(vec![b'a'; 64 * 1024]);
+        deliver(Frame::Body(Bytes::from_static(b"data: ")));
+        for _ in 0..(MAX_EVENT_BYTES / chunk.len() + 1) {
+            deliver(Frame::Body(chunk.clone()));
+        }
+        let mut source = AnswerSource::chat(tunnel, 1024);
+        let events = all(&mut source).await;
+        assert!(
+            matches!(events.last(), Some(AnswerEvent::Failed(e)) if e.message.contains("longer than")),
+            "{events:?}"
+        );
+        drop(source);
+        // Dropping the unfinished tunnel cancels it on the node.
+        let cancelled = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while let Some(envelope) = sent.recv().await {
+                if matches!(
+                    envelope.message,
+                    Some(pb::envelope::Message::CancelRequest(_))
+                ) {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(cancelled, Ok(true));
+    }
 
     #[test]
     fn event_length_resets_at_empty_lines_across_chunks() {

@@ -86,6 +86,7 @@ impl MessageWriter {
 
     pub fn push(&mut self, event: AnswerEvent, out: &mut Vec<SseEvent>) {
         match event {
+            AnswerEvent::Started => {}
             AnswerEvent::Text(text) => {
                 if !matches!(self.open, Some(Open::Text(_))) {
                     self.close(out);

@@ -120,6 +120,7 @@ impl ResponseWriter {
 
     pub fn push(&mut self, event: AnswerEvent, out: &mut Vec<SseEvent>) {
         match event {
+            AnswerEvent::Started => {}
             AnswerEvent::Text(text) => {
                 if !matches!(self.open, Some(Open::Message { .. })) {
                     self.close(out);
