@@ -338,8 +338,8 @@ impl ResponseWriter {
     }
 }
 
-/// A `response.failed` stream ending for an error reported by a native provider's tunnel
-/// mid-stream (the sequence numbering is the provider's, so this event carries none).
+/// The `error` event that ends a native provider's stream when its tunnel fails mid-body
+/// (the sequence numbers are the provider's, so this event carries none).
 pub fn error_event(error: &ApiError) -> SseEvent {
     SseEvent::new(
         "error",
