@@ -740,7 +740,7 @@ async fn tool_calls_round_trip_through_both_apis() {
 }
 
 #[tokio::test]
-async fn a_non_streamed_answer_over_the_response_limit_is_a_502_and_frees_the_slot() {
+async fn answers_the_edge_assembles_are_limited_and_free_their_slot() {
     let dir = tempdir();
     let mock = start_mock(&["--tokens", "400"]).await;
     let config = format!(
@@ -777,11 +777,26 @@ model_groups:
         assert_eq!(status, 502, "{group}: {body}");
         let e: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(e["error"]["type"], "api_error", "{body}");
-        // Streamed, the same answer has no such limit.
+        // A Messages stream holds nothing, so it has no such limit ...
         long["stream"] = json!(true);
         let (status, _, body) = post(&edge.url("/v1/messages"), &long, &[]).await;
         assert_eq!(status, 200, "{group}: {body}");
         assert!(body.contains("message_stop"), "{body}");
+        // ... while a Responses stream repeats the whole answer at its end: it fails.
+        let (status, _, body) = post(
+            &edge.url("/v1/responses"),
+            &responses_request(group, true),
+            &[],
+        )
+        .await;
+        assert_eq!(status, 200, "{group}: {body}");
+        let events = parse_events(&body);
+        let (name, last) = events.last().unwrap();
+        assert_eq!(name, "response.failed", "{body}");
+        assert_eq!(
+            last["response"]["error"]["code"], "response_too_large",
+            "{body}"
+        );
     }
     wait_idle(&edge).await;
 }

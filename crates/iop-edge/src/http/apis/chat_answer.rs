@@ -16,8 +16,10 @@ use serde_json::Value;
 use super::answer::{AnswerEvent, Finish, FinishReason, ToolCall, usage_from_openai};
 use crate::http::error::ApiError;
 
-/// Most tool calls one streamed answer may make; a provider sending more fails the answer.
+/// Most tool calls one streamed answer may make, and most bytes of them held while they
+/// are assembled; a provider sending more fails the answer.
 pub const MAX_TOOL_CALLS: usize = 1024;
+pub const MAX_TOOL_CALL_BYTES: usize = 8 * 1024 * 1024;
 
 /// The reasoning text of a message or delta: `reasoning_content` (DeepSeek, llama.cpp,
 /// older vLLM) or `reasoning` (newer vLLM, Ollama's OpenAI API).
@@ -102,6 +104,8 @@ struct PartialCall {
 #[derive(Debug, Default)]
 pub struct ChatStream {
     calls: BTreeMap<u64, PartialCall>,
+    /// Bytes held in `calls`.
+    call_bytes: usize,
     finish: Option<FinishReason>,
     usage: Option<iop_proto::pb::Usage>,
     /// `[DONE]` came: later payloads are ignored.
@@ -170,17 +174,26 @@ impl ChatStream {
                     )),
                 );
             }
-            let partial = self.calls.entry(index).or_default();
-            if let Some(id) = call.get("id").and_then(Value::as_str) {
-                partial.id.push_str(id);
-            }
             let function = call.get("function");
-            if let Some(name) = function.and_then(|f| f.get("name")).and_then(Value::as_str) {
-                partial.name.push_str(name);
+            let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
+            let name = function
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let arguments = arguments_text(function.and_then(|f| f.get("arguments")));
+            self.call_bytes += id.len() + name.len() + arguments.len();
+            if self.call_bytes > MAX_TOOL_CALL_BYTES {
+                return self.fail(
+                    out,
+                    bad_answer(&format!(
+                        "the answer's tool calls are longer than {MAX_TOOL_CALL_BYTES} bytes"
+                    )),
+                );
             }
-            partial
-                .arguments
-                .push_str(&arguments_text(function.and_then(|f| f.get("arguments"))));
+            let partial = self.calls.entry(index).or_default();
+            partial.id.push_str(id);
+            partial.name.push_str(name);
+            partial.arguments.push_str(&arguments);
         }
         if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
             self.finish = Some(FinishReason::from_openai(reason));
@@ -223,6 +236,7 @@ impl ChatStream {
     }
 
     fn flush_calls(&mut self, out: &mut Vec<AnswerEvent>) {
+        self.call_bytes = 0;
         for (_, call) in std::mem::take(&mut self.calls) {
             out.push(AnswerEvent::ToolCall(ToolCall {
                 id: call.id,
@@ -424,6 +438,22 @@ mod tests {
             }
         }
         assert!(matches!(out.last(), Some(AnswerEvent::Failed(_))));
+
+        // Arguments that never end.
+        let mut s = ChatStream::default();
+        let mut out = Vec::new();
+        let piece = "x".repeat(64 * 1024);
+        let chunk = json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": piece}}]}}]})
+        .to_string();
+        let mut sent = 0;
+        while s.data(&chunk, &mut out) {
+            sent += 1;
+            assert!(sent <= MAX_TOOL_CALL_BYTES / piece.len() + 1, "no limit");
+        }
+        assert!(
+            matches!(out.last(), Some(AnswerEvent::Failed(e)) if e.message.contains("longer than"))
+        );
     }
 
     #[test]

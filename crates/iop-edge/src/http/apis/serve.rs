@@ -227,7 +227,7 @@ async fn handle(
     let first = source.first().await.map_err(fail)?;
     let writer = Writer::new(api, &source, &group, &request, checked.stream);
     let response = if checked.stream {
-        stream_answer(source, first, writer)
+        stream_answer(source, first, writer, limit)
     } else {
         collect_answer(source, first, writer, limit)
             .await
@@ -309,6 +309,33 @@ impl Writer {
     }
 }
 
+/// The output bytes an event adds to the answer.
+fn output_bytes(event: &AnswerEvent) -> usize {
+    match event {
+        AnswerEvent::Text(t) | AnswerEvent::Reasoning(t) => t.len(),
+        AnswerEvent::ToolCall(c) => c.id.len() + c.name.len() + c.arguments.len(),
+        _ => 0,
+    }
+}
+
+/// The error of an answer that grew past what the edge assembles.
+fn too_large(max_bytes: usize, streamed: bool) -> ApiError {
+    let advice = if streamed {
+        "ask for fewer tokens"
+    } else {
+        "ask for fewer tokens or set \"stream\": true"
+    };
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "upstream_error",
+        "response_too_large",
+        format!(
+            "the answer grew past this edge's limit of {max_bytes} bytes for an answer it \
+             assembles (limits.http.max_response_bytes) and was cancelled; {advice}"
+        ),
+    )
+}
+
 /// Reads the whole answer into one JSON document of at most `max_bytes` of output. A
 /// longer answer ends with a 502 and is cancelled (the source is dropped).
 async fn collect_answer(
@@ -321,27 +348,14 @@ async fn collect_answer(
     let mut event = Some(first);
     let mut none = Vec::new();
     while let Some(e) = event.take() {
-        size += match &e {
-            AnswerEvent::Text(t) | AnswerEvent::Reasoning(t) => t.len(),
-            AnswerEvent::ToolCall(c) => c.name.len() + c.arguments.len(),
-            _ => 0,
-        };
+        size += output_bytes(&e);
         if size > max_bytes {
             tracing::warn!(
                 id = source.id(),
                 max_bytes,
                 "non-streamed answer over limits.http.max_response_bytes: cancelling it"
             );
-            return Err(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                "response_too_large",
-                format!(
-                    "the answer grew past this edge's limit of {max_bytes} bytes for a \
-                     non-streamed response (limits.http.max_response_bytes) and was cancelled; \
-                     ask for fewer tokens or set \"stream\": true"
-                ),
-            ));
+            return Err(too_large(max_bytes, false));
         }
         if let AnswerEvent::Failed(error) = e {
             return Err(error);
@@ -364,17 +378,32 @@ struct StreamState {
     first: Option<AnswerEvent>,
     started: bool,
     done: bool,
+    /// Output bytes so far, and the most the writer may hold (`None`: it holds nothing).
+    size: usize,
+    max_bytes: Option<usize>,
 }
 
 /// Streams the answer as the API's events. Dropping the body (the client went away)
 /// drops the source, which cancels the run or tunnel and frees its slot.
-fn stream_answer(source: AnswerSource, first: AnswerEvent, writer: Writer) -> Response {
+///
+/// A Responses stream repeats the whole answer in its closing events, so the edge holds
+/// it: one longer than `max_bytes` fails (`response.failed`) and is cancelled. A Messages
+/// stream holds nothing and has no such limit.
+fn stream_answer(
+    source: AnswerSource,
+    first: AnswerEvent,
+    writer: Writer,
+    max_bytes: usize,
+) -> Response {
+    let max_bytes = matches!(writer, Writer::Responses(_)).then_some(max_bytes);
     let state = StreamState {
         source,
         writer,
         first: Some(first),
         started: false,
         done: false,
+        size: 0,
+        max_bytes,
     };
     let body = stream::unfold(state, |mut state| async move {
         let mut out = Vec::new();
@@ -386,7 +415,7 @@ fn stream_answer(source: AnswerSource, first: AnswerEvent, writer: Writer) -> Re
             if state.done {
                 break;
             }
-            let event = match state.first.take() {
+            let mut event = match state.first.take() {
                 Some(e) => e,
                 None => state.source.next().await.unwrap_or_else(|| {
                     AnswerEvent::Failed(ApiError::upstream(
@@ -395,6 +424,17 @@ fn stream_answer(source: AnswerSource, first: AnswerEvent, writer: Writer) -> Re
                     ))
                 }),
             };
+            state.size += output_bytes(&event);
+            if let Some(max) = state.max_bytes
+                && state.size > max
+            {
+                tracing::warn!(
+                    id = state.source.id(),
+                    max_bytes = max,
+                    "streamed Responses answer over limits.http.max_response_bytes: cancelling it"
+                );
+                event = AnswerEvent::Failed(too_large(max, true));
+            }
             state.done = event.is_terminal();
             state.writer.push(event, &mut out);
         }

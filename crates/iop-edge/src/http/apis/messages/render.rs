@@ -95,7 +95,10 @@ impl MessageWriter {
                 }
                 let delta = json!({"type": "text_delta", "text": text});
                 self.delta(out, delta);
-                if let Some(Open::Text(all)) = &mut self.open {
+                // A stream sends the text as it comes; only a JSON answer keeps it.
+                if let Some(Open::Text(all)) = &mut self.open
+                    && !self.streaming
+                {
                     all.push_str(&text);
                 }
             }
@@ -108,7 +111,9 @@ impl MessageWriter {
                 }
                 let delta = json!({"type": "thinking_delta", "thinking": text});
                 self.delta(out, delta);
-                if let Some(Open::Thinking(all)) = &mut self.open {
+                if let Some(Open::Thinking(all)) = &mut self.open
+                    && !self.streaming
+                {
                     all.push_str(&text);
                 }
             }
