@@ -342,7 +342,58 @@ pub struct ProviderConfig {
     /// `inject`.
     #[serde(default)]
     pub tunnel_usage: Option<TunnelUsage>,
+    /// openai_compat / vllm: the APIs the provider serves itself, which go to it through
+    /// the raw tunnel. Default `[chat, completions, embeddings]`; a Responses or Messages
+    /// request for a provider that does not list it is translated to chat.
+    #[serde(default)]
+    pub apis: Option<Vec<ProviderApi>>,
 }
+
+/// An HTTP API a provider can serve itself (`apis:`), named by its endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderApi {
+    /// `POST /chat/completions`
+    Chat,
+    /// `POST /completions`
+    Completions,
+    /// `POST /embeddings`
+    Embeddings,
+    /// `POST /responses` (the OpenAI Responses API)
+    Responses,
+    /// `POST /messages` (the Anthropic Messages API)
+    Messages,
+}
+
+impl ProviderApi {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderApi::Chat => "chat",
+            ProviderApi::Completions => "completions",
+            ProviderApi::Embeddings => "embeddings",
+            ProviderApi::Responses => "responses",
+            ProviderApi::Messages => "messages",
+        }
+    }
+
+    /// The path below the provider's API root.
+    pub fn provider_path(self) -> &'static str {
+        match self {
+            ProviderApi::Chat => "/chat/completions",
+            ProviderApi::Completions => "/completions",
+            ProviderApi::Embeddings => "/embeddings",
+            ProviderApi::Responses => "/responses",
+            ProviderApi::Messages => "/messages",
+        }
+    }
+}
+
+/// What openai_compat and vllm providers serve unless `apis` says otherwise.
+pub const DEFAULT_TUNNEL_APIS: &[ProviderApi] = &[
+    ProviderApi::Chat,
+    ProviderApi::Completions,
+    ProviderApi::Embeddings,
+];
 
 /// How the usage of tunnelled streams is obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -367,6 +418,17 @@ impl ProviderConfig {
     pub fn max_concurrency(&self) -> u32 {
         self.max_concurrency
             .unwrap_or(self.capacity.normal + self.capacity.long)
+    }
+
+    /// Whether the provider serves `api` itself (through the raw tunnel). Ollama, CLI and
+    /// mock providers serve none: every API reaches them as a node run.
+    pub fn serves(&self, api: ProviderApi) -> bool {
+        self.kind.is_tunnel()
+            && self
+                .apis
+                .as_deref()
+                .unwrap_or(DEFAULT_TUNNEL_APIS)
+                .contains(&api)
     }
 
     /// Whether streamed tunnel requests ask this provider for usage the client did not.
@@ -924,6 +986,25 @@ fn validate_provider(p: &ProviderConfig) -> Result<(), (String, String)> {
                 p.kind.as_str()
             ),
         );
+    }
+    if let Some(apis) = &p.apis {
+        if !p.kind.is_tunnel() {
+            return err(
+                "apis",
+                format!(
+                    "only for kinds openai_compat and vllm, not {}: ollama, cli and mock \
+                     providers serve every API through node runs",
+                    p.kind.as_str()
+                ),
+            );
+        }
+        if apis.is_empty() {
+            return err(
+                "apis",
+                "must list at least one API (chat, completions, embeddings, responses, messages)"
+                    .into(),
+            );
+        }
     }
     if p.mock.is_some() && p.kind != ProviderKind::Mock {
         return err(

@@ -1,6 +1,7 @@
-//! A deterministic backend that speaks both the OpenAI-compatible API (`/v1/models`,
-//! `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, streaming and not) and
-//! Ollama's native API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`, `/api/show`).
+//! A deterministic backend that speaks the OpenAI-compatible API (`/v1/models`,
+//! `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, streaming and not), the
+//! Responses and Anthropic Messages APIs (`/v1/responses`, `/v1/messages`) and Ollama's
+//! native API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`, `/api/show`).
 //! For tests, benchmarks and `iop demo`.
 //!
 //! It misbehaves on purpose by model name, for fault tests:
@@ -41,6 +42,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+mod apis;
 mod health;
 mod ollama;
 mod openai;
@@ -349,6 +351,8 @@ pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/responses", post(apis::responses))
+        .route("/v1/messages", post(apis::messages))
         .route("/api/chat", post(ollama::ollama_chat))
         .route("/api/generate", post(ollama::ollama_generate))
         .route("/api/tags", get(ollama::ollama_tags))

@@ -31,7 +31,7 @@ fn openai_error(status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
-fn sse_response(body: Body) -> Response {
+pub(crate) fn sse_response(body: Body) -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/event-stream"),

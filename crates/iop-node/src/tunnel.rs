@@ -163,7 +163,8 @@ impl NodeRuntime {
             }
             Some(Err(err)) => out.error(&err.code, err.message).await,
             Some(Ok(mut response)) => {
-                let mut observer = UsageObserver::new(response.sse, endpoint.dialect);
+                let mut observer =
+                    UsageObserver::new(response.sse, endpoint.dialect).for_path(&request.path);
                 if request.usage_injected && response.sse && (200..300).contains(&response.status) {
                     observer = observer.removing_injected_usage();
                     // The body gets shorter than a declared length.

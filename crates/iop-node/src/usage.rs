@@ -1,11 +1,13 @@
 //! Provider-reported token usage: conversion from OpenAI-style `usage` objects (with vLLM's
-//! conventions), and the side observer that reads usage out of a tunnelled response
-//! without touching its bytes — or, when the edge asked the provider for usage the client
-//! did not ask for, removes exactly what that added ([`strip`]).
+//! conventions) and from the Responses and Messages APIs' own ([`native`]), and the side
+//! observer that reads usage out of a tunnelled response without touching its bytes — or,
+//! when the edge asked the provider for usage the client did not ask for, removes exactly
+//! what that added ([`strip`]).
 //!
 //! Only what the provider reports is carried: reasoning and cached-input counts stay
 //! `None` unless the provider sent them. Nothing is estimated.
 
+mod native;
 mod strip;
 
 use std::borrow::Cow;
@@ -176,6 +178,8 @@ pub struct UsageObserver {
     model: Option<String>,
     /// Set when the injected usage is removed from what is relayed.
     strip: Option<strip::Stripper>,
+    /// Set when the body is another API's answer (see [`native`]), read in its terms.
+    native: Option<(native::NativeApi, native::Tally)>,
 }
 
 impl UsageObserver {
@@ -188,7 +192,15 @@ impl UsageObserver {
             usage: None,
             model: None,
             strip: None,
+            native: None,
         }
+    }
+
+    /// Reads usage in the shape of the API `path` (the tunnel's, below the provider's API
+    /// root) belongs to: the Responses and Messages APIs have their own.
+    pub fn for_path(mut self, path: &str) -> Self {
+        self.native = native::NativeApi::of_path(path).map(|api| (api, Default::default()));
+        self
     }
 
     /// Also removes what the edge's `stream_options.include_usage` added to an event
@@ -339,6 +351,13 @@ impl UsageObserver {
         let Some(data) = line.strip_prefix(b"data:") else {
             return false;
         };
+        if let Some((_, tally)) = &mut self.native {
+            tally.observe(data.trim_ascii());
+            if self.model.is_none() {
+                self.model = tally.model.clone();
+            }
+            return false;
+        }
         match serde_json::from_slice::<Observed>(data.trim_ascii()) {
             Ok(seen) => {
                 let usage_event = seen.is_usage_event();
@@ -360,6 +379,15 @@ impl UsageObserver {
 
     /// The last usage the body reported, once it is complete.
     pub fn finish(&mut self) -> Option<pb::Usage> {
+        if let Some((api, tally)) = &mut self.native {
+            if !self.sse && !self.overflowed && !self.buffer.is_empty() {
+                tally.observe(&std::mem::take(&mut self.buffer));
+                if self.model.is_none() {
+                    self.model = tally.model.clone();
+                }
+            }
+            return std::mem::take(&mut tally.counts).to_pb(*api);
+        }
         if !self.sse && !self.overflowed && !self.buffer.is_empty() {
             let body = std::mem::take(&mut self.buffer);
             if let Ok(seen) = serde_json::from_slice::<Observed>(&body) {
@@ -523,6 +551,30 @@ mod tests {
         o.feed(b"NE]\n\n");
         let u = o.finish().unwrap();
         assert_eq!((u.input_tokens, u.output_tokens), (2, 5));
+    }
+
+    #[test]
+    fn native_api_answers_are_read_in_their_own_shape() {
+        let stream = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"model\":\"m\",\"usage\":{\"input_tokens\":4,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n",
+        );
+        let mut o = UsageObserver::new(true, UsageDialect::OpenAi).for_path("/messages");
+        for piece in stream.as_bytes().chunks(9) {
+            o.feed(piece);
+        }
+        assert_eq!(o.model(), Some("m"));
+        let u = o.finish().unwrap();
+        assert_eq!((u.input_tokens, u.output_tokens), (4, 9));
+
+        let body = br#"{"model":"m","output":[],"usage":{"input_tokens":2,"output_tokens":3,"total_tokens":5}}"#;
+        let mut o = UsageObserver::new(false, UsageDialect::OpenAi).for_path("/responses");
+        o.feed(body);
+        let u = o.finish().unwrap();
+        assert_eq!((u.input_tokens, u.output_tokens), (2, 3));
+        assert_eq!(o.model(), Some("m"));
     }
 
     #[test]

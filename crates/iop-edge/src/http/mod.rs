@@ -3,11 +3,13 @@
 //! with bearer-key auth and roles ([`auth`]), connection deadlines ([`deadlines`]) and a
 //! body size limit.
 //!
-//! Routes come in three kinds: the probes are open; the OpenAI and runs APIs take any key;
+//! Routes come in three kinds: the probes are open; the OpenAI (chat, completions,
+//! embeddings, Responses), Anthropic Messages ([`apis`]) and runs APIs take any key;
 //! `/admin/*` (node credentials too: [`trust`]), `/metrics` and node commands take admin
 //! keys only. On an edge without keys every route is open.
 
 pub mod admin;
+pub mod apis;
 pub mod auth;
 pub mod chat_input;
 pub mod deadlines;
@@ -41,14 +43,21 @@ pub fn router(edge: Arc<Edge>) -> Router {
         .merge(runs::admin_routes())
         .route_layer(middleware::from_fn(auth::require_admin));
     let authenticated = openai::routes()
+        .merge(apis::responses_routes())
         .merge(runs::routes())
         .merge(admin)
         .route_layer(middleware::from_fn_with_state(
             edge.clone(),
             auth::authenticate,
         ));
+    // Anthropic's clients send their key as `x-api-key` and read errors in their shape.
+    let anthropic = apis::messages_routes().route_layer(middleware::from_fn_with_state(
+        edge.clone(),
+        auth::authenticate_anthropic,
+    ));
     Router::new()
         .merge(authenticated)
+        .merge(anthropic)
         .merge(admin::open_routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(edge.config().limits.max_body_bytes))

@@ -24,8 +24,10 @@ use super::error::ApiError;
 use super::request::{ClientRequest, WrongType, require_json};
 use super::{chat_input, passthrough, render, stream_usage};
 use crate::auth::Caller;
+use crate::config::ProviderApi;
 use crate::lease::Lane;
-use crate::service::{Edge, Observe, RunSpec, TunnelSpec};
+use crate::service::admission::GroupPolicy;
+use crate::service::{Edge, Observe, RunSpec, RunStream, TunnelSpec, TunnelStream};
 
 pub fn routes() -> Router<Arc<Edge>> {
     Router::new()
@@ -46,10 +48,15 @@ pub enum Operation {
 impl Operation {
     /// The path below the provider's API root.
     fn provider_path(self) -> &'static str {
+        self.api().provider_path()
+    }
+
+    /// The provider API that serves it.
+    pub fn api(self) -> ProviderApi {
         match self {
-            Operation::Chat => "/chat/completions",
-            Operation::Completion => "/completions",
-            Operation::Embedding => "/embeddings",
+            Operation::Chat => ProviderApi::Chat,
+            Operation::Completion => ProviderApi::Completions,
+            Operation::Embedding => ProviderApi::Embeddings,
         }
     }
 }
@@ -143,52 +150,149 @@ async fn handle(
     require_json(&headers).map_err(unknown)?;
     let body = body.map_err(|r| unknown(super::body_error(r, edge)))?;
     let request = ClientRequest::parse(&body).map_err(unknown)?;
-    let invalid_model = || {
-        unknown(
-            ApiError::bad_request("invalid_model", "`model` must be a non-empty string")
-                .with_param("model"),
-        )
-    };
-    let group = match request.typed::<String>("model") {
-        Ok(Some(m)) if !m.is_empty() => m,
-        Ok(None) if !request.has("model") => {
-            return Err(unknown(
-                ApiError::bad_request("missing_model", "you must provide a `model` parameter")
-                    .with_param("model"),
-            ));
-        }
-        _ => return Err(invalid_model()),
-    };
+    let group = requested_group(&request).map_err(unknown)?;
     let fail = |e: ApiError| (group.clone(), e);
-    let policy = edge
-        .admission
-        .policy(&group)
-        .filter(|_| caller.may_use_model(&group))
-        .ok_or_else(|| {
-            fail(
-                ApiError::not_found(
-                    "model_not_found",
-                    format!(
-                        "the model `{group}` does not exist or you do not have access to it; \
-                         GET /v1/models lists the models you can use"
-                    ),
-                )
-                .with_param("model"),
-            )
-        })?;
+    let policy = group_policy(edge, &caller, &group).map_err(fail)?;
     validate(&request, op).map_err(fail)?;
     let stream = op != Operation::Embedding && request.get::<bool>("stream").unwrap_or(false);
     let lane = match policy.long_context_tokens {
         Some(threshold) if estimate_context_tokens(&request, op) >= threshold => Lane::Long,
         _ => Lane::Normal,
     };
-    let (admitted, session) = edge
-        .admit_group(&group, lane)
+    let include_usage = request
+        .get::<Map<String, Value>>("stream_options")
+        .and_then(|o| o.get("include_usage").and_then(Value::as_bool))
+        .unwrap_or(false);
+    let dispatch_request = ChatDispatch {
+        group: group.clone(),
+        op,
+        chat: Ok(&request),
+        stream,
+        lane,
+        keep_stream_usage: false,
+        native: None,
+    };
+    match dispatch(edge, &caller, dispatch_request)
         .await
-        .map_err(|e| fail(e.into()))?;
+        .map_err(fail)?
+    {
+        Dispatched::Tunnel { tunnel, .. } => {
+            let response = passthrough::respond(tunnel).await.map_err(fail)?;
+            edge.metrics.count_request(&group, "tunnel", "ok");
+            Ok(response)
+        }
+        Dispatched::Run(mut run) => {
+            let first = render::first_event(&mut run).await.map_err(fail)?;
+            let shape = render::Shape {
+                op,
+                model: group.clone(),
+                include_usage,
+            };
+            let response = if stream {
+                render::sse(run, first, shape)
+            } else {
+                let limit = edge.config().limits.http.max_response_bytes;
+                render::json(run, first, shape, limit).await.map_err(fail)?
+            };
+            edge.metrics.count_request(&group, "run", "ok");
+            Ok(response)
+        }
+    }
+}
+
+/// The model group `request` names (`model`).
+pub(crate) fn requested_group(request: &ClientRequest) -> Result<String, ApiError> {
+    match request.typed::<String>("model") {
+        Ok(Some(m)) if !m.is_empty() => Ok(m),
+        Ok(None) if !request.has("model") => Err(ApiError::bad_request(
+            "missing_model",
+            "you must provide a `model` parameter",
+        )
+        .with_param("model")),
+        _ => Err(
+            ApiError::bad_request("invalid_model", "`model` must be a non-empty string")
+                .with_param("model"),
+        ),
+    }
+}
+
+/// The admission policy of `group`, if it exists and the caller may use it.
+pub(crate) fn group_policy(
+    edge: &Edge,
+    caller: &Caller,
+    group: &str,
+) -> Result<GroupPolicy, ApiError> {
+    edge.admission
+        .policy(group)
+        .filter(|_| caller.may_use_model(group))
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "model_not_found",
+                format!(
+                    "the model `{group}` does not exist or you do not have access to it; \
+                     GET /v1/models lists the models you can use"
+                ),
+            )
+            .with_param("model")
+        })
+}
+
+/// A request for one model group, ready to go to one of its members: what [`handle`]
+/// parsed, or what another API's surface translated its request into.
+pub(crate) struct ChatDispatch<'r> {
+    pub group: String,
+    pub op: Operation,
+    /// The OpenAI request (`op`'s body), or why the client's request has none: it is then
+    /// served only by members whose provider serves `native`'s API itself.
+    pub chat: Result<&'r ClientRequest<'r>, ApiError>,
+    pub stream: bool,
+    pub lane: Lane,
+    /// The caller reads a tunnelled stream itself: stream usage the edge asks the provider
+    /// for stays in the stream (it is still recorded).
+    pub keep_stream_usage: bool,
+    /// The client's own request in another API, sent as it is (with the upstream `model`)
+    /// to a member whose provider serves that API.
+    pub native: Option<NativeRequest<'r>>,
+}
+
+/// A request in an API some providers serve themselves.
+pub(crate) struct NativeRequest<'r> {
+    pub api: ProviderApi,
+    pub request: &'r ClientRequest<'r>,
+    /// Client headers the provider's API reads (e.g. `anthropic-version`).
+    pub headers: Vec<pb::Header>,
+}
+
+/// Where a dispatched request went.
+pub(crate) enum Dispatched {
+    /// Through the raw tunnel; `native` when the client's own request went (not `chat`).
+    Tunnel { tunnel: TunnelStream, native: bool },
+    /// As a node run of the chat request.
+    Run(RunStream),
+}
+
+/// Takes a slot on one member of the group (waiting in its queue if need be) and starts
+/// the request there: through the raw tunnel for OpenAI-compatible providers, as a run
+/// for the others. The slot is held by the stream returned and freed when it ends or is
+/// dropped.
+pub(crate) async fn dispatch(
+    edge: &Arc<Edge>,
+    caller: &Caller,
+    request: ChatDispatch<'_>,
+) -> Result<Dispatched, ApiError> {
+    let ChatDispatch {
+        group,
+        op,
+        chat,
+        stream,
+        lane,
+        keep_stream_usage,
+        native,
+    } = request;
+    let (admitted, session) = edge.admit_group(&group, lane).await?;
     let grant = admitted.grant.clone();
     let provider = edge.provider(&grant.node, &grant.provider).ok_or_else(|| {
-        fail(ApiError::new(
+        ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             "server_error",
             "model_unavailable",
@@ -196,7 +300,7 @@ async fn handle(
                 "provider {}/{} was removed from the configuration",
                 grant.node, grant.provider
             ),
-        ))
+        )
     })?;
     let observe = Observe {
         model_group: group.clone(),
@@ -204,15 +308,50 @@ async fn handle(
         provider_id: grant.provider.to_string(),
         api_key: caller.owner(),
     };
+    let accept = if stream {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    if let Some(native) = native.filter(|n| provider.serves(n.api)) {
+        let mut headers = vec![
+            header("content-type", "application/json"),
+            header("accept", accept),
+        ];
+        headers.extend(native.headers);
+        let spec = TunnelSpec {
+            adapter: provider.id.clone(),
+            method: "POST".into(),
+            path: native.api.provider_path().into(),
+            headers,
+            body: native.request.with_model(&grant.upstream_model).into(),
+            usage_injected: false,
+        };
+        let tunnel = edge
+            .start_tunnel(session, spec, Some(admitted.guard), Some(observe))
+            .await?;
+        return Ok(Dispatched::Tunnel {
+            tunnel,
+            native: true,
+        });
+    }
+    let request = chat?;
+    if provider.kind.is_tunnel() && !provider.serves(op.api()) {
+        return Err(ApiError::bad_request(
+            "unsupported_operation",
+            format!(
+                "model `{group}` is served by provider {}/{}, which does not serve the {} API \
+                 (provider config `apis`)",
+                grant.node,
+                grant.provider,
+                op.api().as_str()
+            ),
+        ));
+    }
     if provider.kind.is_tunnel() {
         let usage_injected =
-            stream && provider.injects_stream_usage() && !stream_usage::client_asked(&request);
-        let body = stream_usage::provider_body(&request, &grant.upstream_model, usage_injected);
-        let accept = if stream {
-            "text/event-stream"
-        } else {
-            "application/json"
-        };
+            stream && provider.injects_stream_usage() && !stream_usage::client_asked(request);
+        let body = stream_usage::provider_body(request, &grant.upstream_model, usage_injected);
         let spec = TunnelSpec {
             adapter: provider.id.clone(),
             method: "POST".into(),
@@ -222,51 +361,32 @@ async fn handle(
                 header("accept", accept),
             ],
             body: body.into(),
-            usage_injected,
+            usage_injected: usage_injected && !keep_stream_usage,
         };
         let tunnel = edge
             .start_tunnel(session, spec, Some(admitted.guard), Some(observe))
-            .await
-            .map_err(|e| fail(e.into()))?;
-        let response = passthrough::respond(tunnel).await.map_err(fail)?;
-        edge.metrics.count_request(&group, "tunnel", "ok");
-        return Ok(response);
+            .await?;
+        return Ok(Dispatched::Tunnel {
+            tunnel,
+            native: false,
+        });
     }
     if op == Operation::Embedding {
-        return Err(fail(ApiError::bad_request(
+        return Err(ApiError::bad_request(
             "unsupported_operation",
             format!(
                 "model `{group}` is served by a {} provider; embeddings are served by openai_compat and vllm providers only",
                 provider.kind.as_str()
             ),
-        )));
+        ));
     }
     let request = request.to_map();
     let mut spec = run_spec(&request, op, &provider.id, &grant.upstream_model);
     spec.owner = caller.owner();
-    let include_usage = request
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let mut run = edge
+    let run = edge
         .start_run(session, spec, Some(admitted.guard), Some(observe))
-        .await
-        .map_err(|e| fail(e.into()))?;
-    let first = render::first_event(&mut run).await.map_err(fail)?;
-    let shape = render::Shape {
-        op,
-        model: group.clone(),
-        include_usage,
-    };
-    let response = if stream {
-        render::sse(run, first, shape)
-    } else {
-        let limit = edge.config().limits.http.max_response_bytes;
-        render::json(run, first, shape, limit).await.map_err(fail)?
-    };
-    edge.metrics.count_request(&group, "run", "ok");
-    Ok(response)
+        .await?;
+    Ok(Dispatched::Run(run))
 }
 
 fn header(name: &str, value: &str) -> pb::Header {

@@ -23,8 +23,24 @@ use sse::EventBoundary;
 /// Most body bytes already arrived that are merged into one write to the client.
 const MAX_MERGE: usize = 256 * 1024;
 
+/// Renders the event that ends an event stream with an error (after a blank line).
+pub type ErrorEvent = fn(&ApiError) -> Bytes;
+
+/// OpenAI's stream error: `data: {"error": {…}}`.
+pub fn openai_error_event(error: &ApiError) -> Bytes {
+    Bytes::from(format!("data: {}\n\n", error.body()))
+}
+
 /// Waits for the response head, then streams the body.
-pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
+pub async fn respond(tunnel: TunnelStream) -> Result<Response, ApiError> {
+    respond_with(tunnel, openai_error_event).await
+}
+
+/// [`respond`] for an API whose streams end an error with `error_event`.
+pub async fn respond_with(
+    mut tunnel: TunnelStream,
+    error_event: ErrorEvent,
+) -> Result<Response, ApiError> {
     let mut status = None;
     let headers = loop {
         match tunnel.next().await {
@@ -53,6 +69,7 @@ pub async fn respond(mut tunnel: TunnelStream) -> Result<Response, ApiError> {
         events: (head.is_sse && head.content_length.is_none()).then(EventBoundary::default),
         remaining: head.content_length,
         failed: None,
+        error_event,
     };
     let body = stream::unfold(Some(state), |state| async move {
         let mut state = state?;
@@ -125,6 +142,7 @@ struct BodyState {
     remaining: Option<u64>,
     /// A failure to report after the bytes before it went out.
     failed: Option<String>,
+    error_event: ErrorEvent,
 }
 
 type BodyStep = Option<(Result<Bytes, std::io::Error>, Option<BodyState>)>;
@@ -167,7 +185,9 @@ impl BodyState {
                     out.extend_from_slice(b"\n\n");
                 }
             }
-            out.extend_from_slice(&sse_error(&e));
+            out.extend_from_slice(&(self.error_event)(&ApiError::upstream(
+                &e.code, &e.message,
+            )));
             return Some((Ok(out.freeze()), None));
         }
         if bytes.is_empty() {
@@ -176,9 +196,4 @@ impl BodyState {
         self.failed = Some(e.message);
         Some((Ok(bytes), Some(self)))
     }
-}
-
-fn sse_error(e: &pb::TunnelError) -> Bytes {
-    let body = ApiError::upstream(&e.code, &e.message).body();
-    Bytes::from(format!("data: {body}\n\n"))
 }
