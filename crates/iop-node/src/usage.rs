@@ -1,11 +1,12 @@
 //! Provider-reported token usage: conversion from OpenAI-style `usage` objects (with vLLM's
-//! conventions), and the side observer that reads usage out of a tunnelled response
+//! conventions) and Ollama's eval counts ([`ollama`]), and the side observer that reads usage out of a tunnelled response
 //! without touching its bytes — or, when the edge asked the provider for usage the client
 //! did not ask for, removes exactly what that added ([`strip`]).
 //!
 //! Only what the provider reports is carried: reasoning and cached-input counts stay
 //! `None` unless the provider sent them. Nothing is estimated.
 
+mod ollama;
 mod strip;
 
 use std::borrow::Cow;
@@ -26,6 +27,9 @@ pub enum UsageDialect {
     /// vLLM: as OpenAI, plus a top-level `reasoning_tokens` (older releases) and usage
     /// possibly repeated in several chunks (the last one is complete).
     Vllm,
+    /// Ollama's native API: `prompt_eval_count` / `eval_count` on the final NDJSON line or
+    /// the JSON answer ([`ollama`]).
+    Ollama,
 }
 
 /// An OpenAI-style `usage` object: only the fields read, each tolerated when it is not a
@@ -176,6 +180,8 @@ pub struct UsageObserver {
     model: Option<String>,
     /// Set when the injected usage is removed from what is relayed.
     strip: Option<strip::Stripper>,
+    /// Set for Ollama's native answers, which are read line by line instead.
+    ollama: Option<ollama::OllamaLines>,
 }
 
 impl UsageObserver {
@@ -188,6 +194,7 @@ impl UsageObserver {
             usage: None,
             model: None,
             strip: None,
+            ollama: (dialect == UsageDialect::Ollama).then(ollama::OllamaLines::default),
         }
     }
 
@@ -195,7 +202,7 @@ impl UsageObserver {
     /// stream (see [`strip`]); [`Self::relay`] then returns complete lines only, holding an
     /// incomplete last line back until its end arrives. Only for event streams.
     pub fn removing_injected_usage(mut self) -> Self {
-        if self.sse {
+        if self.sse && self.ollama.is_none() {
             self.strip = Some(strip::Stripper::default());
         }
         self
@@ -261,6 +268,10 @@ impl UsageObserver {
     }
 
     pub fn feed(&mut self, chunk: &[u8]) {
+        if let Some(lines) = self.ollama.as_mut() {
+            lines.feed(chunk);
+            return;
+        }
         if !self.sse {
             if self.buffer.len() + chunk.len() > MAX_JSON_BODY {
                 self.overflowed = true;
@@ -360,6 +371,9 @@ impl UsageObserver {
 
     /// The last usage the body reported, once it is complete.
     pub fn finish(&mut self) -> Option<pb::Usage> {
+        if let Some(lines) = self.ollama.as_mut() {
+            return lines.finish();
+        }
         if !self.sse && !self.overflowed && !self.buffer.is_empty() {
             let body = std::mem::take(&mut self.buffer);
             if let Ok(seen) = serde_json::from_slice::<Observed>(&body) {
@@ -371,7 +385,10 @@ impl UsageObserver {
 
     /// The model the provider said it served, if seen.
     pub fn model(&self) -> Option<&str> {
-        self.model.as_deref()
+        match &self.ollama {
+            Some(lines) => lines.model(),
+            None => self.model.as_deref(),
+        }
     }
 }
 
