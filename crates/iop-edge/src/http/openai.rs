@@ -1,5 +1,5 @@
-//! The OpenAI-compatible surface: `GET /v1/models`, `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /v1/embeddings`.
+//! The OpenAI-compatible surface: `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `POST /v1/embeddings` (the model list is [`super::models`]).
 //!
 //! `model` names a model group. The edge takes a slot on one member, rewrites `model` to the
 //! member's upstream name and dispatches by the member provider's kind: OpenAI-compatible
@@ -15,21 +15,21 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use iop_proto::pb;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::model_dispatch::{self, Started, Target, Work};
 use super::request::{ClientRequest, WrongType, require_json};
 use super::{chat_input, passthrough, render, stream_usage};
 use crate::auth::Caller;
 use crate::lease::Lane;
-use crate::service::{Edge, Observe, RunSpec, TunnelSpec};
+use crate::service::{Edge, RunSpec, TunnelSpec};
 
 pub fn routes() -> Router<Arc<Edge>> {
     Router::new()
-        .route("/v1/models", get(list_models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
@@ -52,21 +52,6 @@ impl Operation {
             Operation::Embedding => "/embeddings",
         }
     }
-}
-
-/// The model groups the caller's key may use.
-async fn list_models(
-    State(edge): State<Arc<Edge>>,
-    Extension(caller): Extension<Caller>,
-) -> Response {
-    let data: Vec<Value> = edge
-        .config()
-        .model_groups
-        .iter()
-        .filter(|g| caller.may_use_model(&g.name))
-        .map(|g| json!({"id": g.name, "object": "model", "created": 0, "owned_by": "iop"}))
-        .collect();
-    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// What every OpenAI-surface handler receives.
@@ -182,77 +167,61 @@ async fn handle(
         Some(threshold) if estimate_context_tokens(&request, op) >= threshold => Lane::Long,
         _ => Lane::Normal,
     };
-    let (admitted, session) = edge
-        .admit_group(&group, lane)
-        .await
-        .map_err(|e| fail(e.into()))?;
-    let grant = admitted.grant.clone();
-    let provider = edge.provider(&grant.node, &grant.provider).ok_or_else(|| {
-        fail(ApiError::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "model_unavailable",
-            format!(
-                "provider {}/{} was removed from the configuration",
-                grant.node, grant.provider
-            ),
-        ))
-    })?;
-    let observe = Observe {
-        model_group: group.clone(),
-        node_id: grant.node.to_string(),
-        provider_id: grant.provider.to_string(),
-        api_key: caller.owner(),
+    let target = Target {
+        group: &group,
+        lane,
+        caller: &caller,
+        headers: &headers,
     };
-    if provider.kind.is_tunnel() {
-        let usage_injected =
-            stream && provider.injects_stream_usage() && !stream_usage::client_asked(&request);
-        let body = stream_usage::provider_body(&request, &grant.upstream_model, usage_injected);
-        let accept = if stream {
-            "text/event-stream"
-        } else {
-            "application/json"
-        };
-        let spec = TunnelSpec {
-            adapter: provider.id.clone(),
-            method: "POST".into(),
-            path: op.provider_path().into(),
-            headers: vec![
-                header("content-type", "application/json"),
-                header("accept", accept),
-            ],
-            body: body.into(),
-            usage_injected,
-        };
-        let tunnel = edge
-            .start_tunnel(session, spec, Some(admitted.guard), Some(observe))
-            .await
-            .map_err(|e| fail(e.into()))?;
-        let response = passthrough::respond(tunnel).await.map_err(fail)?;
-        edge.metrics.count_request(&group, "tunnel", "ok");
-        return Ok(response);
-    }
-    if op == Operation::Embedding {
-        return Err(fail(ApiError::bad_request(
-            "unsupported_operation",
-            format!(
-                "model `{group}` is served by a {} provider; embeddings are served by openai_compat and vllm providers only",
-                provider.kind.as_str()
-            ),
-        )));
-    }
-    let request = request.to_map();
-    let mut spec = run_spec(&request, op, &provider.id, &grant.upstream_model);
-    spec.owner = caller.owner();
-    let include_usage = request
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let mut run = edge
-        .start_run(session, spec, Some(admitted.guard), Some(observe))
-        .await
-        .map_err(|e| fail(e.into()))?;
+    let dispatched = model_dispatch::dispatch(edge, target, |member| {
+        let provider = member.provider;
+        if provider.kind.is_tunnel() {
+            let usage_injected =
+                stream && provider.injects_stream_usage() && !stream_usage::client_asked(&request);
+            let body =
+                stream_usage::provider_body(&request, member.upstream_model, usage_injected);
+            let accept = if stream {
+                "text/event-stream"
+            } else {
+                "application/json"
+            };
+            return Ok(Work::Tunnel(TunnelSpec {
+                adapter: provider.id.clone(),
+                method: "POST".into(),
+                path: op.provider_path().into(),
+                headers: vec![
+                    header("content-type", "application/json"),
+                    header("accept", accept),
+                ],
+                body: body.into(),
+                usage_injected,
+                ..Default::default()
+            }));
+        }
+        if op == Operation::Embedding {
+            return Err(ApiError::bad_request(
+                "unsupported_operation",
+                format!(
+                    "model `{group}` is served by a {} provider; embeddings are served by openai_compat and vllm providers only",
+                    provider.kind.as_str()
+                ),
+            ));
+        }
+        let mut spec = run_spec(&request.to_map(), op, &provider.id, member.upstream_model);
+        spec.owner = caller.owner();
+        Ok(Work::Run(spec))
+    })
+    .await
+    .map_err(fail)?;
+    let mut run = match dispatched.started {
+        Started::Tunnel(tunnel) => {
+            let response = passthrough::respond(tunnel).await.map_err(fail)?;
+            edge.metrics.count_request(&group, "tunnel", "ok");
+            return Ok(response);
+        }
+        Started::Run(run) => run,
+    };
+    let include_usage = stream_usage::client_asked(&request);
     let first = render::first_event(&mut run).await.map_err(fail)?;
     let shape = render::Shape {
         op,
@@ -525,12 +494,14 @@ fn run_spec(
         options: Some(options),
         session_id: String::new(),
         background: false,
-        owner: None,
+        ..Default::default()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn map(v: Value) -> Map<String, Value> {
