@@ -32,9 +32,19 @@ pub async fn authenticate(
         request.extensions_mut().insert(Caller::anonymous());
         return next.run(request).await;
     }
+    // Errors in the shape of the API the request is for.
+    let ollama = super::ollama_api::is_ollama_path(request.uri().path());
+    let refuse = |e: ApiError| {
+        if ollama {
+            super::ollama_api::error::response(e)
+        } else {
+            e.into_response()
+        }
+    };
     let Some(presented) = bearer(request.headers()) else {
-        return ApiError::unauthorized("missing API key: send it as `Authorization: Bearer <key>`")
-            .into_response();
+        return refuse(ApiError::unauthorized(
+            "missing API key: send it as `Authorization: Bearer <key>`",
+        ));
     };
     let source = request
         .extensions()
@@ -43,7 +53,7 @@ pub async fn authenticate(
     if let Some(source) = source
         && let Err(wait) = edge.key_failures().check(source, Instant::now())
     {
-        return throttled(wait).into_response();
+        return refuse(throttled(wait));
     }
     match keys.find(presented) {
         Some(key) => {
@@ -57,7 +67,7 @@ pub async fn authenticate(
             if let Some(source) = source {
                 edge.key_failures().failure(source, Instant::now());
             }
-            ApiError::unauthorized("incorrect API key provided").into_response()
+            refuse(ApiError::unauthorized("incorrect API key provided"))
         }
     }
 }
