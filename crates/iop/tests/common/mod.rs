@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod node_wire;
+pub mod ollama_api;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -30,9 +31,10 @@ impl Proc {
 
     pub fn spawn_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut cmd = Command::new(IOP);
+        // `env` may set its own RUST_LOG.
         cmd.args(args)
-            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
