@@ -30,6 +30,7 @@ async fn setup_with(auth: &str) -> Setup {
     let config = format!(
         r#"
 {auth}
+limits: {{max_body_bytes: 65536}}
 nodes:
   - id: n1
     token: token-n1-0123456789
@@ -313,12 +314,95 @@ async fn errors_come_in_ollama_shape_with_their_status() {
     assert_eq!(status, 200);
     let lines = ndjson(&body);
     assert!(lines.last().unwrap()["error"].is_string(), "{body}");
+    // Bodies over the limit, nested too deep or naming a field twice go no further.
+    let mut huge = chat("openai");
+    huge["messages"][0]["content"] = json!("x".repeat(70_000));
+    let (status, _, body) = post(&s.edge, "/api/chat", &huge).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(error_of(&body).contains("max_body_bytes"), "{body}");
+    let deep = format!(
+        r#"{{"model":"openai","messages":[],"x":{}{}}}"#,
+        "[".repeat(100),
+        "]".repeat(100)
+    );
+    let response = client()
+        .post(s.edge.url("/api/chat"))
+        .header("content-type", "application/json")
+        .body(deep)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert!(error_of(&response.text().await.unwrap()).contains("nested"));
+    let response = client()
+        .post(s.edge.url("/api/chat"))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"openai","model":"ollama","messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert!(error_of(&response.text().await.unwrap()).contains("duplicate"));
     let (status, _, body) = post(&s.edge, "/api/pull", &json!({"model": "llama3"})).await;
     assert_eq!(status, 501);
     error_of(&body);
     let response = client().get(s.edge.url("/api/nope")).send().await.unwrap();
     assert_eq!(response.status(), 404);
     error_of(&response.text().await.unwrap());
+    wait_idle(&s.edge).await;
+}
+
+#[tokio::test]
+async fn tools_reach_the_models_that_take_them_and_a_clear_400_from_those_that_cannot() {
+    let s = setup().await;
+    let tools = json!([{"type": "function", "function": {"name": "lookup",
+        "description": "look something up", "parameters": {"type": "object"}}}]);
+    let mut request = chat("ollama");
+    request["tools"] = tools.clone();
+    request["stream"] = json!(false);
+    let (status, _, body) = post(&s.edge, "/api/chat", &request).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    let call = &answer["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "lookup", "{answer}");
+    assert!(call["arguments"].is_object(), "{answer}");
+    // The tool's answer goes back with the conversation.
+    request["messages"] = json!([
+        {"role": "user", "content": "cats"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "lookup", "arguments": {"query": "cats"}}}]},
+        {"role": "tool", "tool_name": "lookup", "content": "cats purr"},
+    ]);
+    let (status, _, body) = post(&s.edge, "/api/chat", &request).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        answer["message"]["content"].as_str().unwrap().len() > 3,
+        "{answer}"
+    );
+    // The mock adapter (and the mock's OpenAI API) take no tools: a 400 saying so.
+    for group in ["mock", "openai"] {
+        let mut request = chat(group);
+        request["tools"] = tools.clone();
+        let (status, _, body) = post(&s.edge, "/api/chat", &request).await;
+        assert_eq!(status, 400, "{group}: {body}");
+        let error: Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            error["error"].as_str().unwrap().contains("tools"),
+            "{group}: {error}"
+        );
+    }
+    // An unload request answers at once.
+    let (status, _, body) = post(
+        &s.edge,
+        "/api/generate",
+        &json!({"model": "mock", "keep_alive": 0}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["done_reason"],
+        "unload"
+    );
     wait_idle(&s.edge).await;
 }
 

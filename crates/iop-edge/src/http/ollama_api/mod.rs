@@ -243,7 +243,8 @@ async fn handle_chat(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
     request::response_format(request.format.as_ref()).map_err(fail)?;
     request::think_level(request.think.as_ref()).map_err(fail)?;
     if request.messages.is_empty() {
-        let loaded = render::loaded(Endpoint::Chat, &group, SystemTime::now());
+        let unload = request::unloads(request.keep_alive.as_ref());
+        let loaded = render::loaded(Endpoint::Chat, &group, unload, SystemTime::now());
         return Ok((group, "none", axum::Json(loaded).into_response()));
     }
     let stream = request.stream();
@@ -304,7 +305,8 @@ async fn handle_generate(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
     request::response_format(request.format.as_ref()).map_err(fail)?;
     request::think_level(request.think.as_ref()).map_err(fail)?;
     if request.prompt.is_empty() && request.images.is_empty() {
-        let loaded = render::loaded(Endpoint::Generate, &group, SystemTime::now());
+        let unload = request::unloads(request.keep_alive.as_ref());
+        let loaded = render::loaded(Endpoint::Generate, &group, unload, SystemTime::now());
         return Ok((group, "none", axum::Json(loaded).into_response()));
     }
     let stream = request.stream();

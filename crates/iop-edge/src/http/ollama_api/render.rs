@@ -219,14 +219,15 @@ pub fn ndjson(value: &Value) -> bytes::Bytes {
     out.into()
 }
 
-/// A load-only request (no messages, no prompt): Ollama answers that it loaded the model.
-pub fn loaded(endpoint: Endpoint, model: &str, wall: SystemTime) -> Value {
+/// A request with nothing to answer (no messages, no prompt): Ollama answers that it
+/// loaded the model, or with `keep_alive: 0` that it unloaded it (`unload`).
+pub fn loaded(endpoint: Endpoint, model: &str, unload: bool, wall: SystemTime) -> Value {
     let mut out = json!({"model": model, "created_at": timestamp(wall)});
     match endpoint {
         Endpoint::Chat => out["message"] = json!({"role": "assistant", "content": ""}),
         Endpoint::Generate => out["response"] = json!(""),
     }
-    out["done_reason"] = json!("load");
+    out["done_reason"] = json!(if unload { "unload" } else { "load" });
     out["done"] = json!(true);
     out
 }
@@ -356,7 +357,12 @@ mod tests {
             .unwrap();
         assert_eq!(e, json!({"error": "boom"}));
         assert_eq!(&ndjson(&e)[..], b"{\"error\":\"boom\"}\n");
-        let l = loaded(Endpoint::Chat, "g", SystemTime::UNIX_EPOCH);
+        let l = loaded(Endpoint::Chat, "g", false, SystemTime::UNIX_EPOCH);
         assert_eq!(l["done_reason"], "load");
+        let l = loaded(Endpoint::Generate, "g", true, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            (l["done_reason"].as_str(), l["response"].as_str()),
+            (Some("unload"), Some(""))
+        );
     }
 }

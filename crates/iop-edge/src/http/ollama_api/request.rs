@@ -98,6 +98,9 @@ pub struct ChatRequest {
     pub options: Option<Map<String, Value>>,
     #[serde(default)]
     pub think: Option<Think>,
+    /// Read only to answer an unload request (`keep_alive: 0` without messages).
+    #[serde(default)]
+    pub keep_alive: Option<Value>,
 }
 
 /// `POST /api/generate`.
@@ -122,6 +125,8 @@ pub struct GenerateRequest {
     pub options: Option<Map<String, Value>>,
     #[serde(default)]
     pub think: Option<Think>,
+    #[serde(default)]
+    pub keep_alive: Option<Value>,
 }
 
 /// `input` of `/api/embed`: one text or several.
@@ -279,6 +284,18 @@ pub fn think_level(think: Option<&Think>) -> Result<Option<&str>, ApiError> {
             "think",
             "`think` must be true, false, \"low\", \"medium\" or \"high\"",
         )),
+    }
+}
+
+/// Whether `keep_alive` asks to unload the model at once (`0`, `"0"`, `"0s"`, ...).
+pub fn unloads(keep_alive: Option<&Value>) -> bool {
+    match keep_alive {
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        Some(Value::String(s)) => {
+            let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+            !digits.is_empty() && digits.parse::<f64>().ok() == Some(0.0)
+        }
+        _ => false,
     }
 }
 
@@ -813,6 +830,17 @@ mod tests {
         let spec = g.run_spec("cli", "t").unwrap();
         assert_eq!(spec.input, "def f(");
         assert!(spec.messages.is_empty());
+    }
+
+    #[test]
+    fn keep_alive_zero_unloads() {
+        for zero in [json!(0), json!(0.0), json!("0"), json!("0s"), json!("0m")] {
+            assert!(unloads(Some(&zero)), "{zero}");
+        }
+        for other in [json!(-1), json!("5m"), json!("s"), json!(null), json!(true)] {
+            assert!(!unloads(Some(&other)), "{other}");
+        }
+        assert!(!unloads(None));
     }
 
     #[test]
