@@ -10,8 +10,8 @@
 //!   endpoint, only `model` rewritten, and the answer comes back byte for byte (every
 //!   Ollama option, `keep_alive`, `raw`, `context` and all);
 //! - an `openai_compat` / `vllm` member gets it translated to a tunnelled chat,
-//!   completions or embeddings request ([`request`]), and its SSE or JSON answer is
-//!   rendered as Ollama NDJSON or JSON ([`answer`], [`render`], [`embed`]);
+//!   completions or embeddings request (`translate`), and its SSE or JSON answer is
+//!   rendered as Ollama NDJSON or JSON (`answer`, `render`, `embed_answer`);
 //! - a `mock` / `cli` member gets a normalized run whose events are rendered the same way;
 //!   these serve no embeddings.
 //!
