@@ -13,9 +13,11 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 mod auth;
+mod http_api;
 mod http_limits;
 
 pub use auth::{ApiKeyConfig, AuthConfig, MIN_API_KEY_CHARS, Role};
+pub use http_api::{CorsConfig, HttpApiConfig};
 pub use http_limits::HttpLimitsConfig;
 
 pub const DEFAULT_NODE_LISTEN: &str = "127.0.0.1:7700";
@@ -71,6 +73,9 @@ pub struct EdgeConfig {
     pub auth: AuthConfig,
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// CORS and the headers passed between clients and providers.
+    #[serde(default)]
+    pub http: HttpApiConfig,
     #[serde(default)]
     pub nodes: Vec<NodeConfig>,
     #[serde(default)]
@@ -519,7 +524,16 @@ pub struct ModelGroupConfig {
     pub long_context_tokens: Option<u64>,
     #[serde(default)]
     pub queue: QueueConfig,
+    /// The model's context length in tokens, as `/v1/models` and the Ollama API report it.
+    #[serde(default)]
+    pub context_length: Option<u64>,
+    /// Who the model is from, as `/v1/models` reports it (`owned_by`; default `iop`).
+    #[serde(default)]
+    pub owned_by: Option<String>,
 }
+
+/// Longest `owned_by`.
+pub const MAX_OWNED_BY_CHARS: usize = 256;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -671,6 +685,9 @@ impl EdgeConfig {
         self.health
             .validate()
             .map_err(|(field, msg)| (format!("health.{field}"), msg))?;
+        self.http
+            .validate()
+            .map_err(|(field, msg)| (format!("http.{field}"), msg))?;
         self.auth.validate(&self.model_groups)?;
         self.validate_tls()?;
         let mut node_ids = HashSet::new();
@@ -753,6 +770,17 @@ impl EdgeConfig {
                     format!("{at}.queue.wait_for_reconnect_sec"),
                     format!("must be at most {MAX_WAIT_FOR_RECONNECT_SEC}"),
                 ));
+            }
+            if group.context_length == Some(0) {
+                return invalid(format!("{at}.context_length"), "must be positive");
+            }
+            if let Some(owner) = &group.owned_by
+                && (owner.trim().is_empty() || owner.chars().count() > MAX_OWNED_BY_CHARS)
+            {
+                return invalid(
+                    format!("{at}.owned_by"),
+                    &format!("must be 1 to {MAX_OWNED_BY_CHARS} characters"),
+                );
             }
             for (m, member) in group.members.iter().enumerate() {
                 let at = format!("{at}.members[{m}]");

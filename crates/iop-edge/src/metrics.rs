@@ -153,7 +153,7 @@ impl Metrics {
         let node_ready = Family::<NodeLabels, Gauge>::default();
         registry.register(
             "requests",
-            "OpenAI-surface requests by outcome",
+            "Model-group requests (OpenAI and Ollama APIs) by outcome",
             requests.clone(),
         );
         registry.register(

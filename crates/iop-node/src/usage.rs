@@ -1,13 +1,14 @@
 //! Provider-reported token usage: conversion from OpenAI-style `usage` objects (with vLLM's
-//! conventions) and from the Responses and Messages APIs' own ([`native`]), and the side
-//! observer that reads usage out of a tunnelled response without touching its bytes — or,
-//! when the edge asked the provider for usage the client did not ask for, removes exactly
-//! what that added ([`strip`]).
+//! conventions), from the Responses and Messages APIs' own ([`native`]) and from Ollama's
+//! eval counts ([`ollama`]), and the side observer that reads usage out of a tunnelled
+//! response without touching its bytes — or, when the edge asked the provider for usage
+//! the client did not ask for, removes exactly what that added ([`strip`]).
 //!
 //! Only what the provider reports is carried: reasoning and cached-input counts stay
 //! `None` unless the provider sent them. Nothing is estimated.
 
 mod native;
+mod ollama;
 mod strip;
 
 use std::borrow::Cow;
@@ -28,6 +29,9 @@ pub enum UsageDialect {
     /// vLLM: as OpenAI, plus a top-level `reasoning_tokens` (older releases) and usage
     /// possibly repeated in several chunks (the last one is complete).
     Vllm,
+    /// Ollama's native API: `prompt_eval_count` / `eval_count` on the final NDJSON line or
+    /// the JSON answer ([`ollama`]).
+    Ollama,
 }
 
 /// An OpenAI-style `usage` object: only the fields read, each tolerated when it is not a
@@ -180,6 +184,8 @@ pub struct UsageObserver {
     strip: Option<strip::Stripper>,
     /// Set when the body is another API's answer (see [`native`]), read in its terms.
     native: Option<(native::NativeApi, native::Tally)>,
+    /// Set for Ollama's native answers, which are read line by line instead.
+    ollama: Option<ollama::OllamaLines>,
 }
 
 impl UsageObserver {
@@ -193,6 +199,7 @@ impl UsageObserver {
             model: None,
             strip: None,
             native: None,
+            ollama: (dialect == UsageDialect::Ollama).then(ollama::OllamaLines::default),
         }
     }
 
@@ -207,7 +214,7 @@ impl UsageObserver {
     /// stream (see [`strip`]); [`Self::relay`] then returns complete lines only, holding an
     /// incomplete last line back until its end arrives. Only for event streams.
     pub fn removing_injected_usage(mut self) -> Self {
-        if self.sse {
+        if self.sse && self.ollama.is_none() {
             self.strip = Some(strip::Stripper::default());
         }
         self
@@ -273,6 +280,10 @@ impl UsageObserver {
     }
 
     pub fn feed(&mut self, chunk: &[u8]) {
+        if let Some(lines) = self.ollama.as_mut() {
+            lines.feed(chunk);
+            return;
+        }
         if !self.sse {
             if self.buffer.len() + chunk.len() > MAX_JSON_BODY {
                 self.overflowed = true;
@@ -379,6 +390,9 @@ impl UsageObserver {
 
     /// The last usage the body reported, once it is complete.
     pub fn finish(&mut self) -> Option<pb::Usage> {
+        if let Some(lines) = self.ollama.as_mut() {
+            return lines.finish();
+        }
         if let Some((api, tally)) = &mut self.native {
             if !self.sse && !self.overflowed && !self.buffer.is_empty() {
                 tally.observe(&std::mem::take(&mut self.buffer));
@@ -399,7 +413,10 @@ impl UsageObserver {
 
     /// The model the provider said it served, if seen.
     pub fn model(&self) -> Option<&str> {
-        self.model.as_deref()
+        match &self.ollama {
+            Some(lines) => lines.model(),
+            None => self.model.as_deref(),
+        }
     }
 }
 

@@ -22,14 +22,18 @@ pub const FAILURE_SUMMARY_PERIOD: Duration = Duration::from_secs(60);
 
 /// Sets the request's [`Caller`]: anonymous on an edge without keys, else the key the
 /// `Authorization: Bearer` header names (401 without one or with a wrong one; 429 while
-/// the source address is throttled for earlier wrong keys).
+/// the source address is throttled for earlier wrong keys). Errors on Ollama's routes are
+/// in Ollama's shape.
 pub async fn authenticate(
     State(edge): State<Arc<Edge>>,
     mut request: Request,
     next: Next,
 ) -> Response {
+    // Errors in the shape of the API the request is for.
+    let ollama = super::ollama_api::is_ollama_path(request.uri().path());
     match identify(&edge, &mut request, KeyHeaders::Bearer) {
         Ok(()) => next.run(request).await,
+        Err(e) if ollama => super::ollama_api::error::response(e),
         Err(e) => e.into_response(),
     }
 }

@@ -1,5 +1,5 @@
-//! The OpenAI-compatible surface: `GET /v1/models`, `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /v1/embeddings`.
+//! The OpenAI-compatible surface: `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `POST /v1/embeddings` (the model list is [`super::models`]).
 //!
 //! `model` names a model group. The edge takes a slot on one member, rewrites `model` to the
 //! member's upstream name and dispatches by the member provider's kind: OpenAI-compatible
@@ -15,23 +15,23 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use iop_proto::pb;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::model_dispatch::{self, Started, Target, Work};
 use super::request::{ClientRequest, WrongType, require_json};
 use super::{chat_input, passthrough, render, stream_usage};
 use crate::auth::Caller;
 use crate::config::ProviderApi;
 use crate::lease::Lane;
 use crate::service::admission::GroupPolicy;
-use crate::service::{Edge, Observe, RunSpec, RunStream, TunnelSpec, TunnelStream};
+use crate::service::{Edge, RunSpec, RunStream, TunnelSpec, TunnelStream};
 
 pub fn routes() -> Router<Arc<Edge>> {
     Router::new()
-        .route("/v1/models", get(list_models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
@@ -59,21 +59,6 @@ impl Operation {
             Operation::Embedding => ProviderApi::Embeddings,
         }
     }
-}
-
-/// The model groups the caller's key may use.
-async fn list_models(
-    State(edge): State<Arc<Edge>>,
-    Extension(caller): Extension<Caller>,
-) -> Response {
-    let data: Vec<Value> = edge
-        .config()
-        .model_groups
-        .iter()
-        .filter(|g| caller.may_use_model(&g.name))
-        .map(|g| json!({"id": g.name, "object": "model", "created": 0, "owned_by": "iop"}))
-        .collect();
-    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// What every OpenAI-surface handler receives.
@@ -172,7 +157,7 @@ async fn handle(
         keep_stream_usage: false,
         native: None,
     };
-    match dispatch(edge, &caller, dispatch_request)
+    match dispatch(edge, &caller, &headers, dispatch_request)
         .await
         .map_err(fail)?
     {
@@ -278,6 +263,7 @@ pub(crate) enum Dispatched {
 pub(crate) async fn dispatch(
     edge: &Arc<Edge>,
     caller: &Caller,
+    headers: &HeaderMap,
     request: ChatDispatch<'_>,
 ) -> Result<Dispatched, ApiError> {
     let ChatDispatch {
@@ -289,104 +275,89 @@ pub(crate) async fn dispatch(
         keep_stream_usage,
         native,
     } = request;
-    let (admitted, session) = edge.admit_group(&group, lane).await?;
-    let grant = admitted.grant.clone();
-    let provider = edge.provider(&grant.node, &grant.provider).ok_or_else(|| {
-        ApiError::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "model_unavailable",
-            format!(
-                "provider {}/{} was removed from the configuration",
-                grant.node, grant.provider
-            ),
-        )
-    })?;
-    let observe = Observe {
-        model_group: group.clone(),
-        node_id: grant.node.to_string(),
-        provider_id: grant.provider.to_string(),
-        api_key: caller.owner(),
-    };
     let accept = if stream {
         "text/event-stream"
     } else {
         "application/json"
     };
-    if let Some(native) = native.filter(|n| provider.serves(n.api)) {
-        let mut headers = vec![
-            header("content-type", "application/json"),
-            header("accept", accept),
-        ];
-        headers.extend(native.headers);
-        let spec = TunnelSpec {
-            adapter: provider.id.clone(),
-            method: "POST".into(),
-            path: native.api.provider_path().into(),
-            headers,
-            body: native.request.with_model(&grant.upstream_model).into(),
-            usage_injected: false,
-        };
-        let tunnel = edge
-            .start_tunnel(session, spec, Some(admitted.guard), Some(observe))
-            .await?;
-        return Ok(Dispatched::Tunnel {
-            tunnel,
-            native: true,
-        });
-    }
-    let request = chat?;
-    if provider.kind.is_tunnel() && !provider.serves(op.api()) {
-        return Err(ApiError::bad_request(
-            "unsupported_operation",
-            format!(
-                "model `{group}` is served by provider {}/{}, which does not serve the {} API \
-                 (provider config `apis`)",
-                grant.node,
-                grant.provider,
-                op.api().as_str()
-            ),
-        ));
-    }
-    if provider.kind.is_tunnel() {
-        let usage_injected =
-            stream && provider.injects_stream_usage() && !stream_usage::client_asked(request);
-        let body = stream_usage::provider_body(request, &grant.upstream_model, usage_injected);
-        let spec = TunnelSpec {
-            adapter: provider.id.clone(),
-            method: "POST".into(),
-            path: op.provider_path().into(),
-            headers: vec![
+    let target = Target {
+        group: &group,
+        lane,
+        caller,
+        headers,
+    };
+    let mut went_native = false;
+    let dispatched = model_dispatch::dispatch(edge, target, |member| {
+        let provider = member.provider;
+        went_native = false;
+        if let Some(native) = native.as_ref().filter(|n| provider.serves(n.api)) {
+            went_native = true;
+            let mut headers = vec![
                 header("content-type", "application/json"),
                 header("accept", accept),
-            ],
-            body: body.into(),
-            usage_injected: usage_injected && !keep_stream_usage,
-        };
-        let tunnel = edge
-            .start_tunnel(session, spec, Some(admitted.guard), Some(observe))
-            .await?;
-        return Ok(Dispatched::Tunnel {
+            ];
+            headers.extend(native.headers.iter().cloned());
+            return Ok(Work::Tunnel(TunnelSpec {
+                adapter: provider.id.clone(),
+                method: "POST".into(),
+                path: native.api.provider_path().into(),
+                headers,
+                body: native.request.with_model(member.upstream_model).into(),
+                usage_injected: false,
+                ..Default::default()
+            }));
+        }
+        let request = *chat.as_ref().map_err(Clone::clone)?;
+        if provider.kind.is_tunnel() && !provider.serves(op.api()) {
+            return Err(ApiError::bad_request(
+                "unsupported_operation",
+                format!(
+                    "model `{group}` is served by provider {}/{}, which does not serve the {} API \
+                     (provider config `apis`)",
+                    member.node,
+                    provider.id,
+                    op.api().as_str()
+                ),
+            ));
+        }
+        if provider.kind.is_tunnel() {
+            let usage_injected =
+                stream && provider.injects_stream_usage() && !stream_usage::client_asked(request);
+            let body = stream_usage::provider_body(request, member.upstream_model, usage_injected);
+            return Ok(Work::Tunnel(TunnelSpec {
+                adapter: provider.id.clone(),
+                method: "POST".into(),
+                path: op.provider_path().into(),
+                headers: vec![
+                    header("content-type", "application/json"),
+                    header("accept", accept),
+                ],
+                body: body.into(),
+                usage_injected: usage_injected && !keep_stream_usage,
+                ..Default::default()
+            }));
+        }
+        if op == Operation::Embedding {
+            return Err(ApiError::bad_request(
+                "unsupported_operation",
+                format!(
+                    "model `{group}` is served by a {} provider; embeddings are served by openai_compat and vllm providers only",
+                    provider.kind.as_str()
+                ),
+            ));
+        }
+        let mut spec = run_spec(&request.to_map(), op, &provider.id, member.upstream_model);
+        spec.owner = caller.owner();
+        Ok(Work::Run(spec))
+    })
+    .await?;
+    Ok(match dispatched.started {
+        Started::Tunnel(tunnel) => Dispatched::Tunnel {
             tunnel,
-            native: false,
-        });
-    }
-    if op == Operation::Embedding {
-        return Err(ApiError::bad_request(
-            "unsupported_operation",
-            format!(
-                "model `{group}` is served by a {} provider; embeddings are served by openai_compat and vllm providers only",
-                provider.kind.as_str()
-            ),
-        ));
-    }
-    let request = request.to_map();
-    let mut spec = run_spec(&request, op, &provider.id, &grant.upstream_model);
-    spec.owner = caller.owner();
-    let run = edge
-        .start_run(session, spec, Some(admitted.guard), Some(observe))
-        .await?;
-    Ok(Dispatched::Run(run))
+            native: went_native,
+        },
+        Started::Run(run) => Dispatched::Run(run),
+    })
 }
 
 fn header(name: &str, value: &str) -> pb::Header {
@@ -645,12 +616,14 @@ fn run_spec(
         options: Some(options),
         session_id: String::new(),
         background: false,
-        owner: None,
+        ..Default::default()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn map(v: Value) -> Map<String, Value> {

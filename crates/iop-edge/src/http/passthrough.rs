@@ -57,7 +57,7 @@ pub async fn respond_with(
     };
     let head = status
         .ok_or_else(|| "the provider response came without a status".to_string())
-        .and_then(|status| head::relay_head(status, &headers))
+        .and_then(|status| head::relay_head(status, &headers, tunnel.relays_set_cookie()))
         .map_err(|message| {
             tracing::warn!(node_id = tunnel.node_id(), request_id = tunnel.request_id(), %message, "provider response refused");
             // Dropping the unfinished tunnel cancels it on the node.

@@ -29,6 +29,10 @@ pub struct RunSpec {
     pub background: bool,
     /// The name of the API key that started the run; only it (and admins) may cancel it.
     pub owner: Option<String>,
+    /// The client's request id (`x-request-id`), for the node's logs.
+    pub client_request_id: String,
+    /// Headers the adapter adds to its provider requests (see [`crate::http::forward`]).
+    pub provider_headers: Vec<pb::Header>,
 }
 
 /// Why a run, tunnel or command could not be started.
@@ -108,13 +112,15 @@ impl Edge {
             session_id: spec.session_id.clone(),
             background: spec.background,
             initial_credit: STREAM_WINDOW,
+            client_request_id: spec.client_request_id.clone(),
+            provider_headers: spec.provider_headers,
         };
         if session.outbound.send(request).await.is_err() {
             session.close_stream(&run_id);
             // `lease` drops here: a send failure returns the slot.
             return Err(send_failed("the connection closed".into()));
         }
-        tracing::debug!(node_id = %session.node_id, %run_id, adapter = %spec.adapter, "run sent");
+        tracing::debug!(node_id = %session.node_id, %run_id, adapter = %spec.adapter, request_id = %spec.client_request_id, "run sent");
         let owned = match spec.owner {
             Some(owner) => {
                 self.run_owners.lock().insert(run_id.clone(), owner);
@@ -135,6 +141,7 @@ impl Edge {
                 observe,
                 served_model: None,
                 owned,
+                client_request_id: spec.client_request_id,
             }),
         })
     }
@@ -161,6 +168,8 @@ struct RunInner {
     served_model: Option<String>,
     /// Whether `run_owners` holds this run (forgotten when the run is dropped).
     owned: bool,
+    /// The client's request id (`x-request-id`), for log lines.
+    client_request_id: String,
 }
 
 impl Drop for RunInner {
@@ -261,7 +270,7 @@ impl Drop for RunStream {
             tasks.spawn(async move { while inner.next().await.is_some() {} });
             return;
         }
-        tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, "client went away: cancelling run");
+        tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, request_id = %inner.client_request_id, "client went away: cancelling run");
         inner.session.close_stream(&inner.run_id);
         inner.edge.send_control(
             &inner.session.outbound,

@@ -23,7 +23,7 @@ use crate::ejection::ProviderOutcome;
 use crate::session::{NodeSession, STREAM_WINDOW, StreamReceiver};
 
 /// One HTTP request for a provider, relative to its API root.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct TunnelSpec {
     pub adapter: String,
     pub method: String,
@@ -33,6 +33,8 @@ pub struct TunnelSpec {
     /// The body asks for stream usage the client did not ask for: the node removes it
     /// from the relayed stream (`ProviderTunnelRequest.usage_injected`).
     pub usage_injected: bool,
+    /// The client's request id, for the node's logs (the provider gets it in `headers`).
+    pub client_request_id: String,
 }
 
 /// What the client-facing side needs of the tunnel's frames.
@@ -71,6 +73,7 @@ impl Edge {
             body: spec.body,
             initial_credit: STREAM_WINDOW,
             usage_injected: spec.usage_injected,
+            client_request_id: spec.client_request_id.clone(),
         };
         if session.outbound.send(request).await.is_err() {
             session.close_stream(&request_id);
@@ -79,6 +82,7 @@ impl Edge {
         Ok(TunnelStream {
             edge: self.clone(),
             credit: CreditReturn::new(&request_id),
+            client_request_id: spec.client_request_id,
             request_id,
             session,
             rx,
@@ -98,6 +102,8 @@ pub struct TunnelStream {
     edge: Arc<Edge>,
     session: Arc<NodeSession>,
     request_id: String,
+    /// The client's request id (`x-request-id`), for log lines.
+    client_request_id: String,
     rx: StreamReceiver<Frame>,
     credit: CreditReturn,
     finished: bool,
@@ -120,6 +126,17 @@ impl TunnelStream {
 
     pub fn node_id(&self) -> &str {
         &self.session.node_id
+    }
+
+    /// The client's request id (`x-request-id`).
+    pub fn client_request_id(&self) -> &str {
+        &self.client_request_id
+    }
+
+    /// Whether the provider's `set-cookie` headers reach the client
+    /// (`http.relay_set_cookie`).
+    pub fn relays_set_cookie(&self) -> bool {
+        self.edge.config().http.relay_set_cookie
     }
 
     /// The next client-relevant frame; `None` after the ending.
@@ -215,7 +232,7 @@ impl Drop for TunnelStream {
         }
         // The provider did the work even if the client left before the end frame.
         self.publish_usage();
-        tracing::info!(node_id = %self.session.node_id, request_id = %self.request_id, "client went away: cancelling tunnel");
+        tracing::info!(node_id = %self.session.node_id, tunnel_id = %self.request_id, request_id = %self.client_request_id, "client went away: cancelling tunnel");
         self.session.close_stream(&self.request_id);
         self.edge.send_control(
             &self.session.outbound,
@@ -257,7 +274,7 @@ mod tests {
             path: "/chat/completions".into(),
             headers: vec![],
             body: Bytes::new(),
-            usage_injected: false,
+            ..Default::default()
         }
     }
 

@@ -190,6 +190,7 @@ async fn handle(
     let dispatched = openai::dispatch(
         edge,
         &caller,
+        &headers,
         ChatDispatch {
             group: group.clone(),
             op: Operation::Chat,

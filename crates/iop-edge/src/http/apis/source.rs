@@ -358,6 +358,7 @@ mod tests {
             headers: vec![],
             body: Bytes::new(),
             usage_injected: false,
+            ..Default::default()
         };
         let stream = Edge::new(config)
             .start_tunnel(session.clone(), spec, None, None)
