@@ -5,10 +5,16 @@
 #   scripts/bench.sh [extra iop bench flags, e.g. --requests 5000 --concurrency 8]
 #   MOCK_ARGS="--token-delay-ms 5" scripts/bench.sh --mode stream   # paced tokens
 #   IOP_BENCH_LINK=both scripts/bench.sh      # direct vs plaintext vs TLS node link
+#   IOP_BENCH_BASELINE=/path/to/older/iop scripts/bench.sh   # before/after in one run
 #
 # IOP_BENCH_LINK picks the edge–node link: `tls` (the default, what users get),
 # `plaintext` (node_tls.mode insecure_plaintext), or `both` (two edge + node pairs, one per
 # link, measured in the same interleaved run: targets `plaintext` and `tls`).
+#
+# IOP_BENCH_BASELINE names another `iop` binary (e.g. a release build of an earlier commit):
+# it runs one more edge + node pair, target `baseline`, in the same interleaved run, with a
+# config that older versions read too (no TLS settings: a version with TLS uses its
+# default, the pinned TLS link).
 #
 # Builds release binaries, starts the processes on loopback ports, prints the table
 # `iop bench` produces and stops everything.
@@ -74,6 +80,42 @@ YAML
     done
     TARGETS+=(--target "$name=http://127.0.0.1:$http_port/v1")
 }
+
+# start_baseline NODE_PORT HTTP_PORT: an edge and a node run by $IOP_BENCH_BASELINE.
+start_baseline() {
+    local node_port=$1 http_port=$2 bin=$IOP_BENCH_BASELINE pin_args=()
+    mkdir -p "$WORK/baseline"
+    cat >"$WORK/baseline/edge.yaml" <<YAML
+listen: {nodes: "127.0.0.1:$node_port", http: "127.0.0.1:$http_port"}
+nodes:
+  - id: bench
+    token: bench-token-0123456789
+    providers:
+      - {id: mock, kind: openai_compat, base_url: "http://127.0.0.1:$MOCK_PORT/v1", capacity: {normal: 64, long: 0}}
+model_groups:
+  - {name: mock-model, members: [{node: bench, provider: mock}], queue: {max_waiting: 1024}}
+YAML
+    local pin
+    if pin=$(RUST_LOG=warn "$bin" edge --config "$WORK/baseline/edge.yaml" --print-pin 2>/dev/null); then
+        pin_args=(--edge-pin "$pin")
+    fi
+    RUST_LOG=warn "$bin" edge --config "$WORK/baseline/edge.yaml" >"$WORK/baseline-edge.log" 2>&1 &
+    PIDS+=($!)
+    sleep 0.5
+    (cd "$WORK/baseline" && RUST_LOG=warn exec "$bin" node --edge "127.0.0.1:$node_port" \
+        --token bench-token-0123456789 --db "$WORK/baseline/node.db" "${pin_args[@]}") \
+        >"$WORK/baseline-node.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 100); do
+        curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null && break
+        sleep 0.1
+    done
+    TARGETS+=(--target "baseline=http://127.0.0.1:$http_port/v1")
+}
+
+if [ -n "${IOP_BENCH_BASELINE:-}" ]; then
+    start_baseline "$((NODE_PORT + 2))" "$((HTTP_PORT + 2))"
+fi
 
 if [ "$LINK" = both ]; then
     start_pair plaintext plaintext "$NODE_PORT" "$HTTP_PORT"

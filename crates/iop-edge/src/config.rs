@@ -13,9 +13,11 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 mod auth;
+mod http_api;
 mod http_limits;
 
 pub use auth::{ApiKeyConfig, AuthConfig, MIN_API_KEY_CHARS, Role};
+pub use http_api::{CorsConfig, HttpApiConfig};
 pub use http_limits::HttpLimitsConfig;
 
 pub const DEFAULT_NODE_LISTEN: &str = "127.0.0.1:7700";
@@ -71,6 +73,9 @@ pub struct EdgeConfig {
     pub auth: AuthConfig,
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// CORS and the headers passed between clients and providers.
+    #[serde(default)]
+    pub http: HttpApiConfig,
     #[serde(default)]
     pub nodes: Vec<NodeConfig>,
     #[serde(default)]
@@ -351,7 +356,58 @@ pub struct ProviderConfig {
     /// `inject`.
     #[serde(default)]
     pub tunnel_usage: Option<TunnelUsage>,
+    /// openai_compat / vllm: the APIs the provider serves itself, which go to it through
+    /// the raw tunnel. Default `[chat, completions, embeddings]`; a Responses or Messages
+    /// request for a provider that does not list it is translated to chat.
+    #[serde(default)]
+    pub apis: Option<Vec<ProviderApi>>,
 }
+
+/// An HTTP API a provider can serve itself (`apis:`), named by its endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderApi {
+    /// `POST /chat/completions`
+    Chat,
+    /// `POST /completions`
+    Completions,
+    /// `POST /embeddings`
+    Embeddings,
+    /// `POST /responses` (the OpenAI Responses API)
+    Responses,
+    /// `POST /messages` (the Anthropic Messages API)
+    Messages,
+}
+
+impl ProviderApi {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderApi::Chat => "chat",
+            ProviderApi::Completions => "completions",
+            ProviderApi::Embeddings => "embeddings",
+            ProviderApi::Responses => "responses",
+            ProviderApi::Messages => "messages",
+        }
+    }
+
+    /// The path below the provider's API root.
+    pub fn provider_path(self) -> &'static str {
+        match self {
+            ProviderApi::Chat => "/chat/completions",
+            ProviderApi::Completions => "/completions",
+            ProviderApi::Embeddings => "/embeddings",
+            ProviderApi::Responses => "/responses",
+            ProviderApi::Messages => "/messages",
+        }
+    }
+}
+
+/// What openai_compat and vllm providers serve unless `apis` says otherwise.
+pub const DEFAULT_TUNNEL_APIS: &[ProviderApi] = &[
+    ProviderApi::Chat,
+    ProviderApi::Completions,
+    ProviderApi::Embeddings,
+];
 
 /// How the usage of tunnelled streams is obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -376,6 +432,17 @@ impl ProviderConfig {
     pub fn max_concurrency(&self) -> u32 {
         self.max_concurrency
             .unwrap_or(self.capacity.normal + self.capacity.long)
+    }
+
+    /// Whether the provider serves `api` itself (through the raw tunnel). Ollama, CLI and
+    /// mock providers serve none: every API reaches them as a node run.
+    pub fn serves(&self, api: ProviderApi) -> bool {
+        self.kind.is_tunnel()
+            && self
+                .apis
+                .as_deref()
+                .unwrap_or(DEFAULT_TUNNEL_APIS)
+                .contains(&api)
     }
 
     /// Whether streamed tunnel requests ask this provider for usage the client did not.
@@ -475,7 +542,16 @@ pub struct ModelGroupConfig {
     pub long_context_tokens: Option<u64>,
     #[serde(default)]
     pub queue: QueueConfig,
+    /// The model's context length in tokens, as `/v1/models` and the Ollama API report it.
+    #[serde(default)]
+    pub context_length: Option<u64>,
+    /// Who the model is from, as `/v1/models` reports it (`owned_by`; default `iop`).
+    #[serde(default)]
+    pub owned_by: Option<String>,
 }
+
+/// Longest `owned_by`.
+pub const MAX_OWNED_BY_CHARS: usize = 256;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -630,6 +706,9 @@ impl EdgeConfig {
         self.dispatch
             .validate()
             .map_err(|(field, msg)| (format!("dispatch.{field}"), msg))?;
+        self.http
+            .validate()
+            .map_err(|(field, msg)| (format!("http.{field}"), msg))?;
         self.auth.validate(&self.model_groups)?;
         self.validate_tls()?;
         let mut node_ids = HashSet::new();
@@ -712,6 +791,17 @@ impl EdgeConfig {
                     format!("{at}.queue.wait_for_reconnect_sec"),
                     format!("must be at most {MAX_WAIT_FOR_RECONNECT_SEC}"),
                 ));
+            }
+            if group.context_length == Some(0) {
+                return invalid(format!("{at}.context_length"), "must be positive");
+            }
+            if let Some(owner) = &group.owned_by
+                && (owner.trim().is_empty() || owner.chars().count() > MAX_OWNED_BY_CHARS)
+            {
+                return invalid(
+                    format!("{at}.owned_by"),
+                    &format!("must be 1 to {MAX_OWNED_BY_CHARS} characters"),
+                );
             }
             for (m, member) in group.members.iter().enumerate() {
                 let at = format!("{at}.members[{m}]");
@@ -956,6 +1046,25 @@ fn validate_provider(p: &ProviderConfig) -> Result<(), (String, String)> {
                 p.kind.as_str()
             ),
         );
+    }
+    if let Some(apis) = &p.apis {
+        if !p.kind.is_tunnel() {
+            return err(
+                "apis",
+                format!(
+                    "only for kinds openai_compat and vllm, not {}: ollama, cli and mock \
+                     providers serve every API through node runs",
+                    p.kind.as_str()
+                ),
+            );
+        }
+        if apis.is_empty() {
+            return err(
+                "apis",
+                "must list at least one API (chat, completions, embeddings, responses, messages)"
+                    .into(),
+            );
+        }
     }
     if p.mock.is_some() && p.kind != ProviderKind::Mock {
         return err(

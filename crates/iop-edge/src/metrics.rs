@@ -172,7 +172,7 @@ impl Metrics {
         let node_ready = Family::<NodeLabels, Gauge>::default();
         registry.register(
             "requests",
-            "OpenAI-surface requests by model group, path and outcome (ok or the error reason)",
+            "Model-group requests (OpenAI, Anthropic and Ollama APIs) by model group, path and outcome (ok or the error reason)",
             requests.clone(),
         );
         registry.register(

@@ -1,7 +1,8 @@
-//! A deterministic backend that speaks both the OpenAI-compatible API (`/v1/models`,
-//! `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, streaming and not) and
-//! Ollama's native API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`, `/api/show`).
-//! For tests, benchmarks and `iop demo`.
+//! A deterministic backend that speaks the OpenAI-compatible API (`/v1/models`,
+//! `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, streaming and not), the
+//! Responses and Anthropic Messages APIs (`/v1/responses`, `/v1/messages`) and Ollama's
+//! native API (`/api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings`,
+//! `/api/tags`, `/api/ps`, `/api/show`). For tests, benchmarks and `iop demo`.
 //!
 //! It misbehaves on purpose by model name, for fault tests:
 //! - `fail-500`: answers 500 with an OpenAI error body;
@@ -14,7 +15,8 @@
 //! - `rate-limit-429`: answers 429 with an OpenAI error body (OpenAI API);
 //! - `lingering`: ends its event stream 100 ms after `data: [DONE]` (OpenAI API);
 //! - `slow`: at least 400 tokens, 25 ms apart;
-//! - `reasoning`: emits reasoning deltas (also on for every model with `--reasoning`).
+//! - `reasoning`: emits reasoning deltas (also on for every model with `--reasoning`);
+//! - `set-cookie`: answers with a `set-cookie` header (chat and completions, both APIs).
 //!
 //! It honours what it can and refuses the rest with a 400 in the API's error shape, never
 //! ignoring a parameter: `max_tokens`, `stop` (the answer ends before the first stop
@@ -24,27 +26,31 @@
 //! message is a tool result), and one with `format` with a JSON document.
 //!
 //! `GET /mock/stats` counts requests, completed responses and responses the client
-//! abandoned before the end (the client closed its connection).
+//! abandoned before the end (the client closed its connection), and shows the tracing
+//! headers of the last request (`x-*`, `traceparent`, `tracestate`) as `last_headers`.
 //!
 //! Health checks find vLLM's `GET /health` and Ollama's `GET /api/version` here too;
 //! `POST /mock/faults` makes requests or health checks fail until switched back
 //! ([`health`]).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+mod apis;
 mod health;
 mod ollama;
 mod openai;
@@ -100,6 +106,8 @@ pub struct MockStats {
     pub completed: AtomicU64,
     pub aborted: AtomicU64,
     pub in_flight: AtomicU64,
+    /// The tracing headers of the last request: `x-*`, `traceparent`, `tracestate`.
+    pub last_headers: Mutex<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -108,6 +116,7 @@ pub struct StatsSnapshot {
     pub completed: u64,
     pub aborted: u64,
     pub in_flight: u64,
+    pub last_headers: BTreeMap<String, String>,
 }
 
 impl MockStats {
@@ -117,8 +126,48 @@ impl MockStats {
             completed: self.completed.load(Ordering::SeqCst),
             aborted: self.aborted.load(Ordering::SeqCst),
             in_flight: self.in_flight.load(Ordering::SeqCst),
+            last_headers: self.last_headers.lock().expect("not poisoned").clone(),
         }
     }
+}
+
+/// Whether a request header is recorded in `last_headers`.
+fn is_traced(name: &str) -> bool {
+    name.starts_with("x-") || name == "traceparent" || name == "tracestate"
+}
+
+/// Records the request's tracing headers; answers of `set-cookie` models get a cookie.
+async fn observe_headers(State(mock): State<Mock>, request: Request, next: Next) -> Response {
+    if request.uri().path() != "/mock/stats" {
+        let seen = request
+            .headers()
+            .iter()
+            .filter(|(name, _)| is_traced(name.as_str()))
+            .map(|(name, value)| {
+                (
+                    name.to_string(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        *mock.stats.last_headers.lock().expect("not poisoned") = seen;
+    }
+    next.run(request).await
+}
+
+/// Whether a request names a `set-cookie` model (a scan of the raw body: no second parse).
+pub(crate) fn wants_cookie(body: &[u8]) -> bool {
+    body.windows(b"set-cookie".len())
+        .any(|w| w == b"set-cookie")
+}
+
+/// Adds a cookie to an answer (the `set-cookie` model).
+pub(crate) fn with_cookie(mut response: Response) -> Response {
+    response.headers_mut().append(
+        axum::http::header::SET_COOKIE,
+        HeaderValue::from_static("mock_session=secret; Path=/; HttpOnly"),
+    );
+    response
 }
 
 /// Counts one response: completed if it ran to its end, aborted if dropped before.
@@ -353,12 +402,20 @@ pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/responses", post(apis::responses))
+        .route("/v1/messages", post(apis::messages))
         .route("/api/chat", post(ollama::ollama_chat))
         .route("/api/generate", post(ollama::ollama_generate))
+        .route("/api/embed", post(ollama::ollama_embed))
+        .route("/api/embeddings", post(ollama::ollama_embeddings))
         .route("/api/tags", get(ollama::ollama_tags))
         .route("/api/ps", get(ollama::ollama_ps))
         .route("/api/show", post(ollama::ollama_show))
         .route("/mock/stats", get(stats_handler))
+        .layer(axum::middleware::from_fn_with_state(
+            mock.clone(),
+            observe_headers,
+        ))
         .with_state(mock);
     (router, stats)
 }

@@ -26,6 +26,16 @@ pub(crate) async fn ollama_generate(State(mock): State<Mock>, body: Bytes) -> Re
 }
 
 async fn ollama(mock: Mock, body: Bytes, chat: bool) -> Response {
+    let cookie = super::wants_cookie(&body);
+    let response = ollama_answer(mock, body, chat).await;
+    if cookie {
+        super::with_cookie(response)
+    } else {
+        response
+    }
+}
+
+async fn ollama_answer(mock: Mock, body: Bytes, chat: bool) -> Response {
     let (body, mut tracked, plan) = match mock.begin(&body) {
         Ok(begun) => begun,
         Err(e) => return bad_request(e),
@@ -61,6 +71,9 @@ async fn ollama(mock: Mock, body: Bytes, chat: bool) -> Response {
             v["prompt_eval_count"] = json!(plan.prompt_tokens);
             v["eval_count"] = json!(plan.tokens());
             v["total_duration"] = json!(1000);
+            v["load_duration"] = json!(100);
+            v["prompt_eval_duration"] = json!(200);
+            v["eval_duration"] = json!(700);
         }
         v
     };
@@ -147,6 +160,51 @@ fn tool_call(body: &Value) -> Option<Value> {
         .cloned()
         .unwrap_or(Value::Null);
     Some(json!({"function": {"name": name, "arguments": {"query": query}}}))
+}
+
+pub(crate) async fn ollama_embed(State(mock): State<Mock>, body: Bytes) -> Response {
+    ollama_embeddings_of(mock, body, true)
+}
+
+pub(crate) async fn ollama_embeddings(State(mock): State<Mock>, body: Bytes) -> Response {
+    ollama_embeddings_of(mock, body, false)
+}
+
+/// `/api/embed` (`input`: a text or several → `embeddings`) or the older
+/// `/api/embeddings` (`prompt` → `embedding`), with the OpenAI half's vectors.
+fn ollama_embeddings_of(mock: Mock, body: Bytes, embed: bool) -> Response {
+    let body = match super::parse(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": e}))).into_response();
+        }
+    };
+    let mut tracked = super::Tracked::new(&mock.stats);
+    let model = body.get("model").cloned().unwrap_or(json!("mock"));
+    let texts: Vec<String> = match body.get(if embed { "input" } else { "prompt" }) {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .map(String::from)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let vectors: Vec<Value> = texts
+        .iter()
+        .map(|t| json!(super::openai::vector(t)))
+        .collect();
+    let tokens: u64 = texts
+        .iter()
+        .map(|t| t.split_whitespace().count() as u64)
+        .sum();
+    tracked.finish();
+    let answer = if embed {
+        json!({"model": model, "embeddings": vectors, "total_duration": 1000, "load_duration": 0, "prompt_eval_count": tokens})
+    } else {
+        json!({"embedding": vectors.first().cloned().unwrap_or(json!([]))})
+    };
+    axum::Json(answer).into_response()
 }
 
 pub(crate) async fn ollama_tags() -> Response {

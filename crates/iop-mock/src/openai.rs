@@ -31,7 +31,7 @@ fn openai_error(status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
-fn sse_response(body: Body) -> Response {
+pub(crate) fn sse_response(body: Body) -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/event-stream"),
@@ -57,6 +57,16 @@ pub(crate) async fn completions(State(mock): State<Mock>, body: Bytes) -> Respon
 }
 
 async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
+    let cookie = super::wants_cookie(&body);
+    let response = openai_answer(mock, body, op).await;
+    if cookie {
+        super::with_cookie(response)
+    } else {
+        response
+    }
+}
+
+async fn openai_answer(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
     let (body, mut tracked, plan) = match mock.begin(&body) {
         Ok(begun) => begun,
         Err(e) => return bad_request(e),
@@ -292,6 +302,17 @@ fn unsupported(body: &Value) -> Result<u32, (&'static str, String)> {
     }
 }
 
+/// The mock's embedding of a text: 8 numbers from a hash of it.
+pub(crate) fn vector(text: &str) -> Vec<f64> {
+    let mut h: u64 = 1469598103934665603;
+    for b in text.bytes() {
+        h = (h ^ b as u64).wrapping_mul(1099511628211);
+    }
+    (0..8)
+        .map(|k| ((h >> (k * 8)) & 0xff) as f64 / 255.0)
+        .collect()
+}
+
 pub(crate) async fn embeddings(State(mock): State<Mock>, body: Bytes) -> Response {
     let body = match parse(&body) {
         Ok(b) => b,
@@ -309,16 +330,7 @@ pub(crate) async fn embeddings(State(mock): State<Mock>, body: Bytes) -> Respons
     let data: Vec<Value> = inputs
         .iter()
         .enumerate()
-        .map(|(i, text)| {
-            let mut h: u64 = 1469598103934665603;
-            for b in text.bytes() {
-                h = (h ^ b as u64).wrapping_mul(1099511628211);
-            }
-            let vector: Vec<f64> = (0..8)
-                .map(|k| ((h >> (k * 8)) & 0xff) as f64 / 255.0)
-                .collect();
-            json!({"object": "embedding", "index": i, "embedding": vector})
-        })
+        .map(|(i, text)| json!({"object": "embedding", "index": i, "embedding": vector(text)}))
         .collect();
     let tokens: u64 = inputs
         .iter()

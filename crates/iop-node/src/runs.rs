@@ -29,7 +29,12 @@ impl NodeRuntime {
     pub fn start_run(self: &Arc<Self>, request: pb::RunRequest, conn: &Connection) {
         let runtime = self.clone();
         let conn2 = conn.clone();
-        let span = tracing::info_span!("run", run_id = %request.run_id, adapter = %request.adapter);
+        let span = tracing::info_span!(
+            "run",
+            run_id = %request.run_id,
+            adapter = %request.adapter,
+            request_id = %request.client_request_id
+        );
         conn.tasks
             .spawn(async move { runtime.run(request, conn2).await }.instrument(span));
     }
@@ -74,7 +79,9 @@ impl NodeRuntime {
                 reason: reason.clone(),
             },
         );
+        tracing::debug!(target_name = %request.target, "run started");
         let input = RunInput {
+            provider_headers: request.provider_headers,
             run_id: request.run_id.clone(),
             target: request.target.clone(),
             input: request.input,

@@ -1,6 +1,7 @@
 //! The provider raw tunnel: on a `ProviderTunnelRequest`, make the HTTP request to the
-//! adapter's OpenAI-compatible provider and relay its response as ordered frames —
-//! status, headers, body chunks as they arrive, then end or error.
+//! adapter's provider — an OpenAI-compatible server, or an Ollama server's native API —
+//! and relay its response as ordered frames: status, headers, body chunks as they
+//! arrive, then end or error.
 //!
 //! The body is relayed byte for byte. Usage and the served model are read from it on the
 //! side and sent as separate usage / metadata frames before the end, never inside the
@@ -24,7 +25,7 @@ use iop_proto::pb::{self, provider_tunnel_frame::Frame};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::runtime::{Connection, NodeRuntime};
-use crate::usage::UsageObserver;
+use crate::usage::{UsageDialect, UsageObserver};
 
 /// Largest body frame; bigger provider chunks are split.
 pub const MAX_BODY_FRAME: usize = 16 * 1024;
@@ -44,6 +45,8 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
 struct TunnelOut<'a> {
     conn: &'a Connection,
     request_id: &'a str,
+    /// The client's request id, for log lines.
+    client_request_id: &'a str,
     /// The response head, held back until the first frame after it is ready so that both
     /// leave in the same write.
     head: Option<(u32, Vec<pb::Header>)>,
@@ -84,7 +87,8 @@ impl TunnelOut<'_> {
     /// Ends the tunnel with an error (after freeing the slot).
     async fn error(&mut self, code: ErrorCode, message: String) {
         tracing::warn!(
-            request_id = self.request_id,
+            tunnel_id = self.request_id,
+            request_id = self.client_request_id,
             code = code.as_str(),
             %message,
             "tunnel failed"
@@ -128,9 +132,17 @@ impl NodeRuntime {
         let mut out = TunnelOut {
             conn: &conn,
             request_id: &request.request_id,
+            client_request_id: &request.client_request_id,
             head: None,
             permit: None,
         };
+        tracing::debug!(
+            tunnel_id = %request.request_id,
+            request_id = %request.client_request_id,
+            adapter = %request.adapter,
+            path = %request.path,
+            "tunnel request"
+        );
         let Some(instance) = self.adapter(&request.adapter) else {
             out.error(
                 ErrorCode::UnknownAdapter,
@@ -143,17 +155,21 @@ impl NodeRuntime {
             .await;
             return;
         };
-        let Some(endpoint) = instance.adapter.tunnel() else {
-            out.error(
-                ErrorCode::NotSupported,
-                format!(
-                    "adapter {} (kind {}) is not OpenAI-compatible and takes no raw tunnel",
-                    instance.spec.id,
-                    instance.kind()
-                ),
-            )
-            .await;
-            return;
+        let (provider, dialect) = match (instance.adapter.tunnel(), instance.adapter.ollama()) {
+            (Some(endpoint), _) => (&endpoint.provider, endpoint.dialect),
+            (None, Some(ollama)) => (&ollama.provider, UsageDialect::Ollama),
+            (None, None) => {
+                out.error(
+                    ErrorCode::NotSupported,
+                    format!(
+                        "adapter {} (kind {}) has no HTTP API and takes no raw tunnel",
+                        instance.spec.id,
+                        instance.kind()
+                    ),
+                )
+                .await;
+                return;
+            }
         };
         let cancel = conn.cancel.child_token();
         self.tunnels
@@ -177,7 +193,6 @@ impl NodeRuntime {
         let credit = conn
             .credits
             .open(&request.request_id, request.initial_credit);
-        let provider = &endpoint.provider;
         let headers = request
             .headers
             .iter()
@@ -196,12 +211,13 @@ impl NodeRuntime {
         let mut usage_seen = None;
         match response {
             None => {
-                tracing::info!(request_id = %request.request_id, "tunnel cancelled before the provider answered");
+                tracing::info!(tunnel_id = %request.request_id, request_id = %request.client_request_id, "tunnel cancelled before the provider answered");
                 out.cancelled().await;
             }
             Some(Err(err)) => out.error(err.code, err.message).await,
             Some(Ok(mut response)) => {
-                let mut observer = UsageObserver::new(response.sse, endpoint.dialect);
+                let mut observer =
+                    UsageObserver::new(response.sse, dialect).for_path(&request.path);
                 if request.usage_injected && response.sse && (200..300).contains(&response.status) {
                     observer = observer.removing_injected_usage();
                     // The body gets shorter than a declared length.
@@ -230,7 +246,7 @@ impl NodeRuntime {
                         Some(chunk) => chunk,
                         None => tokio::select! {
                             _ = cancel.cancelled() => {
-                                tracing::info!(request_id = %request.request_id, "tunnel cancelled mid-body: provider connection dropped");
+                                tracing::info!(tunnel_id = %request.request_id, request_id = %request.client_request_id, "tunnel cancelled mid-body: provider connection dropped");
                                 out.cancelled().await;
                                 return self.end_tunnel(&request.request_id);
                             }

@@ -1,11 +1,14 @@
 //! Provider-reported token usage: conversion from OpenAI-style `usage` objects (with vLLM's
-//! conventions), and the side observer that reads usage out of a tunnelled response
-//! without touching its bytes — or, when the edge asked the provider for usage the client
-//! did not ask for, removes exactly what that added ([`strip`]).
+//! conventions), from the Responses and Messages APIs' own ([`native`]) and from Ollama's
+//! eval counts ([`ollama`]), and the side observer that reads usage out of a tunnelled
+//! response without touching its bytes — or, when the edge asked the provider for usage
+//! the client did not ask for, removes exactly what that added ([`strip`]).
 //!
 //! Only what the provider reports is carried: reasoning and cached-input counts stay
 //! `None` unless the provider sent them. Nothing is estimated.
 
+mod native;
+mod ollama;
 mod strip;
 
 use std::borrow::Cow;
@@ -26,6 +29,9 @@ pub enum UsageDialect {
     /// vLLM: as OpenAI, plus a top-level `reasoning_tokens` (older releases) and usage
     /// possibly repeated in several chunks (the last one is complete).
     Vllm,
+    /// Ollama's native API: `prompt_eval_count` / `eval_count` on the final NDJSON line or
+    /// the JSON answer ([`ollama`]).
+    Ollama,
 }
 
 /// An OpenAI-style `usage` object: only the fields read, each tolerated when it is not a
@@ -176,6 +182,10 @@ pub struct UsageObserver {
     model: Option<String>,
     /// Set when the injected usage is removed from what is relayed.
     strip: Option<strip::Stripper>,
+    /// Set when the body is another API's answer (see [`native`]), read in its terms.
+    native: Option<(native::NativeApi, native::Tally)>,
+    /// Set for Ollama's native answers, which are read line by line instead.
+    ollama: Option<ollama::OllamaLines>,
 }
 
 impl UsageObserver {
@@ -188,14 +198,23 @@ impl UsageObserver {
             usage: None,
             model: None,
             strip: None,
+            native: None,
+            ollama: (dialect == UsageDialect::Ollama).then(ollama::OllamaLines::default),
         }
+    }
+
+    /// Reads usage in the shape of the API `path` (the tunnel's, below the provider's API
+    /// root) belongs to: the Responses and Messages APIs have their own.
+    pub fn for_path(mut self, path: &str) -> Self {
+        self.native = native::NativeApi::of_path(path).map(|api| (api, Default::default()));
+        self
     }
 
     /// Also removes what the edge's `stream_options.include_usage` added to an event
     /// stream (see [`strip`]); [`Self::relay`] then returns complete lines only, holding an
     /// incomplete last line back until its end arrives. Only for event streams.
     pub fn removing_injected_usage(mut self) -> Self {
-        if self.sse {
+        if self.sse && self.ollama.is_none() {
             self.strip = Some(strip::Stripper::default());
         }
         self
@@ -261,6 +280,10 @@ impl UsageObserver {
     }
 
     pub fn feed(&mut self, chunk: &[u8]) {
+        if let Some(lines) = self.ollama.as_mut() {
+            lines.feed(chunk);
+            return;
+        }
         if !self.sse {
             if self.buffer.len() + chunk.len() > MAX_JSON_BODY {
                 self.overflowed = true;
@@ -339,6 +362,13 @@ impl UsageObserver {
         let Some(data) = line.strip_prefix(b"data:") else {
             return false;
         };
+        if let Some((_, tally)) = &mut self.native {
+            tally.observe(data.trim_ascii());
+            if self.model.is_none() {
+                self.model = tally.model.clone();
+            }
+            return false;
+        }
         match serde_json::from_slice::<Observed>(data.trim_ascii()) {
             Ok(seen) => {
                 let usage_event = seen.is_usage_event();
@@ -360,6 +390,18 @@ impl UsageObserver {
 
     /// The last usage the body reported, once it is complete.
     pub fn finish(&mut self) -> Option<pb::Usage> {
+        if let Some(lines) = self.ollama.as_mut() {
+            return lines.finish();
+        }
+        if let Some((api, tally)) = &mut self.native {
+            if !self.sse && !self.overflowed && !self.buffer.is_empty() {
+                tally.observe(&std::mem::take(&mut self.buffer));
+                if self.model.is_none() {
+                    self.model = tally.model.clone();
+                }
+            }
+            return std::mem::take(&mut tally.counts).to_pb(*api);
+        }
         if !self.sse && !self.overflowed && !self.buffer.is_empty() {
             let body = std::mem::take(&mut self.buffer);
             if let Ok(seen) = serde_json::from_slice::<Observed>(&body) {
@@ -371,7 +413,10 @@ impl UsageObserver {
 
     /// The model the provider said it served, if seen.
     pub fn model(&self) -> Option<&str> {
-        self.model.as_deref()
+        match &self.ollama {
+            Some(lines) => lines.model(),
+            None => self.model.as_deref(),
+        }
     }
 }
 
@@ -523,6 +568,30 @@ mod tests {
         o.feed(b"NE]\n\n");
         let u = o.finish().unwrap();
         assert_eq!((u.input_tokens, u.output_tokens), (2, 5));
+    }
+
+    #[test]
+    fn native_api_answers_are_read_in_their_own_shape() {
+        let stream = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"model\":\"m\",\"usage\":{\"input_tokens\":4,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n",
+        );
+        let mut o = UsageObserver::new(true, UsageDialect::OpenAi).for_path("/messages");
+        for piece in stream.as_bytes().chunks(9) {
+            o.feed(piece);
+        }
+        assert_eq!(o.model(), Some("m"));
+        let u = o.finish().unwrap();
+        assert_eq!((u.input_tokens, u.output_tokens), (4, 9));
+
+        let body = br#"{"model":"m","output":[],"usage":{"input_tokens":2,"output_tokens":3,"total_tokens":5}}"#;
+        let mut o = UsageObserver::new(false, UsageDialect::OpenAi).for_path("/responses");
+        o.feed(body);
+        let u = o.finish().unwrap();
+        assert_eq!((u.input_tokens, u.output_tokens), (2, 3));
+        assert_eq!(o.model(), Some("m"));
     }
 
     #[test]

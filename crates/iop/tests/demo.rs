@@ -1,5 +1,6 @@
 //! `iop demo` as a new user meets it: the printed curl line streams text, and the official
-//! `openai` Python SDK can list models and run streaming and non-streaming completions.
+//! `openai` Python SDK can list models and run streaming and non-streaming completions; its
+//! Responses API and the `anthropic` SDK's Messages API work too.
 
 mod common;
 
@@ -90,6 +91,48 @@ async fn the_openai_python_sdk_works_against_the_demo() {
     )
     .await
     .expect("the SDK check finishes within 60s")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "SDK check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+}
+
+#[tokio::test]
+async fn the_responses_and_messages_sdks_work_against_the_demo() {
+    let python = std::env::var("IOP_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_sdks = Command::new(&python)
+        .args(["-c", "import openai, anthropic"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_sdks {
+        assert!(
+            std::env::var("IOP_REQUIRE_PYTHON_SDK").is_err(),
+            "IOP_REQUIRE_PYTHON_SDK is set but {python} cannot import openai and anthropic"
+        );
+        eprintln!(
+            "skipped: {python} lacks the `openai` or `anthropic` package (scripts/test.sh installs them)"
+        );
+        return;
+    }
+    let tmp = tempdir();
+    let (_demo, base) = start_demo(tmp.path()).await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/apis_sdk_check.py"
+    );
+    let out = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::process::Command::new(&python)
+            .arg(script)
+            .arg(&base)
+            .output(),
+    )
+    .await
+    .expect("the SDK check finishes within 90s")
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

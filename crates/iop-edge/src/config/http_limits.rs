@@ -34,8 +34,9 @@ pub struct HttpLimitsConfig {
     /// Open HTTP connections at most; more are answered 503 and closed at once.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
-    /// Largest answer the edge assembles into one non-streamed JSON response; a longer one
-    /// ends the request with 502 and cancels it.
+    /// Largest answer the edge assembles into one non-streamed JSON response (a longer one
+    /// ends the request with 502 and cancels it), or holds for a translated Responses
+    /// stream (a longer one ends with `response.failed` and is cancelled).
     #[serde(default = "default_max_response_bytes")]
     pub max_response_bytes: usize,
 }

@@ -483,3 +483,49 @@ fn tunnel_usage_defaults_to_inject_and_is_only_for_tunnelled_kinds() {
         "{text}"
     );
 }
+
+#[test]
+fn apis_default_per_kind_and_are_only_for_tunnelled_kinds() {
+    use crate::config::ProviderApi;
+    let c = parse(GOOD).unwrap();
+    let tunnel = &c.nodes[0].providers[0];
+    for api in [
+        ProviderApi::Chat,
+        ProviderApi::Completions,
+        ProviderApi::Embeddings,
+    ] {
+        assert!(tunnel.serves(api), "{api:?}");
+    }
+    assert!(!tunnel.serves(ProviderApi::Responses));
+    assert!(!tunnel.serves(ProviderApi::Messages));
+    // A run provider serves nothing natively.
+    assert!(!c.nodes[0].providers[1].serves(ProviderApi::Chat));
+
+    let native = parse(&GOOD.replace(
+        "capacity: {normal: 2, long: 1}",
+        "capacity: {normal: 2, long: 1}\n        apis: [chat, responses, messages]",
+    ))
+    .unwrap();
+    let p = &native.nodes[0].providers[0];
+    assert!(p.serves(ProviderApi::Responses) && p.serves(ProviderApi::Messages));
+    assert!(!p.serves(ProviderApi::Embeddings));
+
+    for (yaml, expected) in [
+        (
+            "cli: {argv: [\"cat\"]}\n        apis: [chat]",
+            "nodes[0].providers[1].apis: only for kinds openai_compat and vllm",
+        ),
+        (
+            "capacity: {normal: 2, long: 1}\n        apis: []",
+            "nodes[0].providers[0].apis: must list at least one API",
+        ),
+        (
+            "capacity: {normal: 2, long: 1}\n        apis: [chat, ollama]",
+            "nodes[0].providers[0].apis",
+        ),
+    ] {
+        let (from, to) = yaml.split_once('\n').unwrap();
+        let text = err_text(&GOOD.replace(from, &format!("{from}\n{to}")));
+        assert!(text.contains(expected), "{yaml}: {text}");
+    }
+}

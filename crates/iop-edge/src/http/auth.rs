@@ -1,7 +1,8 @@
-//! Authentication of HTTP requests: the bearer key becomes the request's [`Caller`] (an
-//! extension the handlers read), wrong keys are throttled per source address (429 with
-//! `Retry-After`, and one summary line per period instead of a line per guess), and the
-//! admin-only routes refuse client keys with 403.
+//! Authentication of HTTP requests: the bearer key (on the Anthropic Messages route also
+//! an `x-api-key` header) becomes the request's [`Caller`] (an extension the handlers
+//! read), wrong keys are throttled per source address (429 with `Retry-After`, and one
+//! summary line per period instead of a line per guess), and the admin-only routes refuse
+//! client keys with 403.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -21,20 +22,63 @@ pub const FAILURE_SUMMARY_PERIOD: Duration = Duration::from_secs(60);
 
 /// Sets the request's [`Caller`]: anonymous on an edge without keys, else the key the
 /// `Authorization: Bearer` header names (401 without one or with a wrong one; 429 while
-/// the source address is throttled for earlier wrong keys).
+/// the source address is throttled for earlier wrong keys). Errors on Ollama's routes are
+/// in Ollama's shape.
 pub async fn authenticate(
     State(edge): State<Arc<Edge>>,
     mut request: Request,
     next: Next,
 ) -> Response {
+    // Errors in the shape of the API the request is for.
+    let ollama = super::ollama_api::is_ollama_path(request.uri().path());
+    match identify(&edge, &mut request, KeyHeaders::Bearer) {
+        Ok(()) => next.run(request).await,
+        Err(e) if ollama => super::ollama_api::error::response(e),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// [`authenticate`] for the Anthropic Messages API: the key may also come as
+/// `x-api-key: <key>` (as Anthropic's clients send it), and errors are in that API's shape.
+pub async fn authenticate_anthropic(
+    State(edge): State<Arc<Edge>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match identify(&edge, &mut request, KeyHeaders::BearerOrXApiKey) {
+        Ok(()) => next.run(request).await,
+        Err(e) => super::apis::messages::error::response(e),
+    }
+}
+
+/// Where a route reads the API key from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyHeaders {
+    Bearer,
+    BearerOrXApiKey,
+}
+
+/// Authenticates `request` and sets its [`Caller`].
+fn identify(edge: &Edge, request: &mut Request, from: KeyHeaders) -> Result<(), ApiError> {
     let keys = edge.keys();
     if keys.is_empty() {
         request.extensions_mut().insert(Caller::anonymous());
-        return next.run(request).await;
+        return Ok(());
     }
-    let Some(presented) = bearer(request.headers()) else {
-        return ApiError::unauthorized("missing API key: send it as `Authorization: Bearer <key>`")
-            .into_response();
+    let presented = match from {
+        KeyHeaders::Bearer => bearer(request.headers()),
+        KeyHeaders::BearerOrXApiKey => {
+            bearer(request.headers()).or_else(|| x_api_key(request.headers()))
+        }
+    };
+    let Some(presented) = presented else {
+        let how = match from {
+            KeyHeaders::Bearer => "`Authorization: Bearer <key>`",
+            KeyHeaders::BearerOrXApiKey => "`x-api-key: <key>` or `Authorization: Bearer <key>`",
+        };
+        return Err(ApiError::unauthorized(format!(
+            "missing API key: send it as {how}"
+        )));
     };
     let source = request
         .extensions()
@@ -43,7 +87,7 @@ pub async fn authenticate(
     if let Some(source) = source
         && let Err(wait) = edge.key_failures().check(source, Instant::now())
     {
-        return throttled(wait).into_response();
+        return Err(throttled(wait));
     }
     match keys.find(presented) {
         Some(key) => {
@@ -51,13 +95,13 @@ pub async fn authenticate(
                 edge.key_failures().success(source);
             }
             request.extensions_mut().insert(Caller::with_key(key));
-            next.run(request).await
+            Ok(())
         }
         None => {
             if let Some(source) = source {
                 edge.key_failures().failure(source, Instant::now());
             }
-            ApiError::unauthorized("incorrect API key provided").into_response()
+            Err(ApiError::unauthorized("incorrect API key provided"))
         }
     }
 }
@@ -81,6 +125,12 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .eq_ignore_ascii_case("bearer")
         .then(|| key.trim())
         .filter(|k| !k.is_empty())
+}
+
+/// The key of an `x-api-key` header (trimmed; empty counts as none).
+fn x_api_key(headers: &HeaderMap) -> Option<&str> {
+    let key = headers.get("x-api-key")?.to_str().ok()?.trim();
+    (!key.is_empty()).then_some(key)
 }
 
 /// The address a source is throttled under: IPv4 addresses as they are, IPv6 by their /64
@@ -158,6 +208,11 @@ mod tests {
         assert_eq!(with("Basic abc"), None);
         assert_eq!(with("Bearer "), None);
         assert_eq!(bearer(&HeaderMap::new()), None);
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", " sk-abc ".parse().unwrap());
+        assert_eq!(x_api_key(&h), Some("sk-abc"));
+        h.insert("x-api-key", "".parse().unwrap());
+        assert_eq!(x_api_key(&h), None);
     }
 
     #[test]

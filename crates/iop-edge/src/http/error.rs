@@ -36,6 +36,9 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
     /// Attempts the edge made at serving the request, once it reached a member.
     pub attempts: Option<u32>,
+    /// The request reached the dispatcher, whose meter counts it in the metrics: the
+    /// surface must not count it again.
+    pub metered: bool,
 }
 
 /// OpenAI's `type` for a status and fault.
@@ -63,7 +66,23 @@ impl ApiError {
             param: None,
             retry_after: None,
             attempts: None,
+            metered: false,
         }
+    }
+
+    /// An error a node or provider reported by its string code only, or one the edge names
+    /// for what it read of a provider's answer: status and type from the reason the code
+    /// names (`provider_error` for names the table lacks), the code as given.
+    pub fn upstream(code: &str, message: &str) -> Self {
+        let reason = match ErrorCode::from_wire(0, code) {
+            ErrorCode::Unspecified => ErrorCode::ProviderError,
+            known => known,
+        };
+        let mut e = Self::of(reason, message);
+        if !code.is_empty() {
+            e.code = code.to_string();
+        }
+        e
     }
 
     /// An error with an explicit status, type and code; its reason is the code's if the
@@ -88,12 +107,19 @@ impl ApiError {
             param: None,
             retry_after: None,
             attempts: None,
+            metered: false,
         }
     }
 
     /// Names the request field the error is about.
     pub fn with_param(mut self, param: impl Into<String>) -> Self {
         self.param = Some(param.into());
+        self
+    }
+
+    /// Marks an error of a request the dispatcher already counted (see [`Self::metered`]).
+    pub fn metered(mut self) -> Self {
+        self.metered = true;
         self
     }
 

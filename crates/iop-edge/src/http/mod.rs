@@ -1,21 +1,31 @@
-//! The edge's HTTP server: the OpenAI-compatible surface, the native runs API and the
-//! admin endpoints on one listener ([`server`], HTTPS when `http_tls` is set: [`tls`]),
-//! with bearer-key auth and roles ([`auth`]), connection deadlines ([`deadlines`]) and a
-//! body size limit.
+//! The edge's HTTP server: the OpenAI-compatible surface, the Anthropic Messages API, the
+//! Ollama API, the native runs API and the admin endpoints on one listener ([`server`],
+//! HTTPS when `http_tls` is set: [`tls`]), with bearer-key auth and roles ([`auth`]),
+//! connection deadlines ([`deadlines`]) and a body size limit. Every response carries the
+//! request's `x-request-id` ([`request_id`]); browsers get CORS when it is configured
+//! ([`cors`]).
 //!
-//! Routes come in three kinds: the probes are open; the OpenAI and runs APIs take any key;
-//! `/admin/*` (node credentials too: [`trust`]), `/metrics` and node commands take admin
-//! keys only. On an edge without keys every route is open.
+//! Routes come in three kinds: the probes are open; the OpenAI (chat, completions,
+//! embeddings, Responses), Anthropic Messages ([`apis`]), Ollama ([`ollama_api`]) and runs
+//! APIs take any key; `/admin/*` (node credentials too: [`trust`]), `/metrics` and node
+//! commands take admin keys only. On an edge without keys every route is open.
 
 pub mod admin;
+pub mod apis;
 pub mod auth;
 pub mod chat_input;
+pub mod cors;
 pub mod deadlines;
 pub mod error;
+pub mod forward;
+pub mod model_dispatch;
+pub mod models;
+pub mod ollama_api;
 pub mod openai;
 pub mod passthrough;
 pub mod render;
 pub mod request;
+pub mod request_id;
 pub mod runs;
 pub mod server;
 pub mod stream_usage;
@@ -41,21 +51,39 @@ pub fn router(edge: Arc<Edge>) -> Router {
         .merge(runs::admin_routes())
         .route_layer(middleware::from_fn(auth::require_admin));
     let authenticated = openai::routes()
+        .merge(apis::responses_routes())
+        .merge(models::routes())
+        .merge(ollama_api::routes())
         .merge(runs::routes())
         .merge(admin)
         .route_layer(middleware::from_fn_with_state(
             edge.clone(),
             auth::authenticate,
         ));
+    // Anthropic's clients send their key as `x-api-key` and read errors in their shape.
+    let anthropic = apis::messages_routes().route_layer(middleware::from_fn_with_state(
+        edge.clone(),
+        auth::authenticate_anthropic,
+    ));
     Router::new()
         .merge(authenticated)
+        .merge(anthropic)
         .merge(admin::open_routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(edge.config().limits.max_body_bytes))
+        .layer(middleware::from_fn_with_state(edge.clone(), cors::layer))
+        .layer(middleware::from_fn(request_id::layer))
         .with_state(edge)
 }
 
 async fn not_found(request: Request) -> Response {
+    let path = request.uri().path();
+    if ollama_api::is_ollama_path(path) {
+        return ollama_api::error::response(ApiError::not_found(
+            "unknown_url",
+            format!("unknown endpoint: {} {path}", request.method()),
+        ));
+    }
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",

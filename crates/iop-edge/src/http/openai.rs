@@ -1,5 +1,5 @@
-//! The OpenAI-compatible surface: `GET /v1/models`, `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /v1/embeddings`.
+//! The OpenAI-compatible surface: `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `POST /v1/embeddings` (the model list is [`super::models`]).
 //!
 //! `model` names a model group. This layer parses and validates the request and renders
 //! what the service's dispatcher returns: the dispatcher takes a slot on one member
@@ -11,6 +11,7 @@
 //! request picks the path. Responses of dispatched requests carry `x-iop-attempts`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -18,40 +19,48 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use iop_proto::pb;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::error::{ATTEMPTS_HEADER, ApiError};
+use super::model_dispatch::{self, Started, Target, Work};
 use super::request::{ClientRequest, WrongType, require_json};
 use super::{chat_input, passthrough, render, stream_usage};
 use crate::auth::Caller;
-use crate::service::{Edge, LaneInputs, MemberRequest, OpenAiRequest, RunSpec, Served};
-
-pub use crate::service::Operation;
+use crate::config::ProviderApi;
+use crate::service::{Edge, LaneInputs, RunSpec, RunStream, TunnelSpec, TunnelStream};
 
 pub fn routes() -> Router<Arc<Edge>> {
     Router::new()
-        .route("/v1/models", get(list_models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
 }
 
-/// The model groups the caller's key may use.
-async fn list_models(
-    State(edge): State<Arc<Edge>>,
-    Extension(caller): Extension<Caller>,
-) -> Response {
-    let data: Vec<Value> = edge
-        .config()
-        .model_groups
-        .iter()
-        .filter(|g| caller.may_use_model(&g.name))
-        .map(|g| json!({"id": g.name, "object": "model", "created": 0, "owned_by": "iop"}))
-        .collect();
-    axum::Json(json!({"object": "list", "data": data})).into_response()
+/// Which OpenAI operation a request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Chat,
+    Completion,
+    Embedding,
+}
+
+impl Operation {
+    /// The path below the provider's API root.
+    fn provider_path(self) -> &'static str {
+        self.api().provider_path()
+    }
+
+    /// The provider API that serves it.
+    pub fn api(self) -> ProviderApi {
+        match self {
+            Operation::Chat => ProviderApi::Chat,
+            Operation::Completion => ProviderApi::Completions,
+            Operation::Embedding => ProviderApi::Embeddings,
+        }
+    }
 }
 
 /// What every OpenAI-surface handler receives.
@@ -106,84 +115,60 @@ async fn embeddings(
 async fn respond(edge: &Arc<Edge>, op: Operation, incoming: Incoming) -> Response {
     match handle(edge, op, incoming).await {
         Ok(response) => response,
-        Err(err) => err.into_response(),
+        Err((group, err)) => {
+            // Requests that reached the dispatcher are counted by its meter.
+            if !err.metered {
+                edge.metrics
+                    .count_request(&group, "none", err.reason.as_str());
+            }
+            err.into_response()
+        }
     }
 }
 
 /// Parses and validates one request, has the service dispatch it and renders the answer.
-async fn handle(edge: &Arc<Edge>, op: Operation, incoming: Incoming) -> Result<Response, ApiError> {
+/// Errors carry the model group for metrics.
+async fn handle(
+    edge: &Arc<Edge>,
+    op: Operation,
+    incoming: Incoming,
+) -> Result<Response, (String, ApiError)> {
     let Incoming {
         caller,
         headers,
         body,
     } = incoming;
-    // Refused before it reached the dispatcher: counted here, under its group if known.
-    let rejected = |group: &str, e: ApiError| {
-        edge.metrics.count_request(group, "none", e.reason.as_str());
-        e
-    };
-    require_json(&headers).map_err(|e| rejected("", e))?;
-    let body = body.map_err(|r| rejected("", super::body_error(r, edge)))?;
-    let request = ClientRequest::parse(&body).map_err(|e| rejected("", e))?;
-    let group = match request.typed::<String>("model") {
-        Ok(Some(m)) if !m.is_empty() => m,
-        Ok(None) if !request.has("model") => {
-            return Err(rejected(
-                "",
-                ApiError::bad_request("missing_model", "you must provide a `model` parameter")
-                    .with_param("model"),
-            ));
-        }
-        _ => {
-            return Err(rejected(
-                "",
-                ApiError::bad_request("invalid_model", "`model` must be a non-empty string")
-                    .with_param("model"),
-            ));
-        }
-    };
-    if edge.admission.policy(&group).is_none() || !caller.may_use_model(&group) {
-        return Err(rejected(
-            &group,
-            ApiError::not_found(
-                "model_not_found",
-                format!(
-                    "the model `{group}` does not exist or you do not have access to it; \
-                     GET /v1/models lists the models you can use"
-                ),
-            )
-            .with_param("model"),
-        ));
-    }
-    validate(&request, op).map_err(|e| rejected(&group, e))?;
+    let unknown = |e: ApiError| (String::new(), e);
+    require_json(&headers).map_err(unknown)?;
+    let body = body.map_err(|r| unknown(super::body_error(r, edge)))?;
+    let request = ClientRequest::parse(&body).map_err(unknown)?;
+    let group = requested_group(&request).map_err(unknown)?;
+    let fail = |e: ApiError| (group.clone(), e);
+    check_group(edge, &caller, &group).map_err(fail)?;
+    validate(&request, op).map_err(fail)?;
     let stream = op != Operation::Embedding && request.get::<bool>("stream").unwrap_or(false);
     let include_usage = request
         .get::<Map<String, Value>>("stream_options")
         .and_then(|o| o.get("include_usage").and_then(Value::as_bool))
         .unwrap_or(false);
-    let shape_of = ShapeOf {
-        request: &request,
+    let dispatch_request = ChatDispatch {
+        group: group.clone(),
         op,
+        chat: Ok(&request),
         stream,
+        lane: lane_inputs(&request, op),
+        keep_stream_usage: false,
+        native: None,
     };
-    let dispatched = edge
-        .dispatch(OpenAiRequest {
-            op,
-            group: &group,
-            stream,
-            lane: lane_inputs(&request, op),
-            api_key: caller.owner(),
-            body: &shape_of,
-        })
+    let (dispatched, attempts) = dispatch(edge, &caller, &headers, dispatch_request)
         .await
-        .map_err(|failure| ApiError::from(failure.error).with_attempts(failure.attempts))?;
-    let attempts = dispatched.attempts;
-    let with_attempts = |e: ApiError| e.with_attempts(attempts);
-    let mut response = match dispatched.served {
-        Served::Tunnel { head, stream } => {
-            passthrough::respond(head, stream).map_err(with_attempts)?
-        }
-        Served::Run { first, stream: run } => {
+        .map_err(fail)?;
+    // From here the dispatcher's meter counts the request.
+    let fail = |e: ApiError| (group.clone(), e.with_attempts(attempts).metered());
+    let mut response = match dispatched {
+        Dispatched::Tunnel { tunnel, .. } => passthrough::respond(tunnel).await.map_err(fail)?,
+        Dispatched::Run(mut run) => {
+            let first = render::first_event(&mut run).await.map_err(fail)?;
             let shape = render::Shape {
                 op,
                 model: group.clone(),
@@ -193,9 +178,7 @@ async fn handle(edge: &Arc<Edge>, op: Operation, incoming: Incoming) -> Result<R
                 render::sse(run, first, shape)
             } else {
                 let limit = edge.config().limits.http.max_response_bytes;
-                render::json(run, first, shape, limit)
-                    .await
-                    .map_err(with_attempts)?
+                render::json(run, first, shape, limit).await.map_err(fail)?
             }
         }
     };
@@ -205,23 +188,178 @@ async fn handle(edge: &Arc<Edge>, op: Operation, incoming: Incoming) -> Result<R
     Ok(response)
 }
 
-/// The parsed request in the shape each kind of member takes.
-struct ShapeOf<'r, 'a> {
-    request: &'r ClientRequest<'a>,
-    op: Operation,
-    stream: bool,
+/// The model group `request` names (`model`).
+pub(crate) fn requested_group(request: &ClientRequest) -> Result<String, ApiError> {
+    match request.typed::<String>("model") {
+        Ok(Some(m)) if !m.is_empty() => Ok(m),
+        Ok(None) if !request.has("model") => Err(ApiError::bad_request(
+            "missing_model",
+            "you must provide a `model` parameter",
+        )
+        .with_param("model")),
+        _ => Err(
+            ApiError::bad_request("invalid_model", "`model` must be a non-empty string")
+                .with_param("model"),
+        ),
+    }
 }
 
-impl MemberRequest for ShapeOf<'_, '_> {
-    fn tunnel_body(&self, upstream_model: &str, ask_usage: bool) -> (Bytes, bool) {
-        let usage_injected = ask_usage && self.stream && !stream_usage::client_asked(self.request);
-        let body = stream_usage::provider_body(self.request, upstream_model, usage_injected);
-        (body.into(), usage_injected)
-    }
+/// Refuses a `group` that does not exist or that the caller may not use.
+pub(crate) fn check_group(edge: &Edge, caller: &Caller, group: &str) -> Result<(), ApiError> {
+    edge.admission
+        .policy(group)
+        .filter(|_| caller.may_use_model(group))
+        .map(|_| ())
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "model_not_found",
+                format!(
+                    "the model `{group}` does not exist or you do not have access to it; \
+                     GET /v1/models lists the models you can use"
+                ),
+            )
+            .with_param("model")
+        })
+}
 
-    fn run_spec(&self, adapter: &str, upstream_model: &str) -> RunSpec {
-        run_spec(&self.request.to_map(), self.op, adapter, upstream_model)
-    }
+/// A request for one model group, ready to go to one of its members: what [`handle`]
+/// parsed, or what another API's surface translated its request into.
+pub(crate) struct ChatDispatch<'r> {
+    pub group: String,
+    pub op: Operation,
+    /// The OpenAI request (`op`'s body), or why the client's request has none: it is then
+    /// served only by members whose provider serves `native`'s API itself.
+    pub chat: Result<&'r ClientRequest<'r>, ApiError>,
+    pub stream: bool,
+    pub lane: LaneInputs,
+    /// The caller reads a tunnelled stream itself: stream usage the edge asks the provider
+    /// for stays in the stream (it is still recorded).
+    pub keep_stream_usage: bool,
+    /// The client's own request in another API, sent as it is (with the upstream `model`)
+    /// to a member whose provider serves that API.
+    pub native: Option<NativeRequest<'r>>,
+}
+
+/// A request in an API some providers serve themselves.
+pub(crate) struct NativeRequest<'r> {
+    pub api: ProviderApi,
+    pub request: &'r ClientRequest<'r>,
+    /// Client headers the provider's API reads (e.g. `anthropic-version`).
+    pub headers: Vec<pb::Header>,
+}
+
+/// Where a dispatched request went.
+pub(crate) enum Dispatched {
+    /// Through the raw tunnel; `native` when the client's own request went (not `chat`).
+    Tunnel { tunnel: TunnelStream, native: bool },
+    /// As a node run of the chat request.
+    Run(RunStream),
+}
+
+/// Has the dispatcher send the request to a member of the group (failing over before the
+/// first byte): the client's own request through the raw tunnel to a provider that serves
+/// `native`'s API, the OpenAI request through the tunnel to other OpenAI-compatible
+/// providers, a run to the others. The slot is held by the stream returned, with the
+/// attempts it took, and freed when it ends or is dropped.
+pub(crate) async fn dispatch(
+    edge: &Arc<Edge>,
+    caller: &Caller,
+    headers: &HeaderMap,
+    request: ChatDispatch<'_>,
+) -> Result<(Dispatched, u32), ApiError> {
+    let ChatDispatch {
+        group,
+        op,
+        chat,
+        stream,
+        lane,
+        keep_stream_usage,
+        native,
+    } = request;
+    let accept = if stream {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    let target = Target {
+        group: &group,
+        lane,
+        caller,
+        headers,
+    };
+    let went_native = AtomicBool::new(false);
+    let dispatched = model_dispatch::dispatch(edge, target, |member| {
+        let provider = member.provider;
+        went_native.store(false, Ordering::Relaxed);
+        if let Some(native) = native.as_ref().filter(|n| provider.serves(n.api)) {
+            went_native.store(true, Ordering::Relaxed);
+            let mut headers = vec![
+                header("content-type", "application/json"),
+                header("accept", accept),
+            ];
+            headers.extend(native.headers.iter().cloned());
+            return Ok(Work::Tunnel(TunnelSpec {
+                adapter: provider.id.clone(),
+                method: "POST".into(),
+                path: native.api.provider_path().into(),
+                headers,
+                body: native.request.with_model(member.upstream_model).into(),
+                usage_injected: false,
+                ..Default::default()
+            }));
+        }
+        let request = *chat.as_ref().map_err(Clone::clone)?;
+        if provider.kind.is_tunnel() && !provider.serves(op.api()) {
+            return Err(ApiError::bad_request(
+                "unsupported_operation",
+                format!(
+                    "model `{group}` is served by provider {}/{}, which does not serve the {} API \
+                     (provider config `apis`)",
+                    member.node,
+                    provider.id,
+                    op.api().as_str()
+                ),
+            ));
+        }
+        if provider.kind.is_tunnel() {
+            let usage_injected =
+                stream && provider.injects_stream_usage() && !stream_usage::client_asked(request);
+            let body = stream_usage::provider_body(request, member.upstream_model, usage_injected);
+            return Ok(Work::Tunnel(TunnelSpec {
+                adapter: provider.id.clone(),
+                method: "POST".into(),
+                path: op.provider_path().into(),
+                headers: vec![
+                    header("content-type", "application/json"),
+                    header("accept", accept),
+                ],
+                body: body.into(),
+                usage_injected: usage_injected && !keep_stream_usage,
+                ..Default::default()
+            }));
+        }
+        if op == Operation::Embedding {
+            return Err(ApiError::bad_request(
+                "unsupported_operation",
+                format!(
+                    "model `{group}` is served by a {} provider; embeddings are served by openai_compat and vllm providers only",
+                    provider.kind.as_str()
+                ),
+            ));
+        }
+        let mut spec = run_spec(&request.to_map(), op, &provider.id, member.upstream_model);
+        spec.owner = caller.owner();
+        Ok(Work::Run(spec))
+    })
+    .await?;
+    let started = match dispatched.started {
+        Started::Tunnel(tunnel) => Dispatched::Tunnel {
+            tunnel,
+            native: went_native.load(Ordering::Relaxed),
+        },
+        Started::Run(run) => Dispatched::Run(run),
+    };
+    Ok((started, dispatched.attempts))
 }
 
 /// Largest `max_tokens` / `max_completion_tokens` accepted.
@@ -476,12 +614,21 @@ fn run_spec(
         options: Some(options),
         session_id: String::new(),
         background: false,
-        owner: None,
+        ..Default::default()
+    }
+}
+
+fn header(name: &str, value: &str) -> pb::Header {
+    pb::Header {
+        name: name.into(),
+        value: value.as_bytes().to_vec(),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn map(v: Value) -> Map<String, Value> {

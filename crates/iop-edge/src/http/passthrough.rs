@@ -24,10 +24,45 @@ use sse::EventBoundary;
 /// Most body bytes already arrived that are merged into one write to the client.
 const MAX_MERGE: usize = 256 * 1024;
 
+/// Renders the event that ends an event stream with an error (after a blank line).
+pub type ErrorEvent = fn(&ApiError) -> Bytes;
+
+/// OpenAI's stream error: `data: {"error": {…}}`.
+pub fn openai_error_event(error: &ApiError) -> Bytes {
+    Bytes::from(format!("data: {}\n\n", error.body()))
+}
+
+/// Waits for the response head (at once when the dispatcher already received it), then
+/// streams the body.
+pub async fn respond(tunnel: TunnelStream) -> Result<Response, ApiError> {
+    respond_with(tunnel, openai_error_event).await
+}
+
+/// [`respond`] for an API whose streams end an error with `error_event`.
+pub async fn respond_with(
+    mut tunnel: TunnelStream,
+    error_event: ErrorEvent,
+) -> Result<Response, ApiError> {
+    let head = tunnel
+        .head()
+        .await
+        .map_err(|e| ApiError::from_tunnel_error(&e))?;
+    respond_head(head, tunnel, error_event)
+}
+
 /// Checks the provider's response head (which the dispatcher waited for), then streams
 /// the body.
-pub fn respond(provider_head: TunnelHead, mut tunnel: TunnelStream) -> Result<Response, ApiError> {
-    let head = head::relay_head(provider_head.status, &provider_head.headers).map_err(|message| {
+pub fn respond_head(
+    provider_head: TunnelHead,
+    mut tunnel: TunnelStream,
+    error_event: ErrorEvent,
+) -> Result<Response, ApiError> {
+    let head = head::relay_head(
+        provider_head.status,
+        &provider_head.headers,
+        tunnel.relays_set_cookie(),
+    )
+    .map_err(|message| {
         tracing::warn!(node_id = tunnel.node_id(), request_id = tunnel.request_id(), %message, "provider response refused");
         // Dropping the unfinished tunnel cancels it on the node.
         tunnel.fail(ErrorCode::BadUpstreamResponse);
@@ -39,6 +74,7 @@ pub fn respond(provider_head: TunnelHead, mut tunnel: TunnelStream) -> Result<Re
         events: (head.is_sse && head.content_length.is_none()).then(EventBoundary::default),
         remaining: head.content_length,
         failed: None,
+        error_event,
     };
     let body = stream::unfold(Some(state), |state| async move {
         let mut state = state?;
@@ -111,6 +147,7 @@ struct BodyState {
     remaining: Option<u64>,
     /// A failure to report after the bytes before it went out.
     failed: Option<String>,
+    error_event: ErrorEvent,
 }
 
 type BodyStep = Option<(Result<Bytes, std::io::Error>, Option<BodyState>)>;
@@ -153,7 +190,7 @@ impl BodyState {
                     out.extend_from_slice(b"\n\n");
                 }
             }
-            out.extend_from_slice(&sse_error(&e));
+            out.extend_from_slice(&(self.error_event)(&ApiError::from_tunnel_error(&e)));
             return Some((Ok(out.freeze()), None));
         }
         if bytes.is_empty() {
@@ -162,9 +199,4 @@ impl BodyState {
         self.failed = Some(e.message);
         Some((Ok(bytes), Some(self)))
     }
-}
-
-fn sse_error(e: &pb::TunnelError) -> Bytes {
-    let body = ApiError::from_tunnel_error(e).body();
-    Bytes::from(format!("data: {body}\n\n"))
 }

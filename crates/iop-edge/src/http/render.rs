@@ -12,7 +12,8 @@ use iop_proto::pb::{self, RunEventKind};
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use crate::service::{Operation, RunStream};
+use super::openai::Operation;
+use crate::service::RunStream;
 
 fn cancelled() -> ApiError {
     ApiError::of(ErrorCode::Cancelled, "the run was cancelled")
@@ -29,6 +30,24 @@ pub struct Shape {
 
 fn created() -> u64 {
     crate::events::unix_ms() / 1000
+}
+
+/// Reads the run's first event (at once when the dispatcher already received it) so a
+/// failure before any output becomes an HTTP error.
+pub async fn first_event(run: &mut RunStream) -> Result<pb::RunEvent, ApiError> {
+    match run.next().await {
+        Some(e) if e.kind() == RunEventKind::Error => {
+            Err(ApiError::from_run_error(e.error.as_ref()))
+        }
+        Some(e) if e.kind() == RunEventKind::Cancelled => {
+            Err(ApiError::of(ErrorCode::Cancelled, "the run was cancelled"))
+        }
+        Some(e) => Ok(e),
+        None => Err(ApiError::of(
+            ErrorCode::ProviderError,
+            "the run ended without events",
+        )),
+    }
 }
 
 /// The OpenAI `usage` object from provider-reported counts.

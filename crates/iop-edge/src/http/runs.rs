@@ -147,6 +147,8 @@ async fn submit(
         session_id: caller.scoped_session_id(&request.session_id.unwrap_or_default()),
         background: request.background,
         owner: caller.owner(),
+        client_request_id: super::request_id::of(&headers).to_string(),
+        provider_headers: super::forward::provider_headers(&headers, &edge.config().http),
     };
     let run = edge.submit_run(node.as_deref(), spec).await?;
     let run_id = run.run_id().to_string();

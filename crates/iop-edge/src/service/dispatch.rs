@@ -1,9 +1,10 @@
-//! Model-group dispatch: one OpenAI request in, a response stream (a provider tunnel or a
-//! run to render) out, with the number of attempts it took.
+//! Model-group dispatch: one request for a model group in (from any API surface: OpenAI,
+//! Responses, Anthropic Messages, Ollama), a response stream (a provider tunnel or a run to
+//! render) out, with the number of attempts it took.
 //!
 //! For each attempt: estimate the lane, wait for a slot on a member ([`Target::Group`]),
-//! send the request in the shape the member's provider kind takes (the kind travels in the
-//! grant), and wait for the response to begin — the tunnel's head, the run's first event.
+//! send what the surface builds for that member ([`MemberRequest::work`]: a tunnelled HTTP
+//! request or a run, by the member's provider), and wait for the response to begin — the tunnel's head, the run's first event.
 //! A failure before that, that the reason table calls retryable (the node's gate was full,
 //! its link dropped, it never acknowledged, the provider was unreachable or answered 429 /
 //! 503), is tried again on another member: at most `dispatch.max_attempts` attempts, within
@@ -23,7 +24,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use iop_proto::{ErrorCode, pb};
 
 use super::admission::{AdmitError, Admitted, Target, clock};
@@ -31,28 +31,10 @@ use super::run::{RunSpec, RunStream, SubmitError};
 use super::stream::{RequestMeter, StreamLimits};
 use super::tunnel::{TunnelHead, TunnelSpec, TunnelStream};
 use super::{Edge, Observe};
+use crate::config::{ProviderConfig, ProviderKind};
 use crate::ejection::ProviderOutcome;
 use crate::lease::Lane;
 use crate::queue::Exclusion;
-
-/// Which OpenAI operation a request is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    Chat,
-    Completion,
-    Embedding,
-}
-
-impl Operation {
-    /// The path below the provider's API root.
-    pub fn provider_path(self) -> &'static str {
-        match self {
-            Operation::Chat => "/chat/completions",
-            Operation::Completion => "/completions",
-            Operation::Embedding => "/embeddings",
-        }
-    }
-}
 
 /// What the lane estimate reads of a request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -80,27 +62,47 @@ pub fn lane_for(threshold: Option<u64>, inputs: LaneInputs) -> Lane {
     }
 }
 
-/// How a client request is sent to the member that got it, decided once its grant says
-/// the member's upstream model and provider kind. The HTTP layer implements it over the
-/// body it parsed, so the body is rewritten once per attempt and never re-parsed.
-pub trait MemberRequest: Sync {
-    /// The client's body with `model` set to the member's upstream name (raw tunnel), and
-    /// whether it asks for stream usage the client did not ask for (only if `ask_usage`:
-    /// the member's provider takes that); the node then removes that usage from the relay.
-    fn tunnel_body(&self, upstream_model: &str, ask_usage: bool) -> (Bytes, bool);
-    /// The normalized run for a rendered provider.
-    fn run_spec(&self, adapter: &str, upstream_model: &str) -> RunSpec;
+/// The member an attempt was granted, as the surface needs it to build the request.
+#[derive(Debug, Clone, Copy)]
+pub struct Member<'a> {
+    /// The node the provider is on.
+    pub node: &'a str,
+    pub provider: &'a ProviderConfig,
+    /// The model name the provider knows.
+    pub upstream_model: &'a str,
 }
 
-/// A parsed, validated OpenAI request.
-pub struct OpenAiRequest<'a> {
-    pub op: Operation,
+/// What an attempt sends to its member.
+#[derive(Debug)]
+pub enum Work {
+    /// An HTTP request through the node's raw tunnel (the provider's answer passes through).
+    Tunnel(TunnelSpec),
+    /// A normalized run whose events the surface renders.
+    Run(RunSpec),
+}
+
+/// How a client request is sent to the member that got it, decided per attempt once the
+/// grant names the member. The HTTP surface implements it over the body it parsed, so the
+/// body is rewritten once per attempt and never re-parsed.
+pub trait MemberRequest: Sync {
+    /// The request for `member`, or why that member cannot serve it (an operation or API
+    /// its provider lacks): not retried elsewhere, the client gets that error.
+    fn work(&self, member: Member<'_>) -> Result<Work, SubmitError>;
+}
+
+/// A parsed, validated request for a model group.
+pub struct GroupRequest<'a> {
     /// The model group (`model`).
     pub group: &'a str,
-    pub stream: bool,
     pub lane: LaneInputs,
     /// The name of the API key that sent it.
     pub api_key: Option<String>,
+    /// The client's request id (`x-request-id`): in the node's logs, and sent to providers
+    /// within `provider_headers`.
+    pub client_request_id: String,
+    /// Headers every provider request of this request carries (request id, trace context,
+    /// `http.forward_headers`).
+    pub provider_headers: Vec<pb::Header>,
     pub body: &'a dyn MemberRequest,
 }
 
@@ -122,6 +124,8 @@ pub enum Served {
 #[derive(Debug)]
 pub struct Dispatched {
     pub served: Served,
+    /// The kind of the provider that serves it.
+    pub kind: ProviderKind,
     /// Attempts it took (1 when the first member served it).
     pub attempts: u32,
 }
@@ -205,7 +209,7 @@ impl Edge {
     /// response began as the module doc says.
     pub async fn dispatch(
         self: &Arc<Self>,
-        request: OpenAiRequest<'_>,
+        request: GroupRequest<'_>,
     ) -> Result<Dispatched, DispatchFailure> {
         let group = request.group;
         let mut meter = RequestMeter::new(self.clone(), group);
@@ -265,6 +269,7 @@ impl Edge {
             };
             attempts += 1;
             let exclusion = admitted.grant.exclusion();
+            let kind = admitted.grant.traits.kind;
             let path = if admitted.grant.traits.kind.is_tunnel() {
                 "tunnel"
             } else {
@@ -276,7 +281,7 @@ impl Edge {
                 .await
             {
                 Attempt::Served(served) => {
-                    return Ok(self.served(served, meter, attempts));
+                    return Ok(self.served(served, meter, attempts, kind));
                 }
                 Attempt::Refused { served, code } => (code, Some(served)),
                 Attempt::Failed(error) => {
@@ -298,7 +303,7 @@ impl Edge {
             };
             match (decision, refused) {
                 (Decision::Return, Some(served)) => {
-                    return Ok(self.served(served, meter, attempts));
+                    return Ok(self.served(served, meter, attempts, kind));
                 }
                 (Decision::Return, None) => {
                     let error = last.take().expect("a failed attempt");
@@ -336,7 +341,13 @@ impl Edge {
     }
 
     /// A response that began: its stream takes over the request's metrics.
-    fn served(&self, served: Served, meter: RequestMeter, attempts: u32) -> Dispatched {
+    fn served(
+        &self,
+        served: Served,
+        meter: RequestMeter,
+        attempts: u32,
+        kind: ProviderKind,
+    ) -> Dispatched {
         let served = match served {
             Served::Tunnel { head, mut stream } => {
                 stream.set_meter(meter);
@@ -347,7 +358,11 @@ impl Edge {
                 Served::Run { first, stream }
             }
         };
-        Dispatched { served, attempts }
+        Dispatched {
+            served,
+            kind,
+            attempts,
+        }
     }
 
     /// One attempt on the member `admitted` names.
@@ -355,7 +370,7 @@ impl Edge {
         self: &Arc<Self>,
         session: Arc<crate::session::NodeSession>,
         admitted: Admitted,
-        request: &OpenAiRequest<'_>,
+        request: &GroupRequest<'_>,
         ack_timeout: Duration,
     ) -> Attempt {
         let Admitted { grant, guard, .. } = admitted;
@@ -373,67 +388,62 @@ impl Edge {
             edge.attempt_finished(&grant.node, &grant.provider, Some(error.code()), None);
             Attempt::Failed(error)
         };
-        if grant.traits.kind.is_tunnel() {
-            let (body, usage_injected) = request
-                .body
-                .tunnel_body(&grant.upstream_model, grant.traits.inject_stream_usage);
-            let spec = TunnelSpec {
-                adapter: grant.provider.to_string(),
-                method: "POST".into(),
-                path: request.op.provider_path().into(),
-                headers: vec![
-                    header("content-type", "application/json"),
-                    header(
-                        "accept",
-                        if request.stream {
-                            "text/event-stream"
-                        } else {
-                            "application/json"
-                        },
-                    ),
-                ],
-                body,
-                usage_injected,
-            };
-            let mut stream = match self
-                .start_tunnel(session, spec, Some(guard), Some(observe), limits)
-                .await
-            {
-                Ok(stream) => stream,
-                Err(error) => return not_sent(self, error),
-            };
-            return match stream.head().await {
-                Ok(head) => {
-                    let refusal = ErrorCode::from_provider_status(head.status as u16)
-                        .filter(|code| code.retryable());
-                    let served = Served::Tunnel { head, stream };
-                    match refusal {
-                        Some(code) => Attempt::Refused { served, code },
-                        None => Attempt::Served(served),
-                    }
-                }
-                Err(e) => Attempt::Failed(SubmitError::Failed {
-                    code: e.error_code(),
-                    message: e.message,
-                }),
-            };
-        }
-        if request.op == Operation::Embedding {
+        let Some(provider) = self.provider(&grant.node, &grant.provider) else {
             drop(guard);
-            return Attempt::Failed(SubmitError::Failed {
-                code: ErrorCode::NotSupported,
-                message: format!(
-                    "model `{}` is served by a {} provider; embeddings are served by \
-                     openai_compat and vllm providers only",
-                    request.group,
-                    grant.traits.kind.as_str()
+            return Attempt::Failed(SubmitError::from(AdmitError::Unavailable {
+                group: request.group.to_string(),
+                reason: format!(
+                    "provider {}/{} was removed from the configuration",
+                    grant.node, grant.provider
                 ),
-            });
+            }));
+        };
+        let work = request.body.work(Member {
+            node: &grant.node,
+            provider: &provider,
+            upstream_model: &grant.upstream_model,
+        });
+        let mut spec = match work {
+            Err(error) => {
+                // This member cannot serve the request: nothing was sent.
+                drop(guard);
+                return Attempt::Failed(error);
+            }
+            Ok(Work::Tunnel(mut spec)) => {
+                spec.client_request_id = request.client_request_id.clone();
+                spec.headers
+                    .extend(request.provider_headers.iter().cloned());
+                let mut stream = match self
+                    .start_tunnel(session, spec, Some(guard), Some(observe), limits)
+                    .await
+                {
+                    Ok(stream) => stream,
+                    Err(error) => return not_sent(self, error),
+                };
+                return match stream.head().await {
+                    Ok(head) => {
+                        let refusal = ErrorCode::from_provider_status(head.status as u16)
+                            .filter(|code| code.retryable());
+                        let served = Served::Tunnel { head, stream };
+                        match refusal {
+                            Some(code) => Attempt::Refused { served, code },
+                            None => Attempt::Served(served),
+                        }
+                    }
+                    Err(e) => Attempt::Failed(SubmitError::Failed {
+                        code: e.error_code(),
+                        message: e.message,
+                    }),
+                };
+            }
+            Ok(Work::Run(spec)) => spec,
+        };
+        spec.client_request_id = request.client_request_id.clone();
+        spec.provider_headers
+            .extend(request.provider_headers.iter().cloned());
+        if spec.owner.is_none() {
+            spec.owner = request.api_key.clone();
         }
-        let mut spec = request
-            .body
-            .run_spec(&grant.provider, &grant.upstream_model);
-        spec.owner = request.api_key.clone();
         let mut stream = match self
             .start_run(session, spec, Some(guard), Some(observe), limits)
             .await
@@ -465,13 +475,6 @@ fn give_up(served: Served, code: ErrorCode) {
     match served {
         Served::Tunnel { mut stream, .. } => stream.fail(code),
         Served::Run { mut stream, .. } => stream.fail(code),
-    }
-}
-
-fn header(name: &str, value: &str) -> pb::Header {
-    pb::Header {
-        name: name.into(),
-        value: value.as_bytes().to_vec(),
     }
 }
 

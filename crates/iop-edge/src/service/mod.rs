@@ -45,7 +45,7 @@ use admission::AdmissionControl;
 use credentials::{ConnectionControl, LinkEntry};
 
 pub use dispatch::{
-    DispatchFailure, Dispatched, LaneInputs, MemberRequest, OpenAiRequest, Operation, Served,
+    DispatchFailure, Dispatched, GroupRequest, LaneInputs, Member, MemberRequest, Served, Work,
 };
 pub use run::{RunSpec, RunStream};
 pub use tunnel::{TunnelHead, TunnelItem, TunnelSpec, TunnelStream};

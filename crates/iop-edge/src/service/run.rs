@@ -41,6 +41,10 @@ pub struct RunSpec {
     pub background: bool,
     /// The name of the API key that started the run; only it (and admins) may cancel it.
     pub owner: Option<String>,
+    /// The client's request id (`x-request-id`), for the node's logs.
+    pub client_request_id: String,
+    /// Headers the adapter adds to its provider requests (see [`crate::http::forward`]).
+    pub provider_headers: Vec<pb::Header>,
 }
 
 /// Why a run, tunnel or command could not be started or failed before it began.
@@ -208,13 +212,15 @@ impl Edge {
             session_id: spec.session_id.clone(),
             background: spec.background,
             initial_credit: STREAM_WINDOW,
+            client_request_id: spec.client_request_id.clone(),
+            provider_headers: spec.provider_headers,
         };
         if session.outbound.send(request).await.is_err() {
             session.close_stream(&run_id);
             // `lease` drops here: a send failure returns the slot.
             return Err(send_failed("the connection closed".into()));
         }
-        tracing::debug!(node_id = %session.node_id, %run_id, adapter = %spec.adapter, "run sent");
+        tracing::debug!(node_id = %session.node_id, %run_id, adapter = %spec.adapter, request_id = %spec.client_request_id, "run sent");
         let owned = match spec.owner {
             Some(owner) => {
                 self.run_owners.lock().insert(run_id.clone(), owner);
@@ -223,6 +229,7 @@ impl Edge {
             None => false,
         };
         Ok(RunStream {
+            replay: None,
             inner: Some(RunInner {
                 edge: self.clone(),
                 credit: CreditReturn::new(&run_id),
@@ -241,6 +248,7 @@ impl Edge {
                 failure: None,
                 meter: None,
                 concluded: false,
+                client_request_id: spec.client_request_id,
             }),
         })
     }
@@ -250,6 +258,8 @@ impl Edge {
 #[derive(Debug)]
 pub struct RunStream {
     inner: Option<RunInner>,
+    /// An event the dispatcher already read (the first), returned again first.
+    replay: Option<Box<pb::RunEvent>>,
 }
 
 #[derive(Debug)]
@@ -276,6 +286,8 @@ struct RunInner {
     failure: Option<ErrorCode>,
     meter: Option<RequestMeter>,
     concluded: bool,
+    /// The client's request id (`x-request-id`), for log lines.
+    client_request_id: String,
 }
 
 impl Drop for RunInner {
@@ -301,7 +313,16 @@ impl RunStream {
 
     /// The next event; `None` after the terminal.
     pub async fn next(&mut self) -> Option<pb::RunEvent> {
+        if let Some(event) = self.replay.take() {
+            return Some(*event);
+        }
         self.inner.as_mut()?.next().await
+    }
+
+    /// Puts back `first`, the event the dispatcher waited for: [`Self::next`] returns it
+    /// again, for a surface that reads the run from its start.
+    pub fn replay_first(&mut self, first: pb::RunEvent) {
+        self.replay = Some(Box::new(first));
     }
 
     /// Makes this run's metrics the client request's.
@@ -497,10 +518,10 @@ impl Drop for RunStream {
         if !inner.cancel_sent {
             match failure {
                 ErrorCode::ClientAbort => {
-                    tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, "client went away: cancelling run")
+                    tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, request_id = %inner.client_request_id, "client went away: cancelling run")
                 }
                 other => {
-                    tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, reason = other.as_str(), "run given up: cancelling it on the node")
+                    tracing::info!(node_id = %inner.session.node_id, run_id = %inner.run_id, request_id = %inner.client_request_id, reason = other.as_str(), "run given up: cancelling it on the node")
                 }
             }
         }

@@ -32,7 +32,7 @@ use super::{CreditReturn, Edge, Observe};
 use crate::session::{NodeSession, STREAM_WINDOW, StreamReceiver};
 
 /// One HTTP request for a provider, relative to its API root.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct TunnelSpec {
     pub adapter: String,
     pub method: String,
@@ -42,6 +42,8 @@ pub struct TunnelSpec {
     /// The body asks for stream usage the client did not ask for: the node removes it
     /// from the relayed stream (`ProviderTunnelRequest.usage_injected`).
     pub usage_injected: bool,
+    /// The client's request id, for the node's logs (the provider gets it in `headers`).
+    pub client_request_id: String,
 }
 
 /// What the client-facing side needs of the tunnel's frames.
@@ -88,15 +90,18 @@ impl Edge {
             body: spec.body,
             initial_credit: STREAM_WINDOW,
             usage_injected: spec.usage_injected,
+            client_request_id: spec.client_request_id.clone(),
         };
         if session.outbound.send(request).await.is_err() {
             session.close_stream(&request_id);
             return Err(send_failed("the connection closed".into()));
         }
         Ok(TunnelStream {
+            replay: Default::default(),
             inner: Some(TunnelInner {
                 edge: self.clone(),
                 credit: CreditReturn::new(&request_id),
+                client_request_id: spec.client_request_id,
                 request_id,
                 session,
                 rx,
@@ -120,6 +125,8 @@ impl Edge {
 #[derive(Debug)]
 pub struct TunnelStream {
     inner: Option<TunnelInner>,
+    /// The head the dispatcher already read, returned again first.
+    replay: std::collections::VecDeque<TunnelItem>,
 }
 
 #[derive(Debug)]
@@ -127,6 +134,8 @@ struct TunnelInner {
     edge: Arc<Edge>,
     session: Arc<NodeSession>,
     request_id: String,
+    /// The client's request id (`x-request-id`), for log lines.
+    client_request_id: String,
     rx: StreamReceiver<Frame>,
     credit: CreditReturn,
     deadlines: Deadlines,
@@ -174,14 +183,39 @@ impl TunnelStream {
         self.inner().deadlines.is_acknowledged()
     }
 
+    /// The client's request id (`x-request-id`).
+    pub fn client_request_id(&self) -> &str {
+        &self.inner().client_request_id
+    }
+
+    /// Whether the provider's `set-cookie` headers reach the client
+    /// (`http.relay_set_cookie`).
+    pub fn relays_set_cookie(&self) -> bool {
+        self.inner().edge.config().http.relay_set_cookie
+    }
+
     /// The next client-relevant frame; `None` after the ending.
     pub async fn next(&mut self) -> Option<TunnelItem> {
+        if let Some(item) = self.replay.pop_front() {
+            return Some(item);
+        }
         self.inner_mut().next().await
     }
 
     /// The next item if one is ready now, without waiting.
     pub fn next_ready(&mut self) -> Option<TunnelItem> {
+        if let Some(item) = self.replay.pop_front() {
+            return Some(item);
+        }
         self.inner_mut().next_ready()
+    }
+
+    /// Puts back `head`, which the dispatcher waited for: [`Self::next`] returns its status
+    /// and headers again (and [`Self::head`] the head), for a surface that reads the
+    /// tunnel from its start.
+    pub fn replay_head(&mut self, head: TunnelHead) {
+        self.replay.push_back(TunnelItem::Status(head.status));
+        self.replay.push_back(TunnelItem::Headers(head.headers));
     }
 
     /// Waits for the provider's response head; an error (or an ending before the head)
@@ -436,10 +470,10 @@ impl Drop for TunnelStream {
         if !inner.cancel_sent {
             match failure {
                 ErrorCode::ClientAbort => {
-                    tracing::info!(node_id = %inner.session.node_id, request_id = %inner.request_id, "client went away: cancelling tunnel")
+                    tracing::info!(node_id = %inner.session.node_id, tunnel_id = %inner.request_id, request_id = %inner.client_request_id, "client went away: cancelling tunnel")
                 }
                 other => {
-                    tracing::info!(node_id = %inner.session.node_id, request_id = %inner.request_id, reason = other.as_str(), "tunnel given up: cancelling it on the node")
+                    tracing::info!(node_id = %inner.session.node_id, tunnel_id = %inner.request_id, request_id = %inner.client_request_id, reason = other.as_str(), "tunnel given up: cancelling it on the node")
                 }
             }
         }
@@ -490,7 +524,7 @@ mod tests {
             path: "/chat/completions".into(),
             headers: vec![],
             body: Bytes::new(),
-            usage_injected: false,
+            ..Default::default()
         }
     }
 

@@ -136,6 +136,25 @@ impl HttpProvider {
             .headers(self.headers.clone())
     }
 
+    /// Adds `headers` (a run's `provider_headers`) to a request, except those the provider's
+    /// own config sets and any that are not valid headers.
+    pub fn with_headers(
+        &self,
+        mut request: reqwest::RequestBuilder,
+        headers: &[pb::Header],
+    ) -> reqwest::RequestBuilder {
+        for h in headers {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(h.name.as_bytes()),
+                HeaderValue::from_bytes(&h.value),
+            ) && !self.headers.contains_key(&name)
+            {
+                request = request.header(name, value);
+            }
+        }
+        request
+    }
+
     /// Sends a request and waits for the response head, up to the provider's timeout.
     pub async fn send(
         &self,
@@ -162,8 +181,9 @@ impl HttpProvider {
         }
     }
 
-    /// One raw request for the tunnel: `headers` are sent as given (plus the provider's own),
-    /// and the response comes back as status, headers and a byte stream.
+    /// One raw request for the tunnel: `headers` are sent as given, except where the
+    /// provider's own config sets a header of that name (the config wins), and the
+    /// response comes back as status, headers and a byte stream.
     pub async fn exchange(
         &self,
         method: &str,
@@ -175,7 +195,13 @@ impl HttpProvider {
         let Some(plain) = &self.plain else {
             let mut request = self.request(method, path);
             for (name, value) in headers {
-                request = request.header(name, value);
+                if let (Ok(name), Ok(value)) = (
+                    HeaderName::from_bytes(name.as_bytes()),
+                    HeaderValue::from_bytes(value),
+                ) && !self.headers.contains_key(&name)
+                {
+                    request = request.header(name, value);
+                }
             }
             let response = self.send(request.body(body)).await?;
             let (status, out_headers, sse) = head_of(response.status(), response.headers());
@@ -207,8 +233,9 @@ impl HttpProvider {
             if let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(name.as_bytes()),
                 HeaderValue::from_bytes(value),
-            ) {
-                map.insert(name, value);
+            ) && !self.headers.contains_key(&name)
+            {
+                map.append(name, value);
             }
         }
         let request = request.body(Full::new(body)).map_err(|e| {

@@ -32,6 +32,8 @@ pub struct RunInput {
     pub messages: Vec<pb::ChatMessage>,
     pub options: pb::GenerationOptions,
     pub session_id: String,
+    /// Headers for the provider request (`RunRequest.provider_headers`).
+    pub provider_headers: Vec<pb::Header>,
 }
 
 impl RunInput {

@@ -62,6 +62,7 @@ impl Adapter for OllamaAdapter {
             .provider
             .request(reqwest::Method::POST, "/api/chat")
             .json(&chat::request_body(&input)?);
+        let request = self.provider.with_headers(request, &input.provider_headers);
         let response = self.provider.accepted(request).await?;
         sink.start(&input.target).await?;
         let mut answer = Answer {

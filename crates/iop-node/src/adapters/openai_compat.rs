@@ -42,6 +42,7 @@ impl Adapter for OpenAiCompatAdapter {
             .request(reqwest::Method::POST, "/chat/completions")
             .header("accept", "text/event-stream")
             .json(&self.body(&input));
+        let request = self.provider.with_headers(request, &input.provider_headers);
         let response = self.provider.accepted(request).await?;
         sink.start(&input.target).await?;
         let mut events = response.bytes_stream().eventsource();

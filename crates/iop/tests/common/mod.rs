@@ -6,6 +6,7 @@
 
 pub mod health;
 pub mod node_wire;
+pub mod ollama_api;
 pub mod sdk;
 pub mod tls;
 
@@ -35,9 +36,10 @@ impl Proc {
 
     pub fn spawn_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut cmd = Command::new(IOP);
+        // `env` may set its own RUST_LOG.
         cmd.args(args)
-            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -174,15 +176,27 @@ pub async fn start_edge(dir: &Path, config: &str) -> EdgeProc {
 }
 
 pub async fn start_edge_on(dir: &Path, config: &str, nodes: &str, http: &str) -> EdgeProc {
-    spawn_edge(dir, config, nodes, http, &[]).await
+    spawn_edge(dir, config, nodes, http, &[], &[]).await
 }
 
 /// An edge on ephemeral ports with `args` added to its command line.
 pub async fn start_edge_with(dir: &Path, config: &str, args: &[&str]) -> EdgeProc {
-    spawn_edge(dir, config, "127.0.0.1:0", "127.0.0.1:0", args).await
+    spawn_edge(dir, config, "127.0.0.1:0", "127.0.0.1:0", args, &[]).await
 }
 
-async fn spawn_edge(dir: &Path, config: &str, nodes: &str, http: &str, args: &[&str]) -> EdgeProc {
+/// An edge on ephemeral ports whose process gets `env` (e.g. `RUST_LOG`).
+pub async fn start_edge_env(dir: &Path, config: &str, env: &[(&str, &str)]) -> EdgeProc {
+    spawn_edge(dir, config, "127.0.0.1:0", "127.0.0.1:0", &[], env).await
+}
+
+async fn spawn_edge(
+    dir: &Path,
+    config: &str,
+    nodes: &str,
+    http: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> EdgeProc {
     let path = dir.join("edge.yaml");
     std::fs::write(&path, config).unwrap();
     let mut all = vec![
@@ -195,7 +209,7 @@ async fn spawn_edge(dir: &Path, config: &str, nodes: &str, http: &str, args: &[&
         http,
     ];
     all.extend_from_slice(args);
-    let proc = Proc::spawn("edge", &all);
+    let proc = Proc::spawn_with_env("edge", &all, env);
     let line = proc
         .wait_line("iop edge listening:", Duration::from_secs(20))
         .await;
@@ -234,6 +248,19 @@ pub fn start_node_with(
     extra: &str,
     args: &[&str],
 ) -> Proc {
+    start_node_with_env(name, dir, edge_nodes, token, extra, args, &[])
+}
+
+/// [`start_node_with`] whose process also gets `env` (e.g. `RUST_LOG`).
+pub fn start_node_with_env(
+    name: &str,
+    dir: &Path,
+    edge_nodes: &str,
+    token: &str,
+    extra: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
     let config = dir.join(format!("{name}.yaml"));
     let db = dir.join(format!("{name}.db"));
     std::fs::write(
@@ -247,7 +274,7 @@ pub fn start_node_with(
     .unwrap();
     let mut all = vec!["node", "--config", config.to_str().unwrap()];
     all.extend_from_slice(args);
-    Proc::spawn(name, &all)
+    Proc::spawn_with_env(name, &all, env)
 }
 
 /// An `iop mock-provider` process.

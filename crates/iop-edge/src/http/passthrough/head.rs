@@ -1,8 +1,10 @@
 //! The response head a node relays from its provider, checked before it reaches the
 //! client: a final status in 200–599 (a 1xx or anything outside 100–599 is refused), at
 //! most [`MAX_HEADERS`] headers of at most [`MAX_HEADER_BYTES`] in all, and no hop-by-hop
-//! headers (those of RFC 9110 §7.6.1 and any the provider's `Connection` header names).
-//! Invalid header names or values are dropped. A refused head becomes a 502 for the
+//! headers (those of RFC 9110 §7.6.1 and any the provider's `Connection` header names),
+//! and no `set-cookie` unless `http.relay_set_cookie` says so (a provider's cookies are
+//! for the node's session with it, not for the edge's clients, and would be set for the
+//! edge's domain). Invalid header names or values are dropped. A refused head becomes a 502 for the
 //! client; the node's answer is not trusted further than a provider's would be.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -38,7 +40,12 @@ pub struct RelayHead {
 }
 
 /// Checks and filters the head; the error says what was wrong, for a 502.
-pub fn relay_head(status: u32, headers: &[pb::Header]) -> Result<RelayHead, String> {
+/// `keep_set_cookie` relays the provider's `set-cookie` headers.
+pub fn relay_head(
+    status: u32,
+    headers: &[pb::Header],
+    keep_set_cookie: bool,
+) -> Result<RelayHead, String> {
     if !(200..=599).contains(&status) {
         return Err(format!(
             "the provider answered with status {status}, which cannot be relayed \
@@ -73,7 +80,10 @@ pub fn relay_head(status: u32, headers: &[pb::Header]) -> Result<RelayHead, Stri
     let mut content_length = None;
     for h in headers {
         let name = h.name.to_ascii_lowercase();
-        if HOP_BY_HOP.contains(&name.as_str()) || named.contains(&name) {
+        if HOP_BY_HOP.contains(&name.as_str())
+            || named.contains(&name)
+            || (!keep_set_cookie && name == "set-cookie")
+        {
             continue;
         }
         let (Ok(header), Ok(value)) = (
@@ -132,6 +142,7 @@ mod tests {
                 h("X-Secret", "hop"),
                 h("Keep-Alive", "timeout=5"),
             ],
+            false,
         )
         .unwrap();
         assert_eq!(head.status, StatusCode::OK);
@@ -143,10 +154,10 @@ mod tests {
     #[test]
     fn statuses_outside_the_final_range_are_refused() {
         for status in [0, 99, 100, 101, 199, 600, 999, 65_736, u32::MAX] {
-            assert!(relay_head(status, &[]).is_err(), "{status}");
+            assert!(relay_head(status, &[], false).is_err(), "{status}");
         }
         for status in [200, 204, 404, 429, 500, 599] {
-            assert!(relay_head(status, &[]).is_ok(), "{status}");
+            assert!(relay_head(status, &[], false).is_ok(), "{status}");
         }
     }
 
@@ -155,11 +166,15 @@ mod tests {
         let many: Vec<_> = (0..MAX_HEADERS + 1)
             .map(|i| h(&format!("x-{i}"), "v"))
             .collect();
-        assert!(relay_head(200, &many).unwrap_err().contains("headers"));
-        assert!(relay_head(200, &many[..MAX_HEADERS]).is_ok());
+        assert!(
+            relay_head(200, &many, false)
+                .unwrap_err()
+                .contains("headers")
+        );
+        assert!(relay_head(200, &many[..MAX_HEADERS], false).is_ok());
         let big = [h("x-big", &"v".repeat(MAX_HEADER_BYTES))];
         assert!(
-            relay_head(200, &big)
+            relay_head(200, &big, false)
                 .unwrap_err()
                 .contains("bytes of headers")
         );
@@ -167,15 +182,35 @@ mod tests {
 
     #[test]
     fn content_length_is_read_and_must_be_sane() {
-        let head = relay_head(200, &[h("Content-Length", "12")]).unwrap();
+        let head = relay_head(200, &[h("Content-Length", "12")], false).unwrap();
         assert_eq!(head.content_length, Some(12));
-        assert!(relay_head(200, &[h("Content-Length", "-1")]).is_err());
-        assert!(relay_head(200, &[h("Content-Length", "1"), h("content-length", "2")]).is_err());
+        assert!(relay_head(200, &[h("Content-Length", "-1")], false).is_err());
+        assert!(
+            relay_head(
+                200,
+                &[h("Content-Length", "1"), h("content-length", "2")],
+                false
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn set_cookie_is_dropped_unless_configured() {
+        let headers = [
+            h("Set-Cookie", "session=abc"),
+            h("content-type", "application/json"),
+        ];
+        let head = relay_head(200, &headers, false).unwrap();
+        assert!(head.headers.get("set-cookie").is_none());
+        assert_eq!(head.headers.len(), 1);
+        let head = relay_head(200, &headers, true).unwrap();
+        assert_eq!(head.headers["set-cookie"], "session=abc");
     }
 
     #[test]
     fn invalid_names_and_values_are_dropped() {
-        let head = relay_head(200, &[h("bad name", "v"), h("x-ok", "bad\nvalue")]).unwrap();
+        let head = relay_head(200, &[h("bad name", "v"), h("x-ok", "bad\nvalue")], false).unwrap();
         assert!(head.headers.is_empty());
     }
 }
