@@ -11,12 +11,14 @@
 
 use std::sync::{Arc, Mutex};
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 
 use super::error::ApiError;
 use super::{forward, request_id};
 use crate::auth::Caller;
 use crate::config::ProviderKind;
+use crate::key_limits::LimitExceeded;
+use crate::ledger::RequestRecorder;
 use crate::service::run::SubmitError;
 use crate::service::{Edge, GroupRequest, MemberRequest, RunStream, Served, TunnelStream};
 
@@ -31,6 +33,8 @@ pub struct Target<'a> {
     pub caller: &'a Caller,
     /// The client's request headers (after the request-id middleware).
     pub headers: &'a HeaderMap,
+    /// The request's record in the usage ledger.
+    pub recorder: &'a RequestRecorder,
 }
 
 /// The work in flight, read from its start (the head or first event the dispatcher
@@ -85,12 +89,21 @@ where
 
 /// Sends the request to a member of `target.group`: `build` makes what the granted
 /// member takes, or refuses it (e.g. an operation its provider cannot serve). Errors are
-/// the surface's shape-neutral [`ApiError`], with the attempts made.
+/// the surface's shape-neutral [`ApiError`], with the attempts made. The key's limits
+/// are asked first, before a slot is taken (a concurrency place is held by the request's
+/// recorder until the request ends).
 pub async fn dispatch(
     edge: &Arc<Edge>,
     target: Target<'_>,
     build: impl Fn(Member<'_>) -> Result<Work, ApiError> + Sync,
 ) -> Result<Dispatched, ApiError> {
+    target.recorder.set_group(target.group);
+    if let Some(permit) = edge
+        .admit_key(target.caller)
+        .map_err(|e| over_limit(target.caller, e))?
+    {
+        target.recorder.hold(Box::new(permit));
+    }
     let builder = Builder {
         build,
         refusal: Mutex::new(None),
@@ -102,6 +115,7 @@ pub async fn dispatch(
         client_request_id: request_id::of(target.headers).to_string(),
         provider_headers: forward::provider_headers(target.headers, &edge.config().http),
         body: &builder,
+        recorder: Some(target.recorder.clone()),
     };
     tracing::debug!(model_group = target.group, "dispatching");
     let dispatched = match edge.dispatch(request).await {
@@ -128,4 +142,22 @@ pub async fn dispatch(
         kind: dispatched.kind,
         attempts: dispatched.attempts,
     })
+}
+
+/// The 429 for a request over one of its key's limits, naming the limit.
+fn over_limit(caller: &Caller, exceeded: LimitExceeded) -> ApiError {
+    let key = caller.key_name().unwrap_or_default();
+    ApiError {
+        retry_after: Some(exceeded.retry_after_secs()),
+        ..ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            exceeded.limit.code(),
+            format!(
+                "API key `{key}` is over its limit of {}; retry in {} s",
+                exceeded.limit.describe(),
+                exceeded.retry_after_secs()
+            ),
+        )
+    }
 }

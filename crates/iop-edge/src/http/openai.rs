@@ -30,6 +30,7 @@ use super::request::{ClientRequest, WrongType, require_json};
 use super::{chat_input, passthrough, render, stream_usage};
 use crate::auth::Caller;
 use crate::config::ProviderApi;
+use crate::ledger::{ClientApi, RequestRecorder};
 use crate::service::{Edge, LaneInputs, RunSpec, RunStream, TunnelSpec, TunnelStream};
 
 pub fn routes() -> Router<Arc<Edge>> {
@@ -113,9 +114,14 @@ async fn embeddings(
 }
 
 async fn respond(edge: &Arc<Edge>, op: Operation, incoming: Incoming) -> Response {
-    match handle(edge, op, incoming).await {
-        Ok(response) => response,
+    let recorder = edge.start_request(ClientApi::OpenAi, &incoming.caller);
+    match handle(edge, op, incoming, &recorder).await {
+        Ok(response) => {
+            recorder.responded(response.status().as_u16());
+            response
+        }
         Err((group, err)) => {
+            record_error(&recorder, &group, &err);
             // Requests that reached the dispatcher are counted by its meter.
             if !err.metered {
                 edge.metrics
@@ -126,12 +132,21 @@ async fn respond(edge: &Arc<Edge>, op: Operation, incoming: Incoming) -> Respons
     }
 }
 
+/// Records a request the edge answered with `err` (for `group`, when known).
+pub(crate) fn record_error(recorder: &RequestRecorder, group: &str, err: &ApiError) {
+    if !group.is_empty() {
+        recorder.set_group(group);
+    }
+    recorder.failed(&err.code, err.status.as_u16());
+}
+
 /// Parses and validates one request, has the service dispatch it and renders the answer.
 /// Errors carry the model group for metrics.
 async fn handle(
     edge: &Arc<Edge>,
     op: Operation,
     incoming: Incoming,
+    recorder: &RequestRecorder,
 ) -> Result<Response, (String, ApiError)> {
     let Incoming {
         caller,
@@ -159,6 +174,7 @@ async fn handle(
         lane: lane_inputs(&request, op),
         keep_stream_usage: false,
         native: None,
+        recorder,
     };
     let (dispatched, attempts) = dispatch(edge, &caller, &headers, dispatch_request)
         .await
@@ -238,6 +254,8 @@ pub(crate) struct ChatDispatch<'r> {
     /// The client's own request in another API, sent as it is (with the upstream `model`)
     /// to a member whose provider serves that API.
     pub native: Option<NativeRequest<'r>>,
+    /// The request's record in the usage ledger.
+    pub recorder: &'r RequestRecorder,
 }
 
 /// A request in an API some providers serve themselves.
@@ -275,6 +293,7 @@ pub(crate) async fn dispatch(
         lane,
         keep_stream_usage,
         native,
+        recorder,
     } = request;
     let accept = if stream {
         "text/event-stream"
@@ -286,6 +305,7 @@ pub(crate) async fn dispatch(
         lane,
         caller,
         headers,
+        recorder,
     };
     let went_native = AtomicBool::new(false);
     let dispatched = model_dispatch::dispatch(edge, target, |member| {

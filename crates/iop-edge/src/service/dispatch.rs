@@ -34,6 +34,7 @@ use super::{Edge, Observe};
 use crate::config::{ProviderConfig, ProviderKind};
 use crate::ejection::ProviderOutcome;
 use crate::lease::Lane;
+use crate::ledger::RequestRecorder;
 use crate::queue::Exclusion;
 
 /// What the lane estimate reads of a request.
@@ -104,6 +105,9 @@ pub struct GroupRequest<'a> {
     /// `http.forward_headers`).
     pub provider_headers: Vec<pb::Header>,
     pub body: &'a dyn MemberRequest,
+    /// The request's record in the usage ledger: told each attempt, the first token and
+    /// the end, with the metrics.
+    pub recorder: Option<RequestRecorder>,
 }
 
 /// A response that began.
@@ -212,7 +216,7 @@ impl Edge {
         request: GroupRequest<'_>,
     ) -> Result<Dispatched, DispatchFailure> {
         let group = request.group;
-        let mut meter = RequestMeter::new(self.clone(), group);
+        let mut meter = RequestMeter::new(self.clone(), group, request.recorder.clone());
         let Some(policy) = self.admission.policy(group) else {
             let error = SubmitError::from(AdmitError::UnknownGroup(group.to_string()));
             meter.finish(Some(error.code()));
@@ -379,6 +383,7 @@ impl Edge {
             node_id: grant.node.to_string(),
             provider_id: grant.provider.to_string(),
             api_key: request.api_key.clone(),
+            recorder: request.recorder.clone(),
         };
         let limits = StreamLimits {
             ack_timeout,
@@ -403,6 +408,13 @@ impl Edge {
             provider: &provider,
             upstream_model: &grant.upstream_model,
         });
+        if let (Some(recorder), Ok(work)) = (&request.recorder, &work) {
+            let path = match work {
+                Work::Tunnel(_) => "tunnel",
+                Work::Run(_) => "run",
+            };
+            recorder.dispatched(&grant.node, &grant.provider, path);
+        }
         let mut spec = match work {
             Err(error) => {
                 // This member cannot serve the request: nothing was sent.

@@ -9,6 +9,7 @@
 //! fires before the current one it is re-armed once — one timer update per idle period,
 //! not one per token.
 
+use crate::ledger::RequestRecorder;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,6 +157,8 @@ pub struct RequestMeter {
     started: std::time::Instant,
     first_token: bool,
     done: bool,
+    /// The request's record in the usage ledger, told the first token and the end.
+    recorder: Option<RequestRecorder>,
 }
 
 /// The `outcome` label of a request that ended with `failure` (none: `ok`).
@@ -167,8 +170,9 @@ pub fn outcome_label(failure: Option<ErrorCode>) -> &'static str {
 }
 
 impl RequestMeter {
-    pub fn new(edge: Arc<Edge>, group: &str) -> Self {
+    pub fn new(edge: Arc<Edge>, group: &str, recorder: Option<RequestRecorder>) -> Self {
         Self {
+            recorder,
             edge,
             group: group.to_string(),
             path: "none",
@@ -191,6 +195,9 @@ impl RequestMeter {
     pub fn first_token(&mut self) {
         if !self.first_token {
             self.first_token = true;
+            if let Some(recorder) = &self.recorder {
+                recorder.first_token();
+            }
             self.edge
                 .metrics
                 .observe_first_token(&self.group, self.started.elapsed());
@@ -203,6 +210,9 @@ impl RequestMeter {
             return;
         }
         self.done = true;
+        if let Some(recorder) = &self.recorder {
+            recorder.stream_ended(failure.map(ErrorCode::as_str));
+        }
         let metrics = &self.edge.metrics;
         metrics.count_request(&self.group, self.path, outcome_label(failure));
         metrics.observe_request_duration(&self.group, self.started.elapsed());

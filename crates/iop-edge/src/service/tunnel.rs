@@ -334,6 +334,9 @@ impl TunnelInner {
             Frame::Status(status) => {
                 self.deadlines.acknowledged();
                 self.status = Some(status);
+                if let Some(recorder) = self.observe.as_ref().and_then(|o| o.recorder.as_ref()) {
+                    recorder.provider_status(u16::try_from(status).unwrap_or(u16::MAX));
+                }
                 return Some(TunnelItem::Status(status));
             }
             Frame::Headers(h) => {
@@ -534,6 +537,7 @@ mod tests {
             node_id: "n1".into(),
             provider_id: "oa".into(),
             api_key: None,
+            recorder: None,
         })
     }
 

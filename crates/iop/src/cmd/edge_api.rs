@@ -1,4 +1,4 @@
-//! The HTTP client the admin subcommands (`status`, `join-token`, `revoke`) reach a running
+//! The HTTP client the admin subcommands (`status`, `join-token`, `revoke`, `usage`) reach a running
 //! edge with: its URL, the API key, and a CA file for an edge whose HTTPS certificate is
 //! not in the system's store.
 
