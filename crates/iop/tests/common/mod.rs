@@ -7,6 +7,8 @@
 pub mod health;
 pub mod node_wire;
 pub mod ollama_api;
+pub mod sdk;
+pub mod suite;
 pub mod tls;
 
 use std::io::{BufRead, BufReader};
