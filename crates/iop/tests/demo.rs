@@ -1,7 +1,7 @@
 //! `iop demo` as a new user meets it: the printed curl line streams text, and the official
 //! `openai` Python SDK can list and retrieve models and run streaming and non-streaming
-//! completions; its Responses API and the `anthropic` SDK's Messages API work too, and the
-//! OpenAI Node SDK streams chat.
+//! completions; its Responses API and the `anthropic` SDK's Messages API work too, the
+//! `ollama` Python client speaks its Ollama API, and the OpenAI Node SDK streams chat.
 
 mod common;
 
@@ -74,6 +74,21 @@ async fn the_responses_and_messages_sdks_work_against_the_demo() {
         &python,
         &check_script("python/apis_sdk_check.py"),
         &[&demo.openai_base()],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_ollama_python_client_works_against_the_demo() {
+    let test = "the ollama Python client against the demo";
+    let Some(python) = sdk::python(test, &["ollama"]) else {
+        return;
+    };
+    let demo = Demo::start().await;
+    run_check(
+        &python,
+        &check_script("python/ollama_client_check.py"),
+        &[&demo.root, "--chat=mock,mock-tunnel", "--embed=mock-tunnel"],
     )
     .await;
 }

@@ -486,7 +486,12 @@ async fn the_ollama_python_client_lists_models_and_chats() {
     common::sdk::run_check(
         &python,
         &common::sdk::check_script("python/ollama_client_check.py"),
-        &[&format!("http://{}", s.edge.http)],
+        &[
+            &format!("http://{}", s.edge.http),
+            "--chat=openai,ollama,mock",
+            "--embed=openai,ollama",
+            "--context=openai=8192",
+        ],
     )
     .await;
     wait_idle(&s.edge).await;
