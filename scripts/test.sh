@@ -1,15 +1,34 @@
 #!/usr/bin/env bash
 # Runs iop's whole test suite: unit, property and real-process tests, including the
-# official `openai` and `anthropic` Python SDKs against `iop demo` and the official `ollama`
-# Python client against a test edge (all installed into .venv on first run).
+# official client libraries against `iop demo` and test edges: the `openai`, `anthropic` and
+# `ollama` Python packages (pinned in crates/iop/tests/python/requirements.txt, installed into .venv)
+# and the OpenAI Node SDK (pinned by crates/iop/tests/node/package-lock.json, installed
+# into that directory's node_modules). Each is installed again when its pins change.
+#
+# The conformance suite against a real llama.cpp server runs when IOP_LLAMA_SERVER and
+# IOP_LLAMA_MODEL are set: `eval "$(scripts/real-backend.sh)"` first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic, ollama' 2>/dev/null; then
+requirements=crates/iop/tests/python/requirements.txt
+if [ ! -x .venv/bin/python ] || ! cmp -s "$requirements" .venv/iop-requirements.txt; then
     python3 -m venv .venv
-    .venv/bin/pip install --quiet --disable-pip-version-check openai anthropic ollama
+    .venv/bin/pip install --quiet --disable-pip-version-check -r "$requirements"
+    cp "$requirements" .venv/iop-requirements.txt
 fi
 export IOP_PYTHON="$PWD/.venv/bin/python"
 export IOP_REQUIRE_PYTHON_SDK=1
+
+node_dir=crates/iop/tests/node
+command -v npm >/dev/null || {
+    echo "scripts/test.sh: needs Node.js and npm (the OpenAI Node SDK tests)" >&2
+    exit 1
+}
+if ! cmp -s "$node_dir/package-lock.json" "$node_dir/node_modules/iop-package-lock.json"; then
+    npm ci --prefix "$node_dir" --no-audit --no-fund --loglevel=error
+    cp "$node_dir/package-lock.json" "$node_dir/node_modules/iop-package-lock.json"
+fi
+export IOP_NODE_SDK_DIR="$PWD/$node_dir"
+export IOP_REQUIRE_NODE_SDK=1
 
 cargo test --workspace "$@"

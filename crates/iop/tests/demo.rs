@@ -1,32 +1,19 @@
 //! `iop demo` as a new user meets it: the printed curl line streams text, and the official
-//! `openai` Python SDK can list models and run streaming and non-streaming completions; its
-//! Responses API and the `anthropic` SDK's Messages API work too.
+//! `openai` Python SDK can list and retrieve models and run streaming and non-streaming
+//! completions; its Responses API and the `anthropic` SDK's Messages API work too, the
+//! `ollama` Python client speaks its Ollama API, and the OpenAI Node SDK streams chat.
 
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
 
+use common::sdk::{self, Demo, check_script, run_check};
 use common::*;
-
-async fn start_demo(tmp: &std::path::Path) -> (Proc, String) {
-    // The demo keeps its edge state in a temporary directory: the test's own.
-    let demo = Proc::spawn_with_env(
-        "demo",
-        &["demo", "--http", "127.0.0.1:0", "--token-delay-ms", "2"],
-        &[("TMPDIR", tmp.to_str().unwrap())],
-    );
-    let line = demo.wait_line("OpenAI API:", Duration::from_secs(20)).await;
-    let base = line.split_whitespace().last().unwrap().to_string();
-    demo.wait_line("Press Ctrl-C", Duration::from_secs(5)).await;
-    (demo, base)
-}
 
 #[tokio::test]
 async fn the_printed_curl_line_prints_streamed_text() {
-    let tmp = tempdir();
-    let (demo, _) = start_demo(tmp.path()).await;
-    let log = demo.log();
+    let demo = Demo::start().await;
+    let log = demo.proc.log();
     let curl = log
         .lines()
         .map(str::trim)
@@ -63,82 +50,60 @@ async fn the_printed_curl_line_prints_streamed_text() {
 
 #[tokio::test]
 async fn the_openai_python_sdk_works_against_the_demo() {
-    let python = std::env::var("IOP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_sdk = Command::new(&python)
-        .args(["-c", "import openai"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_sdk {
-        assert!(
-            std::env::var("IOP_REQUIRE_PYTHON_SDK").is_err(),
-            "IOP_REQUIRE_PYTHON_SDK is set but {python} cannot import openai"
-        );
-        eprintln!("skipped: {python} has no `openai` package (scripts/test.sh installs it)");
+    let test = "the OpenAI Python SDK against the demo";
+    let Some(python) = sdk::python(test, &["openai"]) else {
         return;
-    }
-    let tmp = tempdir();
-    let (_demo, base) = start_demo(tmp.path()).await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/python/openai_sdk_check.py"
-    );
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(&python)
-            .arg(script)
-            .arg(&base)
-            .output(),
+    };
+    let demo = Demo::start().await;
+    run_check(
+        &python,
+        &check_script("python/openai_sdk_check.py"),
+        &[&demo.openai_base()],
     )
-    .await
-    .expect("the SDK check finishes within 60s")
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "SDK check failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    .await;
 }
 
 #[tokio::test]
 async fn the_responses_and_messages_sdks_work_against_the_demo() {
-    let python = std::env::var("IOP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_sdks = Command::new(&python)
-        .args(["-c", "import openai, anthropic"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_sdks {
-        assert!(
-            std::env::var("IOP_REQUIRE_PYTHON_SDK").is_err(),
-            "IOP_REQUIRE_PYTHON_SDK is set but {python} cannot import openai and anthropic"
-        );
-        eprintln!(
-            "skipped: {python} lacks the `openai` or `anthropic` package (scripts/test.sh installs them)"
-        );
+    let test = "the Responses and Messages SDKs against the demo";
+    let Some(python) = sdk::python(test, &["openai", "anthropic"]) else {
         return;
-    }
-    let tmp = tempdir();
-    let (_demo, base) = start_demo(tmp.path()).await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/python/apis_sdk_check.py"
-    );
-    let out = tokio::time::timeout(
-        Duration::from_secs(90),
-        tokio::process::Command::new(&python)
-            .arg(script)
-            .arg(&base)
-            .output(),
+    };
+    let demo = Demo::start().await;
+    run_check(
+        &python,
+        &check_script("python/apis_sdk_check.py"),
+        &[&demo.openai_base()],
     )
-    .await
-    .expect("the SDK check finishes within 90s")
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "SDK check failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    .await;
+}
+
+#[tokio::test]
+async fn the_ollama_python_client_works_against_the_demo() {
+    let test = "the ollama Python client against the demo";
+    let Some(python) = sdk::python(test, &["ollama"]) else {
+        return;
+    };
+    let demo = Demo::start().await;
+    run_check(
+        &python,
+        &check_script("python/ollama_client_check.py"),
+        &[&demo.root, "--chat=mock,mock-tunnel", "--embed=mock-tunnel"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_openai_node_sdk_streams_chat_from_the_demo() {
+    let Some(dir) = sdk::node_sdk("the OpenAI Node SDK against the demo") else {
+        return;
+    };
+    let demo = Demo::start().await;
+    let out = run_check(
+        "node",
+        dir.join("openai_chat_check.mjs").to_str().unwrap(),
+        &[&demo.openai_base()],
+    )
+    .await;
+    assert!(out.contains("mock-tunnel:"), "{out}");
 }

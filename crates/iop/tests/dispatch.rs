@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::node_wire::FakeNode;
-use common::sdk::{python_with_openai, run_python};
+use common::sdk::{self, run_python};
 use common::*;
 use iop_proto::pb::envelope::Message;
 use serde_json::{Value, json};
@@ -51,7 +51,7 @@ model_groups:
 
 #[tokio::test]
 async fn the_openai_sdk_streaming_at_twice_the_capacity_never_meets_a_full_node_gate() {
-    let Some(python) = python_with_openai() else {
+    let Some(python) = sdk::python("the OpenAI SDK at twice a group's capacity", &["openai"]) else {
         return;
     };
     let (_dir, _mock, edge, node) =

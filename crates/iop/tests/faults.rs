@@ -534,6 +534,10 @@ async fn reaching_ready_resets_the_retry_budget() {
         "reconnect: {max_attempts: 2, interval_sec: 0.3}",
     );
     wait_ready(&edge, "n1").await;
+    // As below: the first session counts as ready on the node a moment after the edge
+    // shows it; a cut before that is not the failure after a ready session this test needs.
+    node.wait_line("dispatch-ready", Duration::from_secs(10))
+        .await;
     for failures in 1..=3 {
         proxy.cut();
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::ollama_api::{ndjson, usage_tokens};
@@ -479,40 +478,21 @@ auth:
 
 #[tokio::test]
 async fn the_ollama_python_client_lists_models_and_chats() {
-    let python = std::env::var("IOP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_client = Command::new(&python)
-        .args(["-c", "import ollama"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_client {
-        assert!(
-            std::env::var("IOP_REQUIRE_PYTHON_SDK").is_err(),
-            "IOP_REQUIRE_PYTHON_SDK is set but {python} cannot import ollama"
-        );
-        eprintln!("skipped: {python} has no `ollama` package (scripts/test.sh installs it)");
+    let test = "the ollama Python client against the Ollama API";
+    let Some(python) = common::sdk::python(test, &["ollama"]) else {
         return;
-    }
+    };
     let s = setup().await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/python/ollama_client_check.py"
-    );
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(&python)
-            .arg(script)
-            .arg(format!("http://{}", s.edge.http))
-            .output(),
+    common::sdk::run_check(
+        &python,
+        &common::sdk::check_script("python/ollama_client_check.py"),
+        &[
+            &format!("http://{}", s.edge.http),
+            "--chat=openai,ollama,mock",
+            "--embed=openai,ollama",
+            "--context=openai=8192",
+        ],
     )
-    .await
-    .expect("the client check finishes within 60s")
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "client check failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    .await;
     wait_idle(&s.edge).await;
 }

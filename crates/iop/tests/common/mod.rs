@@ -7,7 +7,9 @@
 pub mod health;
 pub mod node_wire;
 pub mod ollama_api;
+pub mod real_backend;
 pub mod sdk;
+pub mod suite;
 pub mod tls;
 
 use std::io::{BufRead, BufReader};

@@ -1,25 +1,29 @@
 """Drives a running iop edge with the official `ollama` Python client.
 
-Usage: python ollama_client_check.py HOST_URL
-Lists the models, shows one, then chats (streamed and not) and generates with every
-model of the test edge: one translated for an OpenAI-compatible provider, one served by
-an Ollama server, one rendered from the node's mock adapter; and embeds.
+Usage: python ollama_client_check.py HOST_URL --chat M1,M2 --embed M1 [--context M1=N]
+Lists the models and shows each, then chats (streamed and not) and generates with every
+`--chat` model, embeds with every `--embed` model, and checks the context length a group's
+config gives (`--context`). The Ollama API test edge has one model translated for an
+OpenAI-compatible provider, one served by an Ollama server and one rendered from the node's
+mock adapter; `iop demo` has one of the first kind and one of the last.
 """
 
-import sys
+import argparse
 
 import ollama
 
 
-def main(host: str) -> None:
+def main(host: str, chat: list[str], embed: list[str], context: dict[str, int]) -> None:
     client = ollama.Client(host=host, timeout=30)
     names = sorted(m.model for m in client.list().models)
-    for name in ("openai", "ollama", "mock"):
+    for name in chat + embed:
         assert name in names, names
-    shown = client.show("openai")
-    assert shown.modelinfo["iop.context_length"] == 8192, shown
+        client.show(name)  # a ResponseError for a model the edge does not show
+    for name, length in context.items():
+        shown = client.show(name)
+        assert shown.modelinfo["iop.context_length"] == length, shown
 
-    for model in ("openai", "ollama", "mock"):
+    for model in chat:
         reply = client.chat(model=model, messages=[{"role": "user", "content": "Say hello."}])
         assert reply.message.role == "assistant", reply
         assert reply.message.content, reply
@@ -44,7 +48,7 @@ def main(host: str) -> None:
         assert generated.response and generated.done, generated
         print(f"{model}: {len(text)} chars streamed in {chunks} chunks, {last.eval_count} tokens")
 
-    for model in ("openai", "ollama"):
+    for model in embed:
         embedded = client.embed(model=model, input=["one text", "another text"])
         assert len(embedded.embeddings) == 2 and len(embedded.embeddings[0]) == 8, embedded
 
@@ -59,4 +63,11 @@ def main(host: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("host")
+    parser.add_argument("--chat", required=True, type=lambda v: v.split(","))
+    parser.add_argument("--embed", default=[], type=lambda v: v.split(","))
+    parser.add_argument("--context", action="append", default=[])
+    args = parser.parse_args()
+    lengths = {name: int(n) for name, n in (c.split("=") for c in args.context)}
+    main(args.host, args.chat, args.embed, lengths)

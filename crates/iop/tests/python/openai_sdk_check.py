@@ -1,8 +1,9 @@
 """Drives a running iop edge with the official `openai` Python SDK.
 
 Usage: python openai_sdk_check.py BASE_URL
-Lists models, then runs a non-streaming and a streaming chat completion (with usage)
-against every model given by the demo: one rendered from node runs, one tunnelled.
+Lists models and retrieves each (`models.retrieve`, an unknown one as NotFoundError), then
+runs a non-streaming and a streaming chat completion (with usage) against every model
+given by the demo: one rendered from node runs, one tunnelled.
 """
 
 import sys
@@ -14,6 +15,16 @@ def main(base_url: str) -> None:
     client = openai.OpenAI(base_url=base_url, api_key="not-needed", max_retries=0, timeout=30)
     models = sorted(m.id for m in client.models.list())
     assert "mock" in models and "mock-tunnel" in models, models
+    for model in ("mock", "mock-tunnel"):
+        got = client.models.retrieve(model)
+        assert got.id == model and got.object == "model" and got.owned_by, got
+        assert got.created > 0, got
+    try:
+        client.models.retrieve("no-such-model")
+    except openai.NotFoundError as err:
+        assert err.status_code == 404, err
+    else:
+        raise AssertionError("retrieving an unknown model must raise NotFoundError")
     for model in ("mock", "mock-tunnel"):
         reply = client.chat.completions.create(
             model=model,
