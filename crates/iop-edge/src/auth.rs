@@ -11,7 +11,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{AuthConfig, Role, TokenHash};
+use crate::config::{AuthConfig, KeyLimitsConfig, Role, TokenHash};
 
 /// One configured key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +20,8 @@ pub struct ApiKey {
     pub role: Role,
     /// The model groups it may use; `None`: all.
     pub models: Option<Vec<String>>,
+    /// Its limits (`auth.keys[].limits`).
+    pub limits: KeyLimitsConfig,
     hash: TokenHash,
 }
 
@@ -41,6 +43,7 @@ impl KeyTable {
                     name: k.name.as_str().into(),
                     role: k.role,
                     models: k.models.clone(),
+                    limits: k.limits,
                     hash,
                 }))
             })
@@ -63,6 +66,11 @@ impl KeyTable {
             }
         }
         found
+    }
+
+    /// The key named `name`.
+    pub fn find_by_name(&self, name: &str) -> Option<&ApiKey> {
+        self.keys.iter().map(|k| &**k).find(|k| &*k.name == name)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
@@ -92,6 +100,11 @@ impl Caller {
     /// The key's name; `None` for the anonymous caller.
     pub fn key_name(&self) -> Option<&str> {
         self.key.as_deref().map(|k| &*k.name)
+    }
+
+    /// The key's limits, when it has any.
+    pub fn limits(&self) -> Option<&KeyLimitsConfig> {
+        self.key.as_ref().map(|k| &k.limits).filter(|l| l.any())
     }
 
     /// Admin surfaces (`/admin/*`, `/metrics`, node commands) and every key's runs and
@@ -151,6 +164,7 @@ mod tests {
             key_env: None,
             key_sha256: None,
             models: models.map(|m| m.into_iter().map(String::from).collect()),
+            limits: Default::default(),
         }
     }
 

@@ -15,10 +15,12 @@ use sha2::{Digest, Sha256};
 mod auth;
 mod http_api;
 mod http_limits;
+pub mod ledger;
 
-pub use auth::{ApiKeyConfig, AuthConfig, MIN_API_KEY_CHARS, Role};
+pub use auth::{ApiKeyConfig, AuthConfig, KeyLimitsConfig, MIN_API_KEY_CHARS, Role};
 pub use http_api::{CorsConfig, HttpApiConfig};
 pub use http_limits::HttpLimitsConfig;
+pub use ledger::LedgerConfig;
 
 pub const DEFAULT_NODE_LISTEN: &str = "127.0.0.1:7700";
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:8080";
@@ -93,6 +95,9 @@ pub struct EdgeConfig {
     /// Provider health probes (by the nodes) and passive ejection (by the edge).
     #[serde(default)]
     pub health: HealthConfig,
+    /// The durable usage ledger in `state_dir`.
+    #[serde(default)]
+    pub ledger: LedgerConfig,
 }
 
 /// How the node listener secures connections.
@@ -689,6 +694,21 @@ impl EdgeConfig {
             .validate()
             .map_err(|(field, msg)| (format!("http.{field}"), msg))?;
         self.auth.validate(&self.model_groups)?;
+        self.ledger
+            .validate()
+            .map_err(|(field, msg)| (format!("ledger.{field}"), msg))?;
+        if !self.ledger.enabled
+            && let Some(i) = self
+                .auth
+                .keys
+                .iter()
+                .position(|k| k.limits.tokens_per_day.is_some())
+        {
+            return invalid(
+                format!("auth.keys[{i}].limits.tokens_per_day"),
+                "needs the usage ledger (it counts tokens across restarts): set ledger.enabled: true",
+            );
+        }
         self.validate_tls()?;
         let mut node_ids = HashSet::new();
         let mut token_owners: HashMap<TokenHash, usize> = HashMap::new();

@@ -13,7 +13,9 @@ pub mod events;
 pub mod fdlimit;
 pub mod health;
 pub mod http;
+pub mod key_limits;
 pub mod lease;
+pub mod ledger;
 pub mod metrics;
 pub mod payload;
 pub mod queue;
@@ -48,6 +50,8 @@ pub enum StartError {
     State(#[from] trust::ca::StateError),
     #[error("{0}")]
     Tls(String),
+    #[error("{0}")]
+    Ledger(#[from] ledger::LedgerError),
 }
 
 /// Opens the state directory and sets up the node listener's TLS as a start would.
@@ -93,6 +97,9 @@ async fn renew_server_certificate(
 
 /// How long a shutdown waits for open responses before closing them.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a shutdown waits for the usage ledger to commit what is queued.
+pub const LEDGER_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A started edge: its bound addresses and the tasks serving them.
 pub struct EdgeServer {
@@ -146,7 +153,20 @@ impl EdgeServer {
         if mode == NodeTlsMode::InsecurePlaintext && !node_addr.ip().is_loopback() {
             tracing::warn!(nodes = %node_addr, "node_tls.mode is insecure_plaintext on a non-loopback address: node tokens, prompts and answers cross the network unencrypted and anyone on the path can take a node's identity");
         }
-        let edge = Edge::with_trust(config, Some(trust));
+        let ledger = match (&config.state_dir, config.ledger.enabled) {
+            (Some(dir), true) => {
+                let ledger = ledger::Ledger::open(dir, config.ledger.retention_days)?;
+                tracing::info!(path = %dir.join(ledger::store::FILE_NAME).display(), retention_days = config.ledger.retention_days, "usage ledger open");
+                ledger
+            }
+            _ => {
+                tracing::info!("usage ledger off (ledger.enabled: false)");
+                ledger::Ledger::disabled()
+            }
+        };
+        let edge = Edge::with_ledger(config, Some(trust), ledger);
+        let (written, dropped) = edge.ledger().counters();
+        edge.metrics.register_ledger(written, dropped);
         edge.set_node_listener(NodeListenerInfo {
             addr: node_addr,
             mode,
@@ -211,6 +231,8 @@ impl EdgeServer {
         self.edge.tasks().close();
         let _ =
             tokio::time::timeout(std::time::Duration::from_secs(2), self.edge.tasks().wait()).await;
+        // Every response has ended (or was closed): their records are queued.
+        self.edge.ledger().close(LEDGER_CLOSE_GRACE).await;
     }
 
     /// Waits until the servers stop (after a shutdown elsewhere, or a failure).

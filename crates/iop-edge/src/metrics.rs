@@ -227,6 +227,21 @@ impl Metrics {
         }
     }
 
+    /// Registers the usage ledger's counters of records written and dropped.
+    pub fn register_ledger(&self, written: Counter, dropped: Counter) {
+        let mut registry = self.registry.lock();
+        registry.register(
+            "ledger_records_written",
+            "Usage records committed to the ledger",
+            written,
+        );
+        registry.register(
+            "ledger_records_dropped",
+            "Usage records lost because the ledger's writer fell behind (or could not write)",
+            dropped,
+        );
+    }
+
     /// Counts one node-listener connection refused before it registered (`reason` is one
     /// of a fixed set of labels).
     pub fn count_node_refusal(&self, reason: &'static str) {

@@ -43,6 +43,8 @@ enum Command {
     JoinToken(cmd::join_token::Args),
     /// Revoke a node's credentials on a running edge and close its connection.
     Revoke(cmd::revoke::Args),
+    /// Show usage from an edge's ledger: requests and tokens per key, model group, node.
+    Usage(cmd::usage::Args),
     /// Load-test an OpenAI-compatible endpoint (or several, side by side).
     Bench(cmd::bench::Args),
 }
@@ -58,6 +60,7 @@ fn main() -> ExitCode {
         | Command::Status(_)
         | Command::JoinToken(_)
         | Command::Revoke(_)
+        | Command::Usage(_)
         | Command::Bench(_) => None,
     };
     let runtime = match runtime::build(threads) {
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
             Command::Status(args) => cmd::status::run(args).await,
             Command::JoinToken(args) => cmd::join_token::run(args).await,
             Command::Revoke(args) => cmd::revoke::run(args).await,
+            Command::Usage(args) => cmd::usage::run(args).await,
             Command::Bench(args) => cmd::bench::run(args).await,
         }
     });

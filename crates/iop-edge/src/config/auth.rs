@@ -76,6 +76,62 @@ pub struct ApiKeyConfig {
     /// Model groups this key may use; absent: all of them.
     #[serde(default)]
     pub models: Option<Vec<String>>,
+    /// Requests per minute, tokens per day and concurrent requests (each optional).
+    #[serde(default)]
+    pub limits: KeyLimitsConfig,
+}
+
+/// Largest `requests_per_minute` and `max_concurrent`.
+pub const MAX_KEY_RATE: u32 = 1_000_000;
+
+/// A key's limits, enforced at admission (over one: 429 with `Retry-After`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyLimitsConfig {
+    /// Requests admitted in any 60 s.
+    #[serde(default)]
+    pub requests_per_minute: Option<u32>,
+    /// Input + output tokens in the current UTC day (from the usage ledger's counts).
+    #[serde(default)]
+    pub tokens_per_day: Option<u64>,
+    /// Requests in flight at once.
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+}
+
+impl KeyLimitsConfig {
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        self.requests_per_minute.is_some()
+            || self.tokens_per_day.is_some()
+            || self.max_concurrent.is_some()
+    }
+
+    /// The error is `(field, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        for (field, value) in [
+            ("requests_per_minute", self.requests_per_minute),
+            ("max_concurrent", self.max_concurrent),
+        ] {
+            if let Some(n) = value
+                && !(1..=MAX_KEY_RATE).contains(&n)
+            {
+                return Err((
+                    field.into(),
+                    format!(
+                        "{n} is out of range: give 1 to {MAX_KEY_RATE}, or leave it out for no limit"
+                    ),
+                ));
+            }
+        }
+        if self.tokens_per_day == Some(0) {
+            return Err((
+                "tokens_per_day".into(),
+                "0 allows nothing: give at least 1, or leave it out for no limit".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 const MIGRATION: &str = "auth.api_keys and auth.api_keys_env were replaced by named keys with a role. \
@@ -105,6 +161,9 @@ impl AuthConfig {
         for (i, key) in self.keys.iter().enumerate() {
             let at = format!("auth.keys[{i}]");
             validate_name(&key.name).map_err(|m| (format!("{at}.name"), m))?;
+            key.limits
+                .validate()
+                .map_err(|(field, m)| (format!("{at}.limits.{field}"), m))?;
             if !names.insert(key.name.as_str()) {
                 return Err((
                     format!("{at}.name"),

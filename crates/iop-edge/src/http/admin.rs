@@ -36,7 +36,14 @@ pub fn open_routes() -> Router<Arc<Edge>> {
 }
 
 async fn status(State(edge): State<Arc<Edge>>) -> Response {
-    axum::Json(edge.snapshot()).into_response()
+    let mut body = serde_json::to_value(edge.snapshot()).unwrap_or_default();
+    let ledger = edge.ledger();
+    body["ledger"] = json!({
+        "enabled": ledger.is_enabled(),
+        "written_records": ledger.written(),
+        "dropped_records": ledger.dropped(),
+    });
+    axum::Json(body).into_response()
 }
 
 async fn healthz() -> Response {

@@ -33,6 +33,7 @@ pub mod stream_usage;
 pub mod tls;
 pub mod trust;
 pub mod ui;
+pub mod usage;
 
 use std::sync::Arc;
 
@@ -51,6 +52,7 @@ pub use server::serve_http;
 pub fn router(edge: Arc<Edge>) -> Router {
     let admin = admin::admin_routes()
         .merge(runs::admin_routes())
+        .merge(usage::routes())
         .route_layer(middleware::from_fn(auth::require_admin));
     let authenticated = openai::routes()
         .merge(apis::responses_routes())

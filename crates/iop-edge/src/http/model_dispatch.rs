@@ -16,7 +16,9 @@ use super::error::ApiError;
 use super::{forward, request_id};
 use crate::auth::Caller;
 use crate::config::{ProviderConfig, ProviderKind};
+use crate::key_limits::LimitExceeded;
 use crate::lease::Lane;
+use crate::ledger::RequestRecorder;
 use crate::service::{Edge, Observe, RunSpec, RunStream, TunnelSpec, TunnelStream};
 
 /// Which group a request is for, and who asks.
@@ -27,6 +29,8 @@ pub struct Target<'a> {
     pub caller: &'a Caller,
     /// The client's request headers (after the request-id middleware).
     pub headers: &'a HeaderMap,
+    /// The request's record in the usage ledger.
+    pub recorder: &'a RequestRecorder,
 }
 
 /// The member a slot was granted on.
@@ -71,13 +75,21 @@ impl Started {
 }
 
 /// Admits the request to `target.group` and sends what `build` makes for the granted
-/// member. `build` may refuse the member (e.g. an operation its kind cannot serve); the
-/// slot is then returned.
+/// member. The key's limits are asked first, before a slot is taken (a concurrency place
+/// is held by the request's recorder until the request ends). `build` may refuse the
+/// member (e.g. an operation its kind cannot serve); the slot is then returned.
 pub async fn dispatch(
     edge: &Arc<Edge>,
     target: Target<'_>,
     mut build: impl FnMut(Member<'_>) -> Result<Work, ApiError>,
 ) -> Result<Dispatched, ApiError> {
+    target.recorder.set_group(target.group);
+    if let Some(permit) = edge
+        .admit_key(target.caller)
+        .map_err(|e| over_limit(target.caller, e))?
+    {
+        target.recorder.hold(Box::new(permit));
+    }
     let (admitted, session) = edge.admit_group(target.group, target.lane).await?;
     let grant = admitted.grant.clone();
     let provider = edge.provider(&grant.node, &grant.provider).ok_or_else(|| {
@@ -101,6 +113,7 @@ pub async fn dispatch(
         node_id: grant.node.to_string(),
         provider_id: grant.provider.to_string(),
         api_key: target.caller.owner(),
+        recorder: Some(target.recorder.clone()),
     };
     let client_request_id = request_id::of(target.headers).to_string();
     let forwarded = forward::provider_headers(target.headers, &edge.config().http);
@@ -110,6 +123,13 @@ pub async fn dispatch(
         provider_id = %grant.provider,
         "dispatching"
     );
+    let path = match &work {
+        Work::Tunnel(_) => "tunnel",
+        Work::Run(_) => "run",
+    };
+    target
+        .recorder
+        .dispatched(&grant.node, &grant.provider, path);
     let started = match work {
         Work::Tunnel(mut spec) => {
             spec.client_request_id = client_request_id;
@@ -135,4 +155,22 @@ pub async fn dispatch(
         started,
         kind: provider.kind,
     })
+}
+
+/// The 429 for a request over one of its key's limits, naming the limit.
+fn over_limit(caller: &Caller, exceeded: LimitExceeded) -> ApiError {
+    let key = caller.key_name().unwrap_or_default();
+    ApiError {
+        retry_after: Some(exceeded.retry_after_secs()),
+        ..ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            exceeded.limit.code(),
+            format!(
+                "API key `{key}` is over its limit of {}; retry in {} s",
+                exceeded.limit.describe(),
+                exceeded.retry_after_secs()
+            ),
+        )
+    }
 }

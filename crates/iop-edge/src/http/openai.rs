@@ -27,6 +27,7 @@ use super::{chat_input, passthrough, render, stream_usage};
 use crate::auth::Caller;
 use crate::config::ProviderApi;
 use crate::lease::Lane;
+use crate::ledger::{ClientApi, RequestRecorder};
 use crate::service::admission::GroupPolicy;
 use crate::service::{Edge, RunSpec, RunStream, TunnelSpec, TunnelStream};
 
@@ -111,13 +112,26 @@ async fn embeddings(
 }
 
 async fn respond(edge: &Arc<Edge>, op: Operation, incoming: Incoming) -> Response {
-    match handle(edge, op, incoming).await {
-        Ok(response) => response,
+    let recorder = edge.start_request(ClientApi::OpenAi, &incoming.caller);
+    match handle(edge, op, incoming, &recorder).await {
+        Ok(response) => {
+            recorder.responded(response.status().as_u16());
+            response
+        }
         Err((group, err)) => {
+            record_error(&recorder, &group, &err);
             edge.metrics.count_request(&group, "none", &err.code);
             err.into_response()
         }
     }
+}
+
+/// Records a request the edge answered with `err` (for `group`, when known).
+pub(crate) fn record_error(recorder: &RequestRecorder, group: &str, err: &ApiError) {
+    if !group.is_empty() {
+        recorder.set_group(group);
+    }
+    recorder.failed(&err.code, err.status.as_u16());
 }
 
 /// Parses, admits and dispatches one request. Errors carry the model group for metrics.
@@ -125,6 +139,7 @@ async fn handle(
     edge: &Arc<Edge>,
     op: Operation,
     incoming: Incoming,
+    recorder: &RequestRecorder,
 ) -> Result<Response, (String, ApiError)> {
     let Incoming {
         caller,
@@ -156,6 +171,7 @@ async fn handle(
         lane,
         keep_stream_usage: false,
         native: None,
+        recorder,
     };
     match dispatch(edge, &caller, &headers, dispatch_request)
         .await
@@ -238,6 +254,8 @@ pub(crate) struct ChatDispatch<'r> {
     /// The client's own request in another API, sent as it is (with the upstream `model`)
     /// to a member whose provider serves that API.
     pub native: Option<NativeRequest<'r>>,
+    /// The request's record in the usage ledger.
+    pub recorder: &'r RequestRecorder,
 }
 
 /// A request in an API some providers serve themselves.
@@ -274,6 +292,7 @@ pub(crate) async fn dispatch(
         lane,
         keep_stream_usage,
         native,
+        recorder,
     } = request;
     let accept = if stream {
         "text/event-stream"
@@ -285,6 +304,7 @@ pub(crate) async fn dispatch(
         lane,
         caller,
         headers,
+        recorder,
     };
     let mut went_native = false;
     let dispatched = model_dispatch::dispatch(edge, target, |member| {

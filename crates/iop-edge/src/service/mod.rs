@@ -6,6 +6,7 @@
 //! the generation, the session's streams end with an error, the generation's leases are
 //! returned once and the waiters it leaves without a candidate end unavailable.
 
+pub mod accounting;
 pub mod admission;
 pub mod command;
 pub mod credentials;
@@ -27,6 +28,10 @@ use tokio_util::task::TaskTracker;
 use crate::auth::KeyTable;
 use crate::config::{EdgeConfig, ProviderConfig};
 use crate::events::{EdgeEvent, EventBus, NodeEventKind, UsageEvent};
+use crate::key_limits::KeyLimiter;
+use crate::ledger::day_tokens::{DAY_MS, DayTokens, day_of};
+use crate::ledger::live::LiveWindow;
+use crate::ledger::{Ledger, RequestRecorder, unix_ms_now};
 use crate::metrics::Metrics;
 use crate::payload::build_payload;
 use crate::queue::Scheduler;
@@ -197,6 +202,8 @@ pub struct Observe {
     pub provider_id: String,
     /// The name of the API key that made the request (`None` on an edge without keys).
     pub api_key: Option<String>,
+    /// The request's record in the usage ledger.
+    pub recorder: Option<RequestRecorder>,
 }
 
 pub struct Edge {
@@ -224,6 +231,12 @@ pub struct Edge {
     links: Mutex<HashMap<String, LinkEntry>>,
     /// The node listener's bound address and the pin nodes verify it by.
     node_listener: Mutex<Option<credentials::NodeListenerInfo>>,
+    /// The durable usage ledger (off in unit tests and with `ledger.enabled: false`).
+    ledger: Ledger,
+    /// The last minute of requests per model group.
+    live: Mutex<LiveWindow>,
+    /// Per-key limits: request windows, concurrency and today's tokens.
+    limiter: Arc<Mutex<KeyLimiter>>,
 }
 
 /// Ids for runs, tunnels and commands: 128 random bits each (32 hex digits) from a
@@ -261,6 +274,17 @@ impl Edge {
 
     /// An edge whose node credentials, join tokens and revocations live in `trust`.
     pub fn with_trust(config: EdgeConfig, trust: Option<Arc<TrustStore>>) -> Arc<Self> {
+        Self::with_ledger(config, trust, Ledger::disabled())
+    }
+
+    /// An edge that records requests in `ledger` (today's tokens per key are read from it).
+    pub fn with_ledger(
+        config: EdgeConfig,
+        trust: Option<Arc<TrustStore>>,
+        ledger: Ledger,
+    ) -> Arc<Self> {
+        let now_ms = unix_ms_now();
+        let today = ledger.tokens_since(day_of(now_ms) * DAY_MS);
         let registry = Registry::new(reload::token_records(&config));
         let plan = reload::AdmissionPlan::of(&config);
         let mut scheduler = Scheduler::new(plan.providers, plan.groups);
@@ -285,6 +309,11 @@ impl Edge {
             trust,
             links: Mutex::new(HashMap::new()),
             node_listener: Mutex::new(None),
+            ledger,
+            live: Mutex::new(LiveWindow::new(std::time::Instant::now())),
+            limiter: Arc::new(Mutex::new(KeyLimiter::new(DayTokens::loaded(
+                now_ms, today,
+            )))),
         })
     }
 
@@ -557,6 +586,14 @@ impl Edge {
             served_model,
             api_key: observe.api_key.clone(),
         };
+        if let Some(recorder) = &observe.recorder {
+            recorder.usage(
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.reasoning_tokens.unwrap_or(0),
+                usage.cached_input_tokens.unwrap_or(0),
+            );
+        }
         self.metrics.record_usage(&event);
         self.events.publish(EdgeEvent::Usage(event));
     }

@@ -148,6 +148,9 @@ impl Edge {
         if new.node_tls != old.node_tls {
             report.needs_restart.push("node_tls");
         }
+        if new.ledger != old.ledger {
+            report.needs_restart.push("ledger");
+        }
         if new.http_tls.is_some() != old.http_tls.is_some() {
             report.needs_restart.push("http_tls (turning it on or off)");
         }
@@ -167,6 +170,7 @@ impl Edge {
         }
         self.registry.lock().update(token_records(&new));
         *self.keys.write() = Arc::new(KeyTable::from_config(&new.auth));
+        self.prune_key_limits();
         self.metrics
             .set_model_groups(new.model_groups.iter().map(|g| g.name.as_str()));
         self.metrics

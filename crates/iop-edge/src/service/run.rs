@@ -140,6 +140,7 @@ impl Edge {
                 lease,
                 observe,
                 served_model: None,
+                first_token: false,
                 owned,
                 client_request_id: spec.client_request_id,
             }),
@@ -166,6 +167,8 @@ struct RunInner {
     observe: Option<Observe>,
     /// The model the start event named, carried into the usage observation.
     served_model: Option<String>,
+    /// A delta came (the first is the request's first token).
+    first_token: bool,
     /// Whether `run_owners` holds this run (forgotten when the run is dropped).
     owned: bool,
     /// The client's request id (`x-request-id`), for log lines.
@@ -223,6 +226,13 @@ impl RunInner {
             | pb::RunEventKind::ReasoningDelta
             | pb::RunEventKind::ToolCall => {
                 self.credit.consumed_one(&self.edge, &self.session);
+                if !self.first_token {
+                    self.first_token = true;
+                    if let Some(recorder) = self.observe.as_ref().and_then(|o| o.recorder.as_ref())
+                    {
+                        recorder.first_token();
+                    }
+                }
             }
             _ if event.is_terminal() => {
                 self.finished = true;
@@ -238,6 +248,9 @@ impl RunInner {
                 if let (Some(observe), Some(usage)) = (&self.observe, &event.usage) {
                     let served = self.served_model.take();
                     self.edge.observe_usage(observe, "run", usage, served);
+                }
+                if let Some(recorder) = self.observe.as_ref().and_then(|o| o.recorder.as_ref()) {
+                    recorder.stream_ended(terminal_error(&event));
                 }
             }
             pb::RunEventKind::Start if !event.model.is_empty() => {
@@ -276,6 +289,22 @@ impl Drop for RunStream {
             &inner.session.outbound,
             pb::CancelRequest::run(&inner.run_id, "client disconnected").into(),
         );
+    }
+}
+
+/// The error code a run's terminal ended it with (`None`: it completed).
+fn terminal_error(event: &pb::RunEvent) -> Option<&str> {
+    match event.kind() {
+        pb::RunEventKind::Complete => None,
+        pb::RunEventKind::Cancelled => Some("cancelled"),
+        _ => Some(
+            event
+                .error
+                .as_ref()
+                .map(|e| e.code.as_str())
+                .filter(|c| !c.is_empty())
+                .unwrap_or("provider_error"),
+        ),
     }
 }
 

@@ -93,6 +93,7 @@ impl Edge {
             served_model: None,
             status: None,
             outcome_reported: false,
+            first_body: false,
         })
     }
 }
@@ -117,6 +118,8 @@ pub struct TunnelStream {
     status: Option<u32>,
     /// The provider's outcome was reported (at most once per tunnel).
     outcome_reported: bool,
+    /// Body bytes came (the first is the request's first token).
+    first_body: bool,
 }
 
 impl TunnelStream {
@@ -143,7 +146,7 @@ impl TunnelStream {
     pub async fn next(&mut self) -> Option<TunnelItem> {
         while !self.finished {
             let Some(frame) = self.rx.recv().await else {
-                self.finish();
+                self.finish(Some("node_disconnected"));
                 let reason = self
                     .session
                     .close_reason()
@@ -156,6 +159,9 @@ impl TunnelStream {
             match frame {
                 Frame::Status(status) => {
                     self.status = Some(status);
+                    if let Some(recorder) = self.recorder() {
+                        recorder.provider_status(u16::try_from(status).unwrap_or(u16::MAX));
+                    }
                     if status >= 500 {
                         self.report(ProviderOutcome::of_tunnel_end(Some(status)));
                     }
@@ -164,15 +170,25 @@ impl TunnelStream {
                 Frame::Headers(h) => return Some(TunnelItem::Headers(h.headers)),
                 Frame::Body(bytes) => {
                     self.credit.consumed_one(&self.edge, &self.session);
+                    if !self.first_body {
+                        self.first_body = true;
+                        if let Some(recorder) = self.recorder() {
+                            recorder.first_token();
+                        }
+                    }
                     return Some(TunnelItem::Body(bytes));
                 }
                 Frame::End(_) => {
-                    self.finish();
+                    self.finish(None);
                     self.report(ProviderOutcome::of_tunnel_end(self.status));
                     return Some(TunnelItem::End);
                 }
                 Frame::Error(err) => {
-                    self.finish();
+                    self.finish(Some(if err.code.is_empty() {
+                        "provider_error"
+                    } else {
+                        &err.code
+                    }));
                     self.report(ProviderOutcome::of_tunnel_error(&err.code, self.status));
                     return Some(TunnelItem::Error(err));
                 }
@@ -210,10 +226,19 @@ impl TunnelStream {
         }
     }
 
-    fn finish(&mut self) {
+    /// The request's record in the usage ledger, for a model-group tunnel.
+    fn recorder(&self) -> Option<&crate::ledger::RequestRecorder> {
+        self.observe.as_ref()?.recorder.as_ref()
+    }
+
+    /// The tunnel ended: cleanly (`None`) or with an error code.
+    fn finish(&mut self, error: Option<&str>) {
         self.finished = true;
         self.lease = None;
         self.publish_usage();
+        if let Some(recorder) = self.recorder() {
+            recorder.stream_ended(error);
+        }
     }
 
     /// Publishes the usage the provider reported, once.
@@ -284,6 +309,7 @@ mod tests {
             node_id: "n1".into(),
             provider_id: "oa".into(),
             api_key: None,
+            recorder: None,
         })
     }
 

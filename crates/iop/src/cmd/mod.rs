@@ -9,6 +9,7 @@ pub mod mock_provider;
 pub mod node;
 pub mod revoke;
 pub mod status;
+pub mod usage;
 
 /// A failed command: what to print and the process exit code.
 #[derive(Debug)]

@@ -34,6 +34,7 @@ use crate::http::openai::{self, ChatDispatch, Dispatched, NativeRequest, Operati
 use crate::http::passthrough;
 use crate::http::request::{ClientRequest, require_json};
 use crate::lease::Lane;
+use crate::ledger::{ClientApi as LedgerApi, RequestRecorder};
 use crate::service::Edge;
 
 /// `POST /v1/responses` (behind the usual authentication).
@@ -75,6 +76,14 @@ pub enum ClientApi {
 const ANTHROPIC_HEADERS: &[&str] = &["anthropic-version", "anthropic-beta"];
 
 impl ClientApi {
+    /// How the usage ledger names the API.
+    fn ledger_api(self) -> LedgerApi {
+        match self {
+            ClientApi::Responses => LedgerApi::Responses,
+            ClientApi::Messages => LedgerApi::Messages,
+        }
+    }
+
     fn provider_api(self) -> ProviderApi {
         match self {
             ClientApi::Responses => ProviderApi::Responses,
@@ -129,9 +138,14 @@ pub async fn serve(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match handle(edge, api, caller, headers, body).await {
-        Ok(response) => response,
+    let recorder = edge.start_request(api.ledger_api(), &caller);
+    match handle(edge, api, caller, headers, body, &recorder).await {
+        Ok(response) => {
+            recorder.responded(response.status().as_u16());
+            response
+        }
         Err((group, err)) => {
+            openai::record_error(&recorder, &group, &err);
             edge.metrics.count_request(&group, "none", &err.code);
             api.error_response(err)
         }
@@ -144,6 +158,7 @@ async fn handle(
     caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
+    recorder: &RequestRecorder,
 ) -> Result<Response, (String, ApiError)> {
     let unknown = |e: ApiError| (String::new(), e);
     require_json(&headers).map_err(unknown)?;
@@ -203,6 +218,7 @@ async fn handle(
                 request: &request,
                 headers: api.forwarded(&headers),
             }),
+            recorder,
         },
     )
     .await

@@ -42,13 +42,15 @@ pub(super) async fn embed(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let incoming = Incoming {
+        recorder: edge.start_request(crate::ledger::ClientApi::Ollama, &caller),
         caller,
         headers,
         body,
         received: Instant::now(),
     };
+    let recorder = incoming.recorder.clone();
     let outcome = handle_embed(&edge, incoming, Embeddings::Embed).await;
-    finish(&edge, outcome)
+    finish(&edge, &recorder, outcome)
 }
 
 pub(super) async fn embeddings(
@@ -58,13 +60,15 @@ pub(super) async fn embeddings(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let incoming = Incoming {
+        recorder: edge.start_request(crate::ledger::ClientApi::Ollama, &caller),
         caller,
         headers,
         body,
         received: Instant::now(),
     };
+    let recorder = incoming.recorder.clone();
     let outcome = handle_embed(&edge, incoming, Embeddings::Legacy).await;
-    finish(&edge, outcome)
+    finish(&edge, &recorder, outcome)
 }
 
 async fn handle_embed(edge: &Arc<Edge>, incoming: Incoming, which: Embeddings) -> Outcome {
@@ -98,6 +102,7 @@ async fn handle_embed(edge: &Arc<Edge>, incoming: Incoming, which: Embeddings) -
         lane: lane(edge, &group, texts.chars(), None),
         caller: &incoming.caller,
         headers: &incoming.headers,
+        recorder: &incoming.recorder,
     };
     let dispatched = model_dispatch::dispatch(edge, target, |member| {
         let provider = member.provider;

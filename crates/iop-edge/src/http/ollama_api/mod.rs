@@ -79,19 +79,24 @@ struct Incoming {
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
     received: Instant,
+    /// The request's record in the usage ledger.
+    recorder: crate::ledger::RequestRecorder,
 }
 
 /// A handler's result: the group (for metrics), the path served (`tunnel`, `run`, `none`)
 /// and the response — or the group and the error.
 type Outcome = Result<(String, &'static str, Response), (String, ApiError)>;
 
-fn finish(edge: &Edge, outcome: Outcome) -> Response {
+fn finish(edge: &Edge, recorder: &crate::ledger::RequestRecorder, outcome: Outcome) -> Response {
     match outcome {
         Ok((group, path, response)) => {
+            recorder.set_group(&group);
+            recorder.responded(response.status().as_u16());
             edge.metrics.count_request(&group, path, "ok");
             response
         }
         Err((group, e)) => {
+            super::openai::record_error(recorder, &group, &e);
             edge.metrics.count_request(&group, "none", &e.code);
             error::response(e)
         }
@@ -226,13 +231,15 @@ async fn chat(
 ) -> Response {
     let received = Instant::now();
     let incoming = Incoming {
+        recorder: edge.start_request(crate::ledger::ClientApi::Ollama, &caller),
         caller,
         headers,
         body,
         received,
     };
+    let recorder = incoming.recorder.clone();
     let outcome = handle_chat(&edge, incoming).await;
-    finish(&edge, outcome)
+    finish(&edge, &recorder, outcome)
 }
 
 async fn handle_chat(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
@@ -255,6 +262,7 @@ async fn handle_chat(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
         lane: lane(edge, &group, request.prompt_chars(), options.max_tokens),
         caller: &incoming.caller,
         headers: &incoming.headers,
+        recorder: &incoming.recorder,
     };
     let dispatched = model_dispatch::dispatch(edge, target, |member| {
         let provider = member.provider;
@@ -288,13 +296,15 @@ async fn generate(
 ) -> Response {
     let received = Instant::now();
     let incoming = Incoming {
+        recorder: edge.start_request(crate::ledger::ClientApi::Ollama, &caller),
         caller,
         headers,
         body,
         received,
     };
+    let recorder = incoming.recorder.clone();
     let outcome = handle_generate(&edge, incoming).await;
-    finish(&edge, outcome)
+    finish(&edge, &recorder, outcome)
 }
 
 async fn handle_generate(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
@@ -317,6 +327,7 @@ async fn handle_generate(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
         lane: lane(edge, &group, request.prompt_chars(), options.max_tokens),
         caller: &incoming.caller,
         headers: &incoming.headers,
+        recorder: &incoming.recorder,
     };
     let dispatched = model_dispatch::dispatch(edge, target, |member| {
         let provider = member.provider;

@@ -1,0 +1,298 @@
+//! Reading the ledger: usage summed per key / group / node / provider and per hour, day or
+//! the whole range ([`summarize`]), the raw records newest first ([`records`]), and the
+//! tokens each key used since a moment ([`tokens_by_key_since`], for `tokens_per_day`).
+//! Every query is bounded by its time range and a row limit.
+
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{Connection, params_from_iter};
+
+use super::record::UsageRecord;
+
+/// Which rows a query reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// `[since_ms, until_ms)`, milliseconds since the Unix epoch.
+    pub since_ms: i64,
+    pub until_ms: i64,
+    pub key: Option<String>,
+    pub group: Option<String>,
+    pub node: Option<String>,
+    pub outcome: Option<OutcomeFilter>,
+}
+
+/// `outcome=ok|failed|<code>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutcomeFilter {
+    Ok,
+    Failed,
+    Code(String),
+}
+
+/// The buckets rows are summed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bucket {
+    Hour,
+    Day,
+    Total,
+}
+
+impl Bucket {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bucket::Hour => "hour",
+            Bucket::Day => "day",
+            Bucket::Total => "total",
+        }
+    }
+
+    /// The bucket's length in milliseconds (`None` for the whole range).
+    pub fn millis(self) -> Option<i64> {
+        match self {
+            Bucket::Hour => Some(3_600_000),
+            Bucket::Day => Some(86_400_000),
+            Bucket::Total => None,
+        }
+    }
+}
+
+/// A dimension rows are summed per.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Per {
+    Key,
+    Group,
+    Node,
+    Provider,
+}
+
+impl Per {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Per::Key => "key",
+            Per::Group => "group",
+            Per::Node => "node",
+            Per::Provider => "provider",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "key" => Some(Per::Key),
+            "group" => Some(Per::Group),
+            "node" => Some(Per::Node),
+            "provider" => Some(Per::Provider),
+            _ => None,
+        }
+    }
+
+    /// The column (a fixed name: never text from a request).
+    fn column(self) -> &'static str {
+        match self {
+            Per::Key => "key",
+            Per::Group => "grp",
+            Per::Node => "node",
+            Per::Provider => "provider",
+        }
+    }
+}
+
+/// One summed row.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageRow {
+    /// The bucket's start (ms); `None` for [`Bucket::Total`].
+    pub start_ms: Option<i64>,
+    /// The values of the `per` dimensions, in the order asked.
+    pub per: Vec<String>,
+    pub requests: u64,
+    pub ok: u64,
+    pub failed: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+/// The WHERE clause of `filter` and its parameters.
+fn where_clause(filter: &Filter) -> (String, Vec<SqlValue>) {
+    let mut sql = String::from("time_ms >= ? AND time_ms < ?");
+    let mut args = vec![
+        SqlValue::Integer(filter.since_ms),
+        SqlValue::Integer(filter.until_ms),
+    ];
+    for (column, value) in [
+        ("key", &filter.key),
+        ("grp", &filter.group),
+        ("node", &filter.node),
+    ] {
+        if let Some(value) = value {
+            sql.push_str(&format!(" AND {column} = ?"));
+            args.push(SqlValue::Text(value.clone()));
+        }
+    }
+    match &filter.outcome {
+        None => {}
+        Some(OutcomeFilter::Ok) => sql.push_str(" AND outcome = 'ok'"),
+        Some(OutcomeFilter::Failed) => sql.push_str(" AND outcome <> 'ok'"),
+        Some(OutcomeFilter::Code(code)) => {
+            sql.push_str(" AND outcome = ?");
+            args.push(SqlValue::Text(code.clone()));
+        }
+    }
+    (sql, args)
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// Usage summed per `per` and `bucket`, ordered by bucket then the `per` values; at most
+/// `max_rows` rows, and whether more existed.
+pub fn summarize(
+    conn: &Connection,
+    filter: &Filter,
+    bucket: Bucket,
+    per: &[Per],
+    max_rows: usize,
+) -> rusqlite::Result<(Vec<UsageRow>, bool)> {
+    let (condition, args) = where_clause(filter);
+    let mut select = Vec::new();
+    let mut group_by = Vec::new();
+    if let Some(ms) = bucket.millis() {
+        select.push(format!("(time_ms / {ms}) * {ms}"));
+        group_by.push("1".to_string());
+    }
+    for (i, p) in per.iter().enumerate() {
+        select.push(p.column().to_string());
+        group_by.push((i + 1 + usize::from(bucket != Bucket::Total)).to_string());
+    }
+    select.extend(
+        [
+            "COUNT(*)",
+            "SUM(outcome = 'ok')",
+            "SUM(input_tokens)",
+            "SUM(output_tokens)",
+            "SUM(reasoning_tokens)",
+            "SUM(cached_tokens)",
+        ]
+        .map(String::from),
+    );
+    let grouping = if group_by.is_empty() {
+        String::new()
+    } else {
+        format!(" GROUP BY {0} ORDER BY {0}", group_by.join(", "))
+    };
+    let sql = format!(
+        "SELECT {} FROM requests WHERE {condition}{grouping} LIMIT {}",
+        select.join(", "),
+        max_rows + 1
+    );
+    let mut statement = conn.prepare(&sql)?;
+    let mut rows = statement.query(params_from_iter(args))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let mut i = 0;
+        let start_ms = match bucket {
+            Bucket::Total => None,
+            _ => {
+                i += 1;
+                Some(row.get::<_, i64>(0)?)
+            }
+        };
+        let mut values = Vec::with_capacity(per.len());
+        for _ in per {
+            values.push(row.get::<_, String>(i)?);
+            i += 1;
+        }
+        let requests = count(row.get(i)?);
+        if requests == 0 {
+            // The whole-range sum of an empty range is one row of zeros (and NULL sums).
+            continue;
+        }
+        let ok = count(row.get::<_, Option<i64>>(i + 1)?.unwrap_or(0));
+        let sum = |j: usize| -> rusqlite::Result<u64> {
+            Ok(count(row.get::<_, Option<i64>>(i + j)?.unwrap_or(0)))
+        };
+        out.push(UsageRow {
+            start_ms,
+            per: values,
+            requests,
+            ok,
+            failed: requests - ok.min(requests),
+            input_tokens: sum(2)?,
+            output_tokens: sum(3)?,
+            reasoning_tokens: sum(4)?,
+            cached_tokens: sum(5)?,
+        });
+    }
+    let truncated = out.len() > max_rows;
+    out.truncate(max_rows);
+    Ok((out, truncated))
+}
+
+/// The records `filter` selects, newest first, at most `limit`.
+pub fn records(
+    conn: &Connection,
+    filter: &Filter,
+    limit: usize,
+) -> rusqlite::Result<Vec<UsageRecord>> {
+    let (condition, args) = where_clause(filter);
+    let sql = format!(
+        "SELECT time_ms, key, grp, node, provider, path, api, input_tokens, output_tokens, \
+         reasoning_tokens, cached_tokens, latency_ms, ttft_ms, outcome, status, attempts \
+         FROM requests WHERE {condition} ORDER BY time_ms DESC, id DESC LIMIT {limit}"
+    );
+    let mut statement = conn.prepare(&sql)?;
+    let rows = statement.query_map(params_from_iter(args), |row| {
+        Ok(UsageRecord {
+            time_ms: row.get(0)?,
+            key: row.get(1)?,
+            group: row.get(2)?,
+            node: row.get(3)?,
+            provider: row.get(4)?,
+            path: static_path(&row.get::<_, String>(5)?),
+            api: static_api(&row.get::<_, String>(6)?),
+            input_tokens: count(row.get(7)?),
+            output_tokens: count(row.get(8)?),
+            reasoning_tokens: count(row.get(9)?),
+            cached_tokens: count(row.get(10)?),
+            latency_ms: count(row.get(11)?),
+            ttft_ms: row.get::<_, Option<i64>>(12)?.map(count),
+            outcome: row.get(13)?,
+            status: row.get(14)?,
+            attempts: row.get(15)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Input plus output tokens per key of the records since `since_ms`.
+pub fn tokens_by_key_since(
+    conn: &Connection,
+    since_ms: i64,
+) -> rusqlite::Result<Vec<(String, u64)>> {
+    let mut statement = conn.prepare(
+        "SELECT key, SUM(input_tokens) + SUM(output_tokens) FROM requests \
+         WHERE time_ms >= ?1 GROUP BY key",
+    )?;
+    let rows = statement.query_map([since_ms], |row| {
+        Ok((row.get::<_, String>(0)?, count(row.get(1)?)))
+    })?;
+    rows.collect()
+}
+
+fn static_path(path: &str) -> &'static str {
+    match path {
+        "tunnel" => "tunnel",
+        "run" => "run",
+        _ => "none",
+    }
+}
+
+fn static_api(api: &str) -> &'static str {
+    match api {
+        "openai" => "openai",
+        "responses" => "responses",
+        "messages" => "messages",
+        "ollama" => "ollama",
+        _ => "unknown",
+    }
+}

@@ -1,0 +1,124 @@
+//! The ledger's writer: one dedicated thread that owns the SQLite connection, takes
+//! records from a bounded channel and commits them in batches (up to [`MAX_BATCH`]
+//! records, or what arrived within [`BATCH_WINDOW`] of a batch's first record), and prunes
+//! rows past the retention once an hour. Nothing on the relay path waits for it: the
+//! sending side only ever `try_send`s ([`super::Ledger::push`]).
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use rusqlite::Connection;
+
+use super::record::UsageRecord;
+use super::store;
+
+/// Most records committed in one transaction.
+pub const MAX_BATCH: usize = 1_000;
+/// How long a batch waits for more records after its first.
+pub const BATCH_WINDOW: Duration = Duration::from_millis(200);
+/// How often rows past the retention are deleted.
+pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// What the writer is sent.
+#[derive(Debug)]
+pub enum Message {
+    Record(UsageRecord),
+    /// Commit everything sent before, then answer.
+    Flush(SyncSender<()>),
+    /// Commit everything sent before and stop.
+    Close,
+}
+
+/// What the writer thread needs.
+pub struct Writer {
+    pub conn: Connection,
+    pub rx: Receiver<Message>,
+    /// Rows older than this many days are deleted.
+    pub retention_days: u32,
+    /// Records committed.
+    pub written: Counter,
+    /// Records lost (here: a failed commit).
+    pub dropped: Counter,
+}
+
+impl Writer {
+    /// Runs until [`Message::Close`] or every sender is gone, committing what came first.
+    pub fn run(mut self) {
+        let mut batch: Vec<UsageRecord> = Vec::with_capacity(MAX_BATCH);
+        let mut acks: Vec<SyncSender<()>> = Vec::new();
+        let mut next_prune = Instant::now();
+        let mut closing = false;
+        while !closing {
+            if Instant::now() >= next_prune {
+                self.prune();
+                next_prune = Instant::now() + PRUNE_EVERY;
+            }
+            let wait = next_prune.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(wait) {
+                Ok(Message::Record(r)) => batch.push(r),
+                Ok(Message::Flush(ack)) => acks.push(ack),
+                Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => closing = true,
+                Err(RecvTimeoutError::Timeout) => continue,
+            }
+            // Fill the batch: up to MAX_BATCH records or BATCH_WINDOW after its first.
+            // A flush or close commits at once.
+            let until = Instant::now() + BATCH_WINDOW;
+            while !closing && acks.is_empty() && batch.len() < MAX_BATCH {
+                let left = until.saturating_duration_since(Instant::now());
+                match self.rx.recv_timeout(left) {
+                    Ok(Message::Record(r)) => batch.push(r),
+                    Ok(Message::Flush(ack)) => acks.push(ack),
+                    Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => closing = true,
+                    Err(RecvTimeoutError::Timeout) => break,
+                }
+            }
+            if closing {
+                // Whatever is still queued was sent before the close.
+                while let Ok(message) = self.rx.try_recv() {
+                    match message {
+                        Message::Record(r) => batch.push(r),
+                        Message::Flush(ack) => acks.push(ack),
+                        Message::Close => {}
+                    }
+                }
+            }
+            self.commit(&mut batch);
+            for ack in acks.drain(..) {
+                let _ = ack.try_send(());
+            }
+        }
+        tracing::debug!(written = self.written.get(), "usage ledger writer stopped");
+    }
+
+    fn commit(&mut self, batch: &mut Vec<UsageRecord>) {
+        if batch.is_empty() {
+            return;
+        }
+        for chunk in batch.chunks(MAX_BATCH) {
+            match store::insert(&mut self.conn, chunk) {
+                Ok(()) => {
+                    self.written.inc_by(chunk.len() as u64);
+                }
+                Err(err) => {
+                    self.dropped.inc_by(chunk.len() as u64);
+                    tracing::error!(%err, records = chunk.len(), "usage ledger: cannot write records; they are counted as dropped");
+                }
+            }
+        }
+        batch.clear();
+    }
+
+    fn prune(&self) {
+        let cutoff = super::unix_ms_now() - i64::from(self.retention_days) * 86_400_000;
+        match store::prune(&self.conn, cutoff) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                deleted = n,
+                retention_days = self.retention_days,
+                "usage ledger: old records deleted"
+            ),
+            Err(err) => tracing::warn!(%err, "usage ledger: cannot delete old records"),
+        }
+    }
+}
