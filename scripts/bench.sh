@@ -5,10 +5,16 @@
 #   scripts/bench.sh [extra iop bench flags, e.g. --requests 5000 --concurrency 8]
 #   MOCK_ARGS="--token-delay-ms 5" scripts/bench.sh --mode stream   # paced tokens
 #   IOP_BENCH_LINK=both scripts/bench.sh      # direct vs plaintext vs TLS node link
+#   IOP_BENCH_LEDGER=both scripts/bench.sh    # direct vs usage ledger off vs on
 #
 # IOP_BENCH_LINK picks the edge–node link: `tls` (the default, what users get),
 # `plaintext` (node_tls.mode insecure_plaintext), or `both` (two edge + node pairs, one per
 # link, measured in the same interleaved run: targets `plaintext` and `tls`).
+#
+# IOP_BENCH_LEDGER turns the edge's usage ledger `on` (the default, what users get) or
+# `off` (ledger.enabled: false), or `both`: two edge + node pairs on the chosen link, one
+# without and one with the ledger, in the same interleaved run (targets `ledger-off` and
+# `ledger-on`). scripts/bench-ledger.sh measures the ledger's own write throughput.
 #
 # Builds release binaries, starts the processes on loopback ports, prints the table
 # `iop bench` produces and stops everything.
@@ -23,6 +29,7 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 
 LINK=${IOP_BENCH_LINK:-tls}
+LEDGER=${IOP_BENCH_LEDGER:-on}
 MOCK_PORT=${MOCK_PORT:-18000}
 NODE_PORT=${NODE_PORT:-17700}
 HTTP_PORT=${HTTP_PORT:-18080}
@@ -31,6 +38,14 @@ case "$LINK" in
     tls | plaintext | both) ;;
     *) echo "IOP_BENCH_LINK must be tls, plaintext or both (got $LINK)" >&2; exit 2 ;;
 esac
+case "$LEDGER" in
+    on | off | both) ;;
+    *) echo "IOP_BENCH_LEDGER must be on, off or both (got $LEDGER)" >&2; exit 2 ;;
+esac
+if [ "$LINK" = both ] && [ "$LEDGER" = both ]; then
+    echo "compare either the links or the ledger in one run, not both" >&2
+    exit 2
+fi
 
 # shellcheck disable=SC2086 # MOCK_ARGS is a list of flags
 "$IOP" mock-provider --listen "127.0.0.1:$MOCK_PORT" --tokens 16 ${MOCK_ARGS:-} >"$WORK/mock.log" 2>&1 &
@@ -38,9 +53,12 @@ PIDS+=($!)
 
 TARGETS=(--target "direct=http://127.0.0.1:$MOCK_PORT/v1")
 
-# start_pair NAME LINK NODE_PORT HTTP_PORT: an edge and a node whose link is LINK.
+# start_pair NAME LINK NODE_PORT HTTP_PORT [LEDGER]: an edge and a node whose link is
+# LINK, the edge's usage ledger on or off (default: $LEDGER).
 start_pair() {
-    local name=$1 link=$2 node_port=$3 http_port=$4
+    local name=$1 link=$2 node_port=$3 http_port=$4 ledger=${5:-$LEDGER}
+    local ledger_enabled=true
+    [ "$ledger" = off ] && ledger_enabled=false
     local mode=auto node_args=()
     if [ "$link" = plaintext ]; then
         mode=insecure_plaintext
@@ -50,6 +68,7 @@ start_pair() {
 listen: {nodes: "127.0.0.1:$node_port", http: "127.0.0.1:$http_port"}
 state_dir: "$WORK/$name-state"
 node_tls: {mode: $mode}
+ledger: {enabled: $ledger_enabled}
 nodes:
   - id: bench
     token: bench-token-0123456789
@@ -78,8 +97,17 @@ YAML
 if [ "$LINK" = both ]; then
     start_pair plaintext plaintext "$NODE_PORT" "$HTTP_PORT"
     start_pair tls tls "$((NODE_PORT + 1))" "$((HTTP_PORT + 1))"
+elif [ "$LEDGER" = both ]; then
+    start_pair ledger-off "$LINK" "$NODE_PORT" "$HTTP_PORT" off
+    start_pair ledger-on "$LINK" "$((NODE_PORT + 1))" "$((HTTP_PORT + 1))" on
 else
     start_pair iop "$LINK" "$NODE_PORT" "$HTTP_PORT"
 fi
 
 "$IOP" bench "${TARGETS[@]}" --model mock-model "$@"
+if [ "$LEDGER" != off ]; then
+    for log in "$WORK"/*-edge.log; do
+        grep -h "records dropped" "$log" && echo "WARNING: the ledger dropped records in $log" >&2
+    done
+    true
+fi

@@ -529,3 +529,53 @@ fn apis_default_per_kind_and_are_only_for_tunnelled_kinds() {
         assert!(text.contains(expected), "{yaml}: {text}");
     }
 }
+
+#[test]
+fn ledger_and_key_limits_are_checked_with_their_paths() {
+    let config = parse(GOOD).unwrap();
+    assert_eq!(config.ledger, LedgerConfig::default());
+    assert!(config.ledger.enabled);
+    assert_eq!(config.ledger.retention_days, 90);
+    let with = |extra: &str| format!("{GOOD}{extra}");
+    let e = err_text(&with("ledger: {retention_days: 0}\n"));
+    assert!(e.contains("ledger.retention_days"), "{e}");
+    let e = err_text(&with("ledger: {keep: 1}\n"));
+    assert!(e.contains("keep"), "{e}");
+    let key = |limits: &str| {
+        with(&format!(
+            "auth:\n  keys:\n    - {{name: a, role: client, key: key-a-0123456789ab, limits: {limits}}}\n"
+        ))
+    };
+    let ok = parse(&key(
+        "{requests_per_minute: 10, tokens_per_day: 1000, max_concurrent: 2}",
+    ))
+    .unwrap();
+    let limits = ok.auth.keys[0].limits;
+    assert_eq!(
+        (
+            limits.requests_per_minute,
+            limits.tokens_per_day,
+            limits.max_concurrent
+        ),
+        (Some(10), Some(1000), Some(2))
+    );
+    for (limits, path) in [
+        (
+            "{requests_per_minute: 0}",
+            "auth.keys[0].limits.requests_per_minute",
+        ),
+        ("{max_concurrent: 0}", "auth.keys[0].limits.max_concurrent"),
+        ("{tokens_per_day: 0}", "auth.keys[0].limits.tokens_per_day"),
+        ("{per_hour: 5}", "per_hour"),
+    ] {
+        let e = err_text(&key(limits));
+        assert!(e.contains(path), "{limits}: {e}");
+    }
+    // A token budget counts across restarts from the ledger: it needs one.
+    let e = err_text(&format!(
+        "{}ledger: {{enabled: false}}\n",
+        key("{tokens_per_day: 5}")
+    ));
+    assert!(e.contains("auth.keys[0].limits.tokens_per_day"), "{e}");
+    assert!(e.contains("ledger.enabled"), "{e}");
+}

@@ -178,3 +178,33 @@ async fn a_full_queue_counts_drops_instead_of_blocking() {
     assert_eq!(ledger.written() + ledger.dropped(), total);
     assert_eq!(ledger.written(), queued);
 }
+
+/// Not a check: `scripts/bench-ledger.sh` runs it (release build) to measure how many
+/// records per second the writer commits, sustained.
+#[tokio::test]
+#[ignore]
+async fn write_throughput() {
+    let total: usize = std::env::var("IOP_LEDGER_BENCH_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let dir = tempfile::tempdir().unwrap();
+    // A queue that holds every record, so the producer never waits and nothing is dropped:
+    // the time measured is the writer's.
+    let ledger = Ledger::open_with_queue(dir.path(), 3650, total).unwrap();
+    let started = std::time::Instant::now();
+    for i in 0..total {
+        let key = ["alice", "bob", "carol", "dave"][i % 4];
+        assert!(ledger.push(record(key, "g", T0 + i as i64, "ok", 16)));
+    }
+    let pushed = started.elapsed();
+    ledger.close(Duration::from_secs(600)).await;
+    let elapsed = started.elapsed();
+    assert_eq!(ledger.written(), total as u64);
+    println!(
+        "ledger write throughput: {total} records in {:.2} s = {:.0} records/s (pushing took {:.0} ns/record)",
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64(),
+        pushed.as_nanos() as f64 / total as f64
+    );
+}

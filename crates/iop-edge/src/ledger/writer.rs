@@ -20,8 +20,10 @@ pub const BATCH_WINDOW: Duration = Duration::from_millis(200);
 /// How often rows past the retention are deleted.
 pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
-/// What the writer is sent.
+/// What the writer is sent. Nearly every message is a record, so records are not boxed
+/// (that would be an allocation per request for the rare flush and close).
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Message {
     Record(UsageRecord),
     /// Commit everything sent before, then answer.

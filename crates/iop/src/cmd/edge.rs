@@ -19,8 +19,9 @@ string for `iop node --join`), remove them with `iop revoke ID`.
 
 SIGHUP re-reads the config file and applies it without dropping connections (listen
 addresses, max_frame_bytes, limits.max_body_bytes, limits.http's timeouts and connection
-cap, state_dir and node_tls need a restart); it also re-reads the http_tls certificate and
-key. Without auth.keys the edge serves loopback only unless the config says
+cap, state_dir, node_tls and ledger need a restart); it also re-reads the http_tls
+certificate and key. Every model-API request is recorded in state_dir/usage.db (the usage
+ledger; `iop usage` reads it). Without auth.keys the edge serves loopback only unless the config says
 auth.allow_anonymous: true. configs/edge.yaml documents every field.")]
 pub struct Args {
     /// Edge config file (nodes, tokens, providers, model groups).
