@@ -10,6 +10,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# What a fresh machine may lack for the tests: curl, Python's venv module (the pinned client
+# libraries), Node.js and npm (the OpenAI Node SDK), Chromium (the status page's test).
+# Installed with apt-get when running as root; otherwise the missing ones are named.
+missing=()
+command -v curl >/dev/null || missing+=(curl)
+command -v python3 >/dev/null || missing+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
+command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    else
+        echo "scripts/test.sh: please install: ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+export IOP_REQUIRE_BROWSER=1
+
 requirements=crates/iop/tests/python/requirements.txt
 if [ ! -x .venv/bin/python ] || ! cmp -s "$requirements" .venv/iop-requirements.txt; then
     python3 -m venv .venv
@@ -20,10 +41,6 @@ export IOP_PYTHON="$PWD/.venv/bin/python"
 export IOP_REQUIRE_PYTHON_SDK=1
 
 node_dir=crates/iop/tests/node
-command -v npm >/dev/null || {
-    echo "scripts/test.sh: needs Node.js and npm (the OpenAI Node SDK tests)" >&2
-    exit 1
-}
 if ! cmp -s "$node_dir/package-lock.json" "$node_dir/node_modules/iop-package-lock.json"; then
     npm ci --prefix "$node_dir" --no-audit --no-fund --loglevel=error
     cp "$node_dir/package-lock.json" "$node_dir/node_modules/iop-package-lock.json"

@@ -11,7 +11,7 @@
 
 use foldhash::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use iop_proto::Outbound;
@@ -162,6 +162,9 @@ pub struct NodeSession {
     pub kick: CancellationToken,
     /// Bytes one stream may hold waiting for its consumer.
     stream_budget: usize,
+    /// When the node's last heartbeat (a ping or pong) arrived, in milliseconds after
+    /// `connected_at`.
+    last_heartbeat_ms: AtomicU64,
     routes: Mutex<Routes>,
 }
 
@@ -181,6 +184,7 @@ impl NodeSession {
             outbound,
             kick,
             stream_budget: crate::config::node_limits::DEFAULT_STREAM_BUFFER_BYTES,
+            last_heartbeat_ms: AtomicU64::new(0),
             routes: Mutex::new(Routes::default()),
         }
     }
@@ -189,6 +193,18 @@ impl NodeSession {
     pub fn with_stream_budget(mut self, bytes: usize) -> Self {
         self.stream_budget = bytes;
         self
+    }
+
+    /// A heartbeat (ping or pong) arrived from the node at `now`.
+    pub fn heartbeat_seen(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.connected_at).as_millis() as u64;
+        self.last_heartbeat_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// When the node's last heartbeat arrived (its ready time until one does).
+    pub fn last_heartbeat(&self) -> Instant {
+        self.connected_at
+            + std::time::Duration::from_millis(self.last_heartbeat_ms.load(Ordering::Relaxed))
     }
 
     pub fn open_run(&self, run_id: &str) -> Result<StreamReceiver<pb::RunEvent>, SessionClosed> {

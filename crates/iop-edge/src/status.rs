@@ -40,9 +40,17 @@ pub struct NodeStatus {
     pub peer: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connected_for_sec: Option<u64>,
+    /// The current connection's generation (registering or ready): it grows with every
+    /// connection the edge accepts, so a new one means the node reconnected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// Milliseconds since the ready node's last heartbeat (a ping or pong); pings come
+    /// every 2 s, and 5 s of silence ends the connection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat_age_ms: Option<u64>,
     /// For a connected (or registering) node: `transport` (`tls` / `plaintext`),
-    /// `credential` (`client_certificate` / `join_token` / `static_token`) and
-    /// `credential_expires_unix_ms`.
+    /// `credential` (`client_certificate` / `join_token` / `static_token`),
+    /// `credential_expires_unix_ms`, and the `version` and `hostname` it registered with.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub link: Option<LinkStatus>,
     pub providers: Vec<ProviderStatus>,
@@ -109,12 +117,20 @@ pub struct StatusInput {
     pub now_unix_ms: u64,
 }
 
+/// A dispatch-ready session as the snapshot reads it.
+#[derive(Debug, Clone)]
+pub struct SessionReading {
+    pub peer: String,
+    pub connected_at: Instant,
+    pub last_heartbeat: Instant,
+}
+
 /// One node's connection as the snapshot reads it.
 #[derive(Debug, Clone)]
 pub struct NodeReading {
     pub owner: OwnerState,
-    /// The dispatch-ready session's peer and start.
-    pub session: Option<(String, Instant)>,
+    /// The dispatch-ready session's peer, start and last heartbeat.
+    pub session: Option<SessionReading>,
     /// How the registered (or registering) connection is secured and authenticated.
     pub link: Option<LinkStatus>,
 }
@@ -145,7 +161,11 @@ impl Edge {
                 let session = matches!(owner, OwnerState::Ready(_))
                     .then(|| self.session(&node.id))
                     .flatten()
-                    .map(|s| (s.peer.clone(), s.connected_at));
+                    .map(|s| SessionReading {
+                        peer: s.peer.clone(),
+                        connected_at: s.connected_at,
+                        last_heartbeat: s.last_heartbeat(),
+                    });
                 let link = match owner {
                     OwnerState::Pending(g) | OwnerState::Ready(g) => self.link_status(&node.id, g),
                     OwnerState::Offline => None,
@@ -205,10 +225,23 @@ impl StatusSnapshot {
                         OwnerState::Pending(_) => "registering",
                         OwnerState::Ready(_) => "ready",
                     },
-                    peer: session.as_ref().map(|(peer, _)| peer.clone()),
-                    connected_for_sec: session
-                        .as_ref()
-                        .map(|(_, at)| input.now.saturating_duration_since(*at).as_secs()),
+                    peer: session.as_ref().map(|s| s.peer.clone()),
+                    connected_for_sec: session.as_ref().map(|s| {
+                        input
+                            .now
+                            .saturating_duration_since(s.connected_at)
+                            .as_secs()
+                    }),
+                    generation: match state {
+                        OwnerState::Offline => None,
+                        OwnerState::Pending(g) | OwnerState::Ready(g) => Some(g.0),
+                    },
+                    heartbeat_age_ms: session.as_ref().map(|s| {
+                        input
+                            .now
+                            .saturating_duration_since(s.last_heartbeat)
+                            .as_millis() as u64
+                    }),
                     link: reading.and_then(|r| r.link.clone()),
                     providers,
                 }

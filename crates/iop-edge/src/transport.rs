@@ -349,6 +349,13 @@ impl Connection {
         }
     }
 
+    /// Notes a heartbeat from the node for the status (its heartbeat age).
+    fn heartbeat_seen(&self) {
+        if let Some(session) = &self.session {
+            session.heartbeat_seen(Instant::now());
+        }
+    }
+
     /// Cuts one stream whose node ignored its credit window or byte budget: the rest of
     /// the connection goes on.
     fn cut(&self, node_id: &str, cancel: pb::CancelRequest) {
@@ -389,8 +396,9 @@ impl Connection {
             }
             Message::Ping(ping) => {
                 self.outbound.try_send(pb::Pong { nonce: ping.nonce });
+                self.heartbeat_seen();
             }
-            Message::Pong(_) => {}
+            Message::Pong(_) => self.heartbeat_seen(),
             Message::RunEvent(event) => {
                 let Some(session) = &self.session else {
                     tracing::warn!(node_id, "run event before ready ignored");

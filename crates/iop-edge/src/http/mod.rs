@@ -5,7 +5,8 @@
 //! request's `x-request-id` ([`request_id`]); browsers get CORS when it is configured
 //! ([`cors`]).
 //!
-//! Routes come in three kinds: the probes are open; the OpenAI (chat, completions,
+//! Routes come in three kinds: the probes and the status page ([`ui`], which holds no data
+//! and reads the admin endpoints with a key it asks for) are open; the OpenAI (chat, completions,
 //! embeddings, Responses), Anthropic Messages ([`apis`]), Ollama ([`ollama_api`]) and runs
 //! APIs take any key; `/admin/*` (node credentials too: [`trust`]), `/metrics` and node
 //! commands take admin keys only. On an edge without keys every route is open.
@@ -31,6 +32,7 @@ pub mod server;
 pub mod stream_usage;
 pub mod tls;
 pub mod trust;
+pub mod ui;
 pub mod usage;
 
 use std::sync::Arc;
@@ -71,6 +73,7 @@ pub fn router(edge: Arc<Edge>) -> Router {
         .merge(authenticated)
         .merge(anthropic)
         .merge(admin::open_routes())
+        .merge(ui::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(edge.config().limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(edge.clone(), cors::layer))
@@ -202,6 +205,8 @@ auth:
         assert_eq!(status_of(KEYS, "GET", "/metrics", admin).await, 200);
         assert_eq!(status_of(KEYS, "GET", "/v1/models", alice).await, 200);
         assert_eq!(status_of(KEYS, "GET", "/healthz", None).await, 200);
+        // The status page holds no data: it is open, its data is not.
+        assert_eq!(status_of(KEYS, "GET", "/ui", None).await, 200);
         assert_eq!(
             status_of(KEYS, "POST", "/v1/runs/nope/cancel", alice).await,
             404

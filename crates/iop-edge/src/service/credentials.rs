@@ -41,6 +41,25 @@ pub struct LinkStatus {
     /// When the credential stops working (certificates), Unix milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credential_expires_unix_ms: Option<u64>,
+    /// The iop version the node registered with (empty if it sent none).
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub version: String,
+    /// The host name the node registered with (empty if it sent none).
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub hostname: String,
+}
+
+/// Longest node-sent label (version, host name) the status keeps.
+const MAX_LABEL_CHARS: usize = 64;
+
+/// A label the node sent, as the status shows it: control characters dropped, at most
+/// [`MAX_LABEL_CHARS`] characters (the node is not trusted to keep it short or clean).
+fn bounded_label(label: &str) -> String {
+    label
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_LABEL_CHARS)
+        .collect()
 }
 
 #[derive(Debug)]
@@ -195,6 +214,8 @@ impl Edge {
                     transport: link.name(),
                     credential,
                     credential_expires_unix_ms: expires,
+                    version: bounded_label(&request.node_version),
+                    hostname: bounded_label(&request.hostname),
                 },
                 control,
             },

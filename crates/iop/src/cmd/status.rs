@@ -91,19 +91,24 @@ pub async fn run(args: Args) -> super::Result {
     if !nodes.is_empty() {
         println!();
         println!(
-            "{:<16} {:<10} {:<20} CREDENTIAL EXPIRES",
-            "NODE", "LINK", "CREDENTIAL"
+            "{:<16} {:<10} {:<20} {:<20} {:<10} VERSION",
+            "NODE", "LINK", "CREDENTIAL", "CREDENTIAL EXPIRES", "HEARTBEAT"
         );
         for node in nodes {
             let expires = node["credential_expires_unix_ms"]
                 .as_u64()
                 .map_or_else(|| "never".to_string(), expiry);
+            let heartbeat = node["heartbeat_age_ms"]
+                .as_u64()
+                .map_or_else(String::new, |ms| format!("{:.1}s ago", ms as f64 / 1000.0));
             println!(
-                "{:<16} {:<10} {:<20} {}",
+                "{:<16} {:<10} {:<20} {:<20} {:<10} {}",
                 node["id"].as_str().unwrap_or(""),
                 node["transport"].as_str().unwrap_or(""),
                 node["credential"].as_str().unwrap_or(""),
-                expires
+                expires,
+                heartbeat,
+                node["version"].as_str().unwrap_or("")
             );
         }
     }

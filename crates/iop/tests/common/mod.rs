@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod health;
 pub mod node_wire;
 pub mod ollama_api;
