@@ -68,7 +68,7 @@ mod tests {
         assert_eq!(message(&e), "must be an integer (field `options.seed`)");
         let e = ApiError::invalid_param("think", "`think` must be true");
         assert_eq!(message(&e), "`think` must be true");
-        let mut e = ApiError::upstream("capacity", "busy");
+        let mut e = ApiError::upstream("provider_rate_limited", "busy");
         e.retry_after = Some(2);
         let r = response(e);
         assert_eq!(r.status(), 429);
