@@ -51,7 +51,8 @@ model_groups:
 
 #[tokio::test]
 async fn the_openai_sdk_streaming_at_twice_the_capacity_never_meets_a_full_node_gate() {
-    let Some(python) = sdk::python("the OpenAI SDK at twice a group's capacity", &["openai"]) else {
+    let Some(python) = sdk::python("the OpenAI SDK at twice a group's capacity", &["openai"])
+    else {
         return;
     };
     let (_dir, _mock, edge, node) =

@@ -211,7 +211,10 @@ mod tests {
         let body = text(answer(events(list), renderer(), true, 1024).await.unwrap()).await;
         assert_eq!(body.lines().last().unwrap(), r#"{"error":"boom"}"#);
         assert!(!body.contains("never"));
-        let list = vec![Event::Failed(ApiError::upstream("provider_rate_limited", "busy"))];
+        let list = vec![Event::Failed(ApiError::upstream(
+            "provider_rate_limited",
+            "busy",
+        ))];
         let e = answer(events(list), renderer(), true, 1024)
             .await
             .unwrap_err();
