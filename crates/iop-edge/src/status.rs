@@ -366,10 +366,11 @@ model_groups:
             "a".into(),
             NodeReading {
                 owner: OwnerState::Ready(Generation(4)),
-                session: Some((
-                    "127.0.0.1:5".into(),
-                    now - std::time::Duration::from_secs(9),
-                )),
+                session: Some(SessionReading {
+                    peer: "127.0.0.1:5".into(),
+                    connected_at: now - std::time::Duration::from_secs(9),
+                    last_heartbeat: now - std::time::Duration::from_secs(1),
+                }),
                 link: None,
             },
         );
