@@ -6,14 +6,16 @@
 #   MOCK_ARGS="--token-delay-ms 5" scripts/bench.sh --mode stream   # paced tokens
 #   IOP_BENCH_LINK=both scripts/bench.sh      # direct vs plaintext vs TLS node link
 #   IOP_BENCH_BASELINE=/path/to/older/iop scripts/bench.sh   # before/after in one run
+#   IOP_BENCH_BASELINE="v1=/path/a v2=/path/b" scripts/bench.sh   # several, named
 #   IOP_BENCH_LEDGER=both scripts/bench.sh    # direct vs usage ledger off vs on
 #
 # IOP_BENCH_LINK picks the edge–node link: `tls` (the default, what users get),
 # `plaintext` (node_tls.mode insecure_plaintext), or `both` (two edge + node pairs, one per
 # link, measured in the same interleaved run: targets `plaintext` and `tls`).
 #
-# IOP_BENCH_BASELINE names another `iop` binary (e.g. a release build of an earlier commit):
-# it runs one more edge + node pair, target `baseline`, in the same interleaved run, with a
+# IOP_BENCH_BASELINE names another `iop` binary (e.g. a release build of an earlier commit),
+# or several as space-separated NAME=PATH words: each runs one more edge + node pair
+# (target `baseline`, or NAME), in the same interleaved run, with a
 # config that older versions read too (no TLS settings: a version with TLS uses its
 # default, the pinned TLS link).
 #
@@ -100,11 +102,12 @@ YAML
     TARGETS+=(--target "$name=http://127.0.0.1:$http_port/v1")
 }
 
-# start_baseline NODE_PORT HTTP_PORT: an edge and a node run by $IOP_BENCH_BASELINE.
+# start_baseline NAME BIN NODE_PORT HTTP_PORT: an edge and a node run by the binary BIN.
 start_baseline() {
-    local node_port=$1 http_port=$2 bin=$IOP_BENCH_BASELINE pin_args=()
-    mkdir -p "$WORK/baseline"
-    cat >"$WORK/baseline/edge.yaml" <<YAML
+    local name=$1 bin=$2 node_port=$3 http_port=$4 pin_args=()
+    local dir="$WORK/$name"
+    mkdir -p "$dir"
+    cat >"$dir/edge.yaml" <<YAML
 listen: {nodes: "127.0.0.1:$node_port", http: "127.0.0.1:$http_port"}
 nodes:
   - id: bench
@@ -115,26 +118,32 @@ model_groups:
   - {name: mock-model, members: [{node: bench, provider: mock}], queue: {max_waiting: 1024}}
 YAML
     local pin
-    if pin=$(RUST_LOG=warn "$bin" edge --config "$WORK/baseline/edge.yaml" --print-pin 2>/dev/null); then
+    if pin=$(RUST_LOG=warn "$bin" edge --config "$dir/edge.yaml" --print-pin 2>/dev/null); then
         pin_args=(--edge-pin "$pin")
     fi
-    RUST_LOG=warn "$bin" edge --config "$WORK/baseline/edge.yaml" >"$WORK/baseline-edge.log" 2>&1 &
+    RUST_LOG=warn "$bin" edge --config "$dir/edge.yaml" >"$WORK/$name-edge.log" 2>&1 &
     PIDS+=($!)
     sleep 0.5
-    (cd "$WORK/baseline" && RUST_LOG=warn exec "$bin" node --edge "127.0.0.1:$node_port" \
-        --token bench-token-0123456789 --db "$WORK/baseline/node.db" "${pin_args[@]}") \
-        >"$WORK/baseline-node.log" 2>&1 &
+    (cd "$dir" && RUST_LOG=warn exec "$bin" node --edge "127.0.0.1:$node_port" \
+        --token bench-token-0123456789 --db "$dir/node.db" "${pin_args[@]}") \
+        >"$WORK/$name-node.log" 2>&1 &
     PIDS+=($!)
     for _ in $(seq 100); do
         curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null && break
         sleep 0.1
     done
-    TARGETS+=(--target "baseline=http://127.0.0.1:$http_port/v1")
+    TARGETS+=(--target "$name=http://127.0.0.1:$http_port/v1")
 }
 
-if [ -n "${IOP_BENCH_BASELINE:-}" ]; then
-    start_baseline "$((NODE_PORT + 2))" "$((HTTP_PORT + 2))"
-fi
+baseline_port=2
+for entry in ${IOP_BENCH_BASELINE:-}; do
+    case "$entry" in
+        *=*) name=${entry%%=*} bin=${entry#*=} ;;
+        *) name=baseline bin=$entry ;;
+    esac
+    start_baseline "$name" "$bin" "$((NODE_PORT + baseline_port))" "$((HTTP_PORT + baseline_port))"
+    baseline_port=$((baseline_port + 1))
+done
 
 if [ "$LINK" = both ]; then
     start_pair plaintext plaintext "$NODE_PORT" "$HTTP_PORT"
