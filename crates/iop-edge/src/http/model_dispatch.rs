@@ -76,6 +76,8 @@ where
     F: Fn(Member<'_>) -> Result<Work, ApiError> + Sync,
 {
     fn work(&self, member: Member<'_>) -> Result<Work, SubmitError> {
+        // Only the last attempt's refusal can be the request's error.
+        *self.refusal.lock().expect("refusal lock") = None;
         (self.build)(member).map_err(|e| {
             let error = SubmitError::Failed {
                 code: e.reason,
