@@ -186,6 +186,19 @@ impl Browser {
     /// Sends one protocol command (to the tab of `session`, or the browser) and returns its
     /// result; panics on a protocol error or after [`CALL_TIMEOUT`].
     async fn send(&self, session: Option<&str>, method: &str, params: Value) -> Value {
+        self.try_send(session, method, params, CALL_TIMEOUT)
+            .await
+            .unwrap_or_else(|| panic!("{method}: no answer within {CALL_TIMEOUT:?}"))
+    }
+
+    /// [`Self::send`] that gives up after `within` (`None`) instead of panicking.
+    async fn try_send(
+        &self,
+        session: Option<&str>,
+        method: &str,
+        params: Value,
+        within: Duration,
+    ) -> Option<Value> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut message = json!({"id": id, "method": method, "params": params});
         if let Some(session) = session {
@@ -200,18 +213,41 @@ impl Browser {
             pipe.write_all(&bytes)
                 .unwrap_or_else(|e| panic!("{method}: the browser is gone: {e}"));
         }
-        let answer = tokio::time::timeout(CALL_TIMEOUT, rx)
-            .await
-            .unwrap_or_else(|_| panic!("{method}: no answer within {CALL_TIMEOUT:?}"))
-            .unwrap_or_else(|_| panic!("{method}: the browser closed the pipe"));
+        let Ok(answer) = tokio::time::timeout(within, rx).await else {
+            self.pending.lock().unwrap().remove(&id);
+            return None;
+        };
+        let answer = answer.unwrap_or_else(|_| panic!("{method}: the browser closed the pipe"));
         if let Some(error) = answer.get("error") {
             panic!("{method}: {error}");
         }
-        answer["result"].clone()
+        Some(answer["result"].clone())
+    }
+
+    /// Waits until the browser answers on its pipe. A busy machine may take long to start
+    /// Chromium, and a command written while it is still starting can go unanswered, so
+    /// the question is asked again every few seconds (for up to two minutes).
+    async fn wait_answering(&self) {
+        for _ in 0..24 {
+            let asked = self.try_send(
+                None,
+                "Browser.getVersion",
+                json!({}),
+                Duration::from_secs(5),
+            );
+            if asked.await.is_some() {
+                return;
+            }
+        }
+        panic!(
+            "Chromium did not answer on its DevTools pipe within 2 minutes; its stderr:\n{}",
+            self.stderr()
+        );
     }
 
     /// Opens a tab of `width`×`height` CSS pixels with console and log collection on.
     pub async fn new_page(&self, width: u32, height: u32) -> Page<'_> {
+        self.wait_answering().await;
         let target = self
             .send(None, "Target.createTarget", json!({"url": "about:blank"}))
             .await;
