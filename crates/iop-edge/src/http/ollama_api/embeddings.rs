@@ -41,13 +41,7 @@ pub(super) async fn embed(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let incoming = Incoming {
-        recorder: edge.start_request(crate::ledger::ClientApi::Ollama, &caller),
-        caller,
-        headers,
-        body,
-        received: Instant::now(),
-    };
+    let incoming = Incoming::new(&edge, caller, headers, body);
     let recorder = incoming.recorder.clone();
     let outcome = handle_embed(&edge, incoming, Embeddings::Embed).await;
     finish(&edge, &recorder, outcome)
@@ -59,13 +53,7 @@ pub(super) async fn embeddings(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let incoming = Incoming {
-        recorder: edge.start_request(crate::ledger::ClientApi::Ollama, &caller),
-        caller,
-        headers,
-        body,
-        received: Instant::now(),
-    };
+    let incoming = Incoming::new(&edge, caller, headers, body);
     let recorder = incoming.recorder.clone();
     let outcome = handle_embed(&edge, incoming, Embeddings::Legacy).await;
     finish(&edge, &recorder, outcome)

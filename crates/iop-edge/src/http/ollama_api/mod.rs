@@ -82,6 +82,24 @@ struct Incoming {
     recorder: crate::ledger::RequestRecorder,
 }
 
+impl Incoming {
+    /// A request received now, its ledger record started.
+    fn new(
+        edge: &Arc<Edge>,
+        caller: Caller,
+        headers: HeaderMap,
+        body: Result<Bytes, BytesRejection>,
+    ) -> Self {
+        Self {
+            recorder: edge.start_request(crate::ledger::ClientApi::Ollama, &caller),
+            caller,
+            headers,
+            body,
+            received: Instant::now(),
+        }
+    }
+}
+
 /// A handler's result: the group (for metrics), the path served (`tunnel`, `run`, `none`)
 /// and the response — or the group and the error.
 type Outcome = Result<(String, &'static str, Response), (String, ApiError)>;
@@ -228,14 +246,7 @@ async fn chat(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let received = Instant::now();
-    let incoming = Incoming {
-        recorder: edge.start_request(crate::ledger::ClientApi::Ollama, &caller),
-        caller,
-        headers,
-        body,
-        received,
-    };
+    let incoming = Incoming::new(&edge, caller, headers, body);
     let recorder = incoming.recorder.clone();
     let outcome = handle_chat(&edge, incoming).await;
     finish(&edge, &recorder, outcome)
@@ -263,7 +274,8 @@ async fn handle_chat(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
         headers: &incoming.headers,
         recorder: &incoming.recorder,
     };
-    let dispatched = model_dispatch::dispatch(edge, target, |member| {
+    let received = incoming.received;
+    dispatch_and_answer(edge, target, Endpoint::Chat, received, stream, |member| {
         let provider = member.provider;
         match provider.kind {
             ProviderKind::Ollama => native(member, "/api/chat", &body, stream),
@@ -278,15 +290,6 @@ async fn handle_chat(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
         }
     })
     .await
-    .map_err(fail)?;
-    // From here the dispatcher's meter counts the request.
-    let fail = |e: ApiError| (group.clone(), e.metered());
-    let renderer = renderer(Endpoint::Chat, &group, incoming.received);
-    let path = dispatched.started.path();
-    let response = answer(edge, dispatched, renderer, stream)
-        .await
-        .map_err(fail)?;
-    Ok((group, path, response))
 }
 
 async fn generate(
@@ -295,14 +298,7 @@ async fn generate(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let received = Instant::now();
-    let incoming = Incoming {
-        recorder: edge.start_request(crate::ledger::ClientApi::Ollama, &caller),
-        caller,
-        headers,
-        body,
-        received,
-    };
+    let incoming = Incoming::new(&edge, caller, headers, body);
     let recorder = incoming.recorder.clone();
     let outcome = handle_generate(&edge, incoming).await;
     finish(&edge, &recorder, outcome)
@@ -330,30 +326,53 @@ async fn handle_generate(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
         headers: &incoming.headers,
         recorder: &incoming.recorder,
     };
-    let dispatched = model_dispatch::dispatch(edge, target, |member| {
-        let provider = member.provider;
-        match provider.kind {
-            ProviderKind::Ollama => native(member, "/api/generate", &body, stream),
-            kind if kind.is_tunnel() => {
-                let (path, body) = request
-                    .openai_request(member.upstream_model, provider.injects_stream_usage())?;
-                Ok(openai(provider, path, &body, stream))
+    let received = incoming.received;
+    dispatch_and_answer(
+        edge,
+        target,
+        Endpoint::Generate,
+        received,
+        stream,
+        |member| {
+            let provider = member.provider;
+            match provider.kind {
+                ProviderKind::Ollama => native(member, "/api/generate", &body, stream),
+                kind if kind.is_tunnel() => {
+                    let (path, body) = request
+                        .openai_request(member.upstream_model, provider.injects_stream_usage())?;
+                    Ok(openai(provider, path, &body, stream))
+                }
+                _ => Ok(Work::Run(
+                    request.run_spec(&provider.id, member.upstream_model)?,
+                )),
             }
-            _ => Ok(Work::Run(
-                request.run_spec(&provider.id, member.upstream_model)?,
-            )),
-        }
-    })
+        },
+    )
     .await
-    .map_err(fail)?;
-    // From here the dispatcher's meter counts the request.
-    let fail = |e: ApiError| (group.clone(), e.metered());
-    let renderer = renderer(Endpoint::Generate, &group, incoming.received);
+}
+
+/// Sends a chat or generate request to a member of `target.group` (`build` makes what the
+/// member takes) and answers it in Ollama's shape.
+async fn dispatch_and_answer(
+    edge: &Arc<Edge>,
+    target: Target<'_>,
+    endpoint: Endpoint,
+    received: Instant,
+    stream: bool,
+    build: impl Fn(Member<'_>) -> Result<Work, ApiError> + Sync,
+) -> Outcome {
+    let group = target.group.to_string();
+    let dispatched = match model_dispatch::dispatch(edge, target, build).await {
+        Ok(dispatched) => dispatched,
+        Err(e) => return Err((group, e)),
+    };
+    let renderer = renderer(endpoint, &group, received);
     let path = dispatched.started.path();
-    let response = answer(edge, dispatched, renderer, stream)
-        .await
-        .map_err(fail)?;
-    Ok((group, path, response))
+    match answer(edge, dispatched, renderer, stream).await {
+        Ok(response) => Ok((group, path, response)),
+        // From here the dispatcher's meter counts the request.
+        Err(e) => Err((group, e.metered())),
+    }
 }
 
 /// The renderer for an answer dispatched now to a request `received` then.
