@@ -56,6 +56,8 @@ pub struct Ledger {
     /// `None`: the ledger is off (`ledger.enabled: false`, or no state directory).
     queue: Option<SyncSender<Message>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The writer thread, unparked by a flush or close (records never wake it).
+    writer_thread: Option<std::thread::Thread>,
     /// The connection queries use (run on blocking threads).
     reader: Option<Arc<Mutex<Connection>>>,
     path: Option<PathBuf>,
@@ -87,6 +89,7 @@ impl Ledger {
         Self {
             queue: None,
             writer: Mutex::new(None),
+            writer_thread: None,
             reader: None,
             path: None,
             dropped: Counter::default(),
@@ -128,6 +131,7 @@ impl Ledger {
             })?;
         Ok(Self {
             queue: Some(queue),
+            writer_thread: Some(handle.thread().clone()),
             writer: Mutex::new(Some(handle)),
             reader: Some(Arc::new(Mutex::new(reader))),
             path: Some(path),
@@ -201,13 +205,20 @@ impl Ledger {
         let Some(queue) = self.queue.clone() else {
             return true;
         };
+        let writer = self.writer_thread.clone();
         let waited = tokio::task::spawn_blocking(move || {
             let (ack, done) = sync_channel(1);
             let deadline = Instant::now() + within;
             let mut message = Message::Flush(ack);
             loop {
                 match queue.try_send(message) {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        // A filling batch commits now instead of at its next tick.
+                        if let Some(writer) = &writer {
+                            writer.unpark();
+                        }
+                        break;
+                    }
                     Err(TrySendError::Full(m)) if Instant::now() < deadline => {
                         message = m;
                         std::thread::sleep(Duration::from_millis(5));
@@ -234,6 +245,7 @@ impl Ledger {
         let closed = tokio::task::spawn_blocking(move || {
             // A blocking send: the close waits its turn behind the queued records.
             let _ = queue.send(Message::Close);
+            handle.thread().unpark();
             handle.join().is_ok()
         });
         match tokio::time::timeout(within, closed).await {

@@ -3,8 +3,14 @@
 //! records, or what arrived within [`BATCH_WINDOW`] of a batch's first record), and prunes
 //! rows past the retention once an hour. Nothing on the relay path waits for it: the
 //! sending side only ever `try_send`s ([`super::Ledger::push`]).
+//!
+//! While a batch fills, the writer does not wait on the channel: it sleeps (parked) and
+//! takes what arrived every [`GATHER_TICK`]. A receiver blocked on the channel would be
+//! woken by every record, a system call and a thread switch per request on the relay's
+//! thread; parked, only the first record of a batch wakes it. A flush or close unparks
+//! it ([`super::Ledger::flush`]), so neither waits for the tick.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
@@ -17,6 +23,8 @@ use super::store;
 pub const MAX_BATCH: usize = 1_000;
 /// How long a batch waits for more records after its first.
 pub const BATCH_WINDOW: Duration = Duration::from_millis(200);
+/// How often a filling batch takes what arrived.
+pub const GATHER_TICK: Duration = Duration::from_millis(25);
 /// How often rows past the retention are deleted.
 pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
@@ -63,27 +71,27 @@ impl Writer {
                 Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => closing = true,
                 Err(RecvTimeoutError::Timeout) => continue,
             }
-            // Fill the batch: up to MAX_BATCH records or BATCH_WINDOW after its first.
-            // A flush or close commits at once.
+            // Fill the batch: what arrives within BATCH_WINDOW after its first record, taken
+            // every GATHER_TICK (or at once when unparked), until MAX_BATCH records. A
+            // flush or close commits at once.
             let until = Instant::now() + BATCH_WINDOW;
-            while !closing && acks.is_empty() && batch.len() < MAX_BATCH {
-                let left = until.saturating_duration_since(Instant::now());
-                match self.rx.recv_timeout(left) {
-                    Ok(Message::Record(r)) => batch.push(r),
-                    Ok(Message::Flush(ack)) => acks.push(ack),
-                    Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => closing = true,
-                    Err(RecvTimeoutError::Timeout) => break,
-                }
-            }
-            if closing {
-                // Whatever is still queued was sent before the close.
-                while let Ok(message) = self.rx.try_recv() {
-                    match message {
-                        Message::Record(r) => batch.push(r),
-                        Message::Flush(ack) => acks.push(ack),
-                        Message::Close => {}
+            loop {
+                loop {
+                    match self.rx.try_recv() {
+                        Ok(Message::Record(r)) => batch.push(r),
+                        Ok(Message::Flush(ack)) => acks.push(ack),
+                        Ok(Message::Close) | Err(TryRecvError::Disconnected) => {
+                            closing = true;
+                            break;
+                        }
+                        Err(TryRecvError::Empty) => break,
                     }
                 }
+                let left = until.saturating_duration_since(Instant::now());
+                if closing || !acks.is_empty() || batch.len() >= MAX_BATCH || left.is_zero() {
+                    break;
+                }
+                std::thread::park_timeout(left.min(GATHER_TICK));
             }
             self.commit(&mut batch);
             for ack in acks.drain(..) {
