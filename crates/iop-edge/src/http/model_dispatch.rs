@@ -22,14 +22,15 @@ use crate::ledger::RequestRecorder;
 use crate::service::run::SubmitError;
 use crate::service::{Edge, GroupRequest, MemberRequest, RunStream, Served, TunnelStream};
 
-pub use crate::service::{LaneInputs, Member, Work};
+pub use crate::service::{LaneEstimate, LaneInputs, Member, Work};
 
 /// Which group a request is for, and who asks.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Target<'a> {
     pub group: &'a str,
-    /// What the lane estimate reads (prompt characters, max tokens).
-    pub lane: LaneInputs,
+    /// What the lane estimate reads (prompt characters, max tokens), asked only for a
+    /// group with a long-context threshold.
+    pub lane: LaneEstimate<'a>,
     pub caller: &'a Caller,
     /// The client's request headers (after the request-id middleware).
     pub headers: &'a HeaderMap,

@@ -31,7 +31,9 @@ use super::{chat_input, passthrough, render, stream_usage};
 use crate::auth::Caller;
 use crate::config::ProviderApi;
 use crate::ledger::{ClientApi, RequestRecorder};
-use crate::service::{Edge, LaneInputs, RunSpec, RunStream, TunnelSpec, TunnelStream};
+use crate::service::{
+    Edge, LaneEstimate, LaneInputs, RunSpec, RunStream, TunnelSpec, TunnelStream,
+};
 
 pub fn routes() -> Router<Arc<Edge>> {
     Router::new()
@@ -166,12 +168,13 @@ async fn handle(
         .get::<Map<String, Value>>("stream_options")
         .and_then(|o| o.get("include_usage").and_then(Value::as_bool))
         .unwrap_or(false);
+    let lane = || lane_inputs(&request, op);
     let dispatch_request = ChatDispatch {
         group: group.clone(),
         op,
         chat: Ok(&request),
         stream,
-        lane: lane_inputs(&request, op),
+        lane: &lane,
         keep_stream_usage: false,
         native: None,
         recorder,
@@ -247,7 +250,7 @@ pub(crate) struct ChatDispatch<'r> {
     /// served only by members whose provider serves `native`'s API itself.
     pub chat: Result<&'r ClientRequest<'r>, ApiError>,
     pub stream: bool,
-    pub lane: LaneInputs,
+    pub lane: LaneEstimate<'r>,
     /// The caller reads a tunnelled stream itself: stream usage the edge asks the provider
     /// for stays in the stream (it is still recorded).
     pub keep_stream_usage: bool,

@@ -55,10 +55,15 @@ pub fn estimate_context_tokens(inputs: LaneInputs) -> u64 {
         .saturating_add(inputs.max_tokens)
 }
 
-/// The lane a request needs in a group whose long-context threshold is `threshold`.
-pub fn lane_for(threshold: Option<u64>, inputs: LaneInputs) -> Lane {
+/// What the lane estimate reads of a request, computed only when the group has a
+/// long-context threshold (most have none, and the estimate walks the whole prompt).
+pub type LaneEstimate<'a> = &'a (dyn Fn() -> LaneInputs + Sync);
+
+/// The lane a request needs in a group whose long-context threshold is `threshold`;
+/// `inputs` is called only when there is one.
+pub fn lane_for(threshold: Option<u64>, inputs: impl FnOnce() -> LaneInputs) -> Lane {
     match threshold {
-        Some(t) if estimate_context_tokens(inputs) >= t => Lane::Long,
+        Some(t) if estimate_context_tokens(inputs()) >= t => Lane::Long,
         _ => Lane::Normal,
     }
 }
@@ -95,7 +100,7 @@ pub trait MemberRequest: Sync {
 pub struct GroupRequest<'a> {
     /// The model group (`model`).
     pub group: &'a str,
-    pub lane: LaneInputs,
+    pub lane: LaneEstimate<'a>,
     /// The name of the API key that sent it.
     pub api_key: Option<String>,
     /// The client's request id (`x-request-id`): in the node's logs, and sent to providers
@@ -551,9 +556,13 @@ mod tests {
             max_tokens: 100,
         };
         assert_eq!(estimate_context_tokens(inputs), 1100);
-        assert_eq!(lane_for(Some(1100), inputs), Lane::Long);
-        assert_eq!(lane_for(Some(1101), inputs), Lane::Normal);
-        assert_eq!(lane_for(None, inputs), Lane::Normal);
+        assert_eq!(lane_for(Some(1100), || inputs), Lane::Long);
+        assert_eq!(lane_for(Some(1101), || inputs), Lane::Normal);
+        // Without a threshold the prompt is never read.
+        assert_eq!(
+            lane_for(None, || unreachable!("no threshold, no estimate")),
+            Lane::Normal
+        );
         let huge = LaneInputs {
             prompt_chars: 4,
             max_tokens: u64::MAX,

@@ -50,7 +50,8 @@ use admission::AdmissionControl;
 use credentials::{ConnectionControl, LinkEntry};
 
 pub use dispatch::{
-    DispatchFailure, Dispatched, GroupRequest, LaneInputs, Member, MemberRequest, Served, Work,
+    DispatchFailure, Dispatched, GroupRequest, LaneEstimate, LaneInputs, Member, MemberRequest,
+    Served, Work,
 };
 pub use run::{RunSpec, RunStream};
 pub use tunnel::{TunnelHead, TunnelItem, TunnelSpec, TunnelStream};

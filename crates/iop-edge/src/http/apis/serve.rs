@@ -195,7 +195,7 @@ async fn handle(
         Ok(bytes) => Ok(ClientRequest::parse(bytes).map_err(fail)?),
         Err(e) => Err(e.clone()),
     };
-    let lane = match &chat {
+    let lane = || match &chat {
         Ok(chat) => openai::lane_inputs(chat, Operation::Chat),
         // Served natively only: the whole body stands for the prompt.
         Err(_) => LaneInputs {
@@ -212,7 +212,7 @@ async fn handle(
             op: Operation::Chat,
             chat: chat.as_ref().map_err(Clone::clone),
             stream: checked.stream,
-            lane,
+            lane: &lane,
             keep_stream_usage: true,
             native: Some(NativeRequest {
                 api: api.provider_api(),

@@ -87,7 +87,7 @@ async fn handle_embed(edge: &Arc<Edge>, incoming: Incoming, which: Embeddings) -
     };
     let target = Target {
         group: &group,
-        lane: lane(texts.chars(), None),
+        lane: &|| lane(texts.chars(), None),
         caller: &incoming.caller,
         headers: &incoming.headers,
         recorder: &incoming.recorder,

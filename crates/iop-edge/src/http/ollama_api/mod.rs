@@ -269,7 +269,7 @@ async fn handle_chat(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
     let stream = request.stream();
     let target = Target {
         group: &group,
-        lane: lane(request.prompt_chars(), options.max_tokens),
+        lane: &|| lane(request.prompt_chars(), options.max_tokens),
         caller: &incoming.caller,
         headers: &incoming.headers,
         recorder: &incoming.recorder,
@@ -321,7 +321,7 @@ async fn handle_generate(edge: &Arc<Edge>, incoming: Incoming) -> Outcome {
     let stream = request.stream();
     let target = Target {
         group: &group,
-        lane: lane(request.prompt_chars(), options.max_tokens),
+        lane: &|| lane(request.prompt_chars(), options.max_tokens),
         caller: &incoming.caller,
         headers: &incoming.headers,
         recorder: &incoming.recorder,
