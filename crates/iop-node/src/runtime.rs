@@ -171,6 +171,9 @@ pub struct NodeRuntime {
     pub(crate) started: Instant,
     /// Bumped whenever a provider's settled health changes (or the adapters change).
     health_changed: watch::Sender<u64>,
+    /// How long a tunnel waits for the provider's answer before it is acknowledged with
+    /// an `accepted` frame ([`crate::tunnel::ACCEPT_GRACE`]).
+    pub(crate) accept_grace: Duration,
 }
 
 /// A provider spec without its probe settings.
@@ -207,6 +210,7 @@ impl NodeRuntime {
             transport: Mutex::new(TransportStatus::default()),
             started: Instant::now(),
             health_changed: watch::Sender::new(0),
+            accept_grace: crate::tunnel::ACCEPT_GRACE,
         })
     }
 

@@ -11,12 +11,16 @@
 //! connection.
 //!
 //! A tunnel that passes its adapter's capacity gate (waiting up to
-//! [`crate::runtime::SLOT_GRACE`] for a slot) is acknowledged at once (`accepted`), before
-//! the provider is asked; a gate still full answers `node_capacity` instead. The gate's
+//! [`crate::runtime::SLOT_GRACE`] for a slot) is acknowledged by the provider's answer when
+//! that comes within [`ACCEPT_GRACE`] (the status frame, or an error), else by an
+//! `accepted` frame then: a fast provider costs no extra frame per request, a slow one
+//! (a non-streaming completion) is acknowledged long before any acknowledgement deadline.
+//! A gate still full answers `node_capacity` instead. The gate's
 //! slot is freed before the tunnel's last frame (end, or error — `cancelled` when the edge
 //! cancelled it) leaves, so the edge, seeing that frame, may hand the slot on.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
@@ -26,6 +30,10 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::runtime::{Connection, NodeRuntime};
 use crate::usage::{UsageDialect, UsageObserver};
+
+/// How long a tunnel that passed the gate waits for the provider's answer to acknowledge
+/// it before it sends an `accepted` frame.
+pub const ACCEPT_GRACE: Duration = Duration::from_millis(10);
 
 /// Largest body frame; bigger provider chunks are split.
 pub const MAX_BODY_FRAME: usize = 16 * 1024;
@@ -189,7 +197,6 @@ impl NodeRuntime {
             return self.end_tunnel(&request.request_id);
         };
         out.permit = Some(permit);
-        out.frame(Frame::Accepted(pb::TunnelAccepted {})).await;
         let credit = conn
             .credits
             .open(&request.request_id, request.initial_credit);
@@ -204,9 +211,19 @@ impl NodeRuntime {
             headers,
             request.body.clone(),
         );
-        let response = tokio::select! {
-            _ = cancel.cancelled() => None,
-            r = exchange => Some(r),
+        tokio::pin!(exchange);
+        let accept_after = tokio::time::sleep(self.accept_grace);
+        tokio::pin!(accept_after);
+        let mut accepted = false;
+        let response = loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break None,
+                r = &mut exchange => break Some(r),
+                _ = &mut accept_after, if !accepted => {
+                    accepted = true;
+                    out.frame(Frame::Accepted(pb::TunnelAccepted {})).await;
+                }
+            }
         };
         let mut usage_seen = None;
         match response {
@@ -392,4 +409,125 @@ async fn send_body(
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iop_proto::pb::envelope::Message;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An OpenAI-compatible provider on loopback that answers every request with a small
+    /// JSON body, `delay` after it arrived.
+    async fn provider(delay: Duration) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let Ok(n) = socket.read(&mut buf).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        request.extend_from_slice(&buf[..n]);
+                        let text = String::from_utf8_lossy(&request);
+                        if let Some(end) = text.find("\r\n\r\n") {
+                            let length = text[..end]
+                                .lines()
+                                .find_map(|l| {
+                                    l.to_ascii_lowercase()
+                                        .strip_prefix("content-length:")
+                                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                                })
+                                .unwrap_or(0);
+                            if request.len() >= end + 4 + length {
+                                break;
+                            }
+                        }
+                    }
+                    tokio::time::sleep(delay).await;
+                    let _ = socket
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+                        .await;
+                });
+            }
+        });
+        format!("http://{addr}/v1")
+    }
+
+    /// The frames a tunnel sends, by kind, when the provider answers after `delay` and the
+    /// node waits `grace` for that answer.
+    async fn frames_of_a_tunnel(delay: Duration, grace: Duration) -> Vec<&'static str> {
+        let mut runtime = NodeRuntime::new(None);
+        Arc::get_mut(&mut runtime).unwrap().accept_grace = grace;
+        runtime
+            .apply(&pb::NodeConfigPayload {
+                node_id: "n".into(),
+                providers: vec![pb::ProviderSpec {
+                    id: "p".into(),
+                    kind: pb::ProviderKind::OpenaiCompat as i32,
+                    base_url: provider(delay).await,
+                    max_concurrency: 1,
+                    ..Default::default()
+                }],
+                config_version: 1,
+            })
+            .unwrap();
+        let (outbound, mut rx) = iop_proto::Outbound::channel(64);
+        let conn = Connection {
+            outbound,
+            credits: Default::default(),
+            cancel: Default::default(),
+            tasks: Default::default(),
+        };
+        let request = pb::ProviderTunnelRequest {
+            request_id: "t1".into(),
+            adapter: "p".into(),
+            method: "POST".into(),
+            path: "/chat/completions".into(),
+            body: Bytes::from_static(b"{\"model\":\"m\",\"messages\":[]}"),
+            ..Default::default()
+        };
+        runtime.tunnel(request, conn).await;
+        let mut kinds = Vec::new();
+        while let Ok(envelope) = rx.try_recv() {
+            if let Some(Message::ProviderTunnelFrame(f)) = envelope.message {
+                kinds.push(match f.frame {
+                    Some(Frame::Accepted(_)) => "accepted",
+                    Some(Frame::Status(_)) => "status",
+                    Some(Frame::Headers(_)) => "headers",
+                    Some(Frame::Body(_)) => "body",
+                    Some(Frame::End(_)) => "end",
+                    Some(Frame::Error(_)) => "error",
+                    Some(Frame::Usage(_)) => "usage",
+                    Some(Frame::Metadata(_)) => "metadata",
+                    None => "none",
+                });
+            }
+        }
+        kinds
+    }
+
+    #[tokio::test]
+    async fn a_provider_answering_within_the_grace_acknowledges_the_tunnel_itself() {
+        // A grace no loaded machine exceeds on loopback.
+        let frames = frames_of_a_tunnel(Duration::ZERO, Duration::from_secs(30)).await;
+        assert_eq!(frames.first(), Some(&"status"), "{frames:?}");
+        assert!(!frames.contains(&"accepted"), "{frames:?}");
+        assert_eq!(frames.last(), Some(&"end"), "{frames:?}");
+    }
+
+    #[tokio::test]
+    async fn a_slower_provider_gets_the_tunnel_an_accepted_frame_first() {
+        let frames = frames_of_a_tunnel(Duration::from_millis(500), Duration::from_millis(1)).await;
+        assert_eq!(frames.first(), Some(&"accepted"), "{frames:?}");
+        assert_eq!(frames.iter().filter(|f| **f == "accepted").count(), 1);
+        assert_eq!(frames.get(1), Some(&"status"), "{frames:?}");
+        assert_eq!(frames.last(), Some(&"end"), "{frames:?}");
+    }
 }
