@@ -93,6 +93,16 @@ impl Writer {
                 }
                 std::thread::park_timeout(left.min(GATHER_TICK));
             }
+            if closing {
+                // Records that came in just behind the close are committed too, not lost.
+                while let Ok(message) = self.rx.try_recv() {
+                    match message {
+                        Message::Record(r) => batch.push(r),
+                        Message::Flush(ack) => acks.push(ack),
+                        Message::Close => {}
+                    }
+                }
+            }
             self.commit(&mut batch);
             for ack in acks.drain(..) {
                 let _ = ack.try_send(());
