@@ -76,11 +76,14 @@ impl Writer {
             // flush or close commits at once.
             let until = Instant::now() + BATCH_WINDOW;
             loop {
+                // Everything queued; after a close too, so records that came in just
+                // behind it are committed, not lost.
                 loop {
                     match self.rx.try_recv() {
                         Ok(Message::Record(r)) => batch.push(r),
                         Ok(Message::Flush(ack)) => acks.push(ack),
-                        Ok(Message::Close) | Err(TryRecvError::Disconnected) => {
+                        Ok(Message::Close) => closing = true,
+                        Err(TryRecvError::Disconnected) => {
                             closing = true;
                             break;
                         }
@@ -92,16 +95,6 @@ impl Writer {
                     break;
                 }
                 std::thread::park_timeout(left.min(GATHER_TICK));
-            }
-            if closing {
-                // Records that came in just behind the close are committed too, not lost.
-                while let Ok(message) = self.rx.try_recv() {
-                    match message {
-                        Message::Record(r) => batch.push(r),
-                        Message::Flush(ack) => acks.push(ack),
-                        Message::Close => {}
-                    }
-                }
             }
             self.commit(&mut batch);
             for ack in acks.drain(..) {
