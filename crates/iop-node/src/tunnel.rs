@@ -415,49 +415,16 @@ async fn send_body(
 mod tests {
     use super::*;
     use iop_proto::pb::envelope::Message;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// An OpenAI-compatible provider on loopback that answers every request with a small
-    /// JSON body, `delay` after it arrived.
-    async fn provider(delay: Duration) -> String {
+    /// The mock provider on loopback, answering (non-streamed) `delay` after a request.
+    async fn provider(delay: Duration) -> iop_mock::MockServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut request = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    loop {
-                        let Ok(n) = socket.read(&mut buf).await else {
-                            return;
-                        };
-                        if n == 0 {
-                            return;
-                        }
-                        request.extend_from_slice(&buf[..n]);
-                        let text = String::from_utf8_lossy(&request);
-                        if let Some(end) = text.find("\r\n\r\n") {
-                            let length = text[..end]
-                                .lines()
-                                .find_map(|l| {
-                                    l.to_ascii_lowercase()
-                                        .strip_prefix("content-length:")
-                                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-                                })
-                                .unwrap_or(0);
-                            if request.len() >= end + 4 + length {
-                                break;
-                            }
-                        }
-                    }
-                    tokio::time::sleep(delay).await;
-                    let _ = socket
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
-                        .await;
-                });
-            }
-        });
-        format!("http://{addr}/v1")
+        let config = iop_mock::MockConfig {
+            tokens: 5,
+            token_delay: delay / 5,
+            ..Default::default()
+        };
+        iop_mock::MockServer::serve(listener, config).unwrap()
     }
 
     /// The frames a tunnel sends, by kind, when the provider answers after `delay` and the
@@ -465,13 +432,14 @@ mod tests {
     async fn frames_of_a_tunnel(delay: Duration, grace: Duration) -> Vec<&'static str> {
         let mut runtime = NodeRuntime::new(None);
         Arc::get_mut(&mut runtime).unwrap().accept_grace = grace;
+        let provider = provider(delay).await;
         runtime
             .apply(&pb::NodeConfigPayload {
                 node_id: "n".into(),
                 providers: vec![pb::ProviderSpec {
                     id: "p".into(),
                     kind: pb::ProviderKind::OpenaiCompat as i32,
-                    base_url: provider(delay).await,
+                    base_url: provider.openai_base(),
                     max_concurrency: 1,
                     ..Default::default()
                 }],
@@ -490,7 +458,9 @@ mod tests {
             adapter: "p".into(),
             method: "POST".into(),
             path: "/chat/completions".into(),
-            body: Bytes::from_static(b"{\"model\":\"m\",\"messages\":[]}"),
+            body: Bytes::from_static(
+                br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+            ),
             ..Default::default()
         };
         runtime.tunnel(request, conn).await;
