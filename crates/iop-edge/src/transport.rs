@@ -405,7 +405,7 @@ impl Connection {
                     return;
                 };
                 let run_id = event.run_id.clone();
-                let delivery = session.deliver_run_event(event);
+                let delivery = session.deliver_run_event(*event);
                 if delivery.is_overrun() {
                     self.cut(node_id, pb::CancelRequest::run(&run_id, overrun(&delivery)));
                 }
@@ -434,13 +434,13 @@ impl Connection {
             Message::NodeCommandResponse(response) => {
                 if let Some(session) = &self.session {
                     let id = response.command_id.clone();
-                    session.deliver_reply(&id, CommandReply::Command(response));
+                    session.deliver_reply(&id, CommandReply::Command(*response));
                 }
             }
             Message::CancelResponse(response) => {
                 if let Some(session) = &self.session {
                     let id = response.command_id.clone();
-                    session.deliver_reply(&id, CommandReply::Cancel(response));
+                    session.deliver_reply(&id, CommandReply::Cancel(*response));
                 }
             }
             _ => tracing::warn!(node_id, kind = name, "unexpected frame from node ignored"),

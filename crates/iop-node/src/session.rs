@@ -438,9 +438,9 @@ impl Session {
                 // The edge withdrew the registration (an admin revoked this node).
                 return Some(refused(&self.addr, &response));
             }
-            Message::RunRequest(request) => self.runtime.start_run(request, &self.conn),
+            Message::RunRequest(request) => self.runtime.start_run(*request, &self.conn),
             Message::ProviderTunnelRequest(request) => {
-                self.runtime.start_tunnel(request, &self.conn)
+                self.runtime.start_tunnel(*request, &self.conn)
             }
             Message::StreamCredit(credit) => {
                 self.conn.credits.grant(&credit.stream_id, credit.frames)

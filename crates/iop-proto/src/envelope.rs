@@ -7,7 +7,7 @@ macro_rules! into_envelope {
     ($($ty:ident => $variant:ident),* $(,)?) => {
         $(impl From<pb::$ty> for Envelope {
             fn from(m: pb::$ty) -> Self {
-                Envelope { message: Some(Message::$variant(m)) }
+                Envelope { message: Some(Message::$variant(m.into())) }
             }
         })*
     };
@@ -88,5 +88,23 @@ impl pb::CancelRequest {
             reason: reason.to_string(),
             ..Default::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The relay moves every frame in an envelope several times on its way; a message
+    /// added to the envelope bigger than a tunnel frame must be boxed (`build.rs`), or
+    /// every frame pays for its size.
+    #[test]
+    fn an_envelope_is_no_bigger_than_a_tunnel_frame() {
+        let frame = std::mem::size_of::<pb::ProviderTunnelFrame>();
+        let envelope = std::mem::size_of::<Envelope>();
+        assert!(
+            envelope <= frame + 8,
+            "Envelope is {envelope} bytes, a tunnel frame {frame}: box the new big message in build.rs"
+        );
     }
 }

@@ -89,7 +89,7 @@ pub async fn register_once(source: &str, addr: &str, token: &str) -> Option<pb::
     let answer = match sent {
         Ok(()) => {
             match tokio::time::timeout(Duration::from_secs(10), next_frame(&mut reader)).await {
-                Ok(Some(Message::RegisterResponse(r))) => Some(r),
+                Ok(Some(Message::RegisterResponse(r))) => Some(*r),
                 _ => None,
             }
         }
@@ -155,7 +155,7 @@ impl FakeNode {
             .await
             .unwrap();
         let response = match node.next(Duration::from_secs(10)).await {
-            Some(Message::RegisterResponse(r)) => r,
+            Some(Message::RegisterResponse(r)) => *r,
             other => panic!("expected a register response, got {other:?}"),
         };
         node.node_id = response.node_id.clone();

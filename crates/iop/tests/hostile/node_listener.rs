@@ -351,7 +351,7 @@ async fn join_once(source: &str, addr: &str, join_token: &str) -> pb::RegisterRe
         match reader.next().await {
             Some(Ok(pb::Envelope {
                 message: Some(Message::RegisterResponse(r)),
-            })) => r,
+            })) => *r,
             other => panic!("expected a register response, got {other:?}"),
         }
     })
@@ -569,9 +569,9 @@ async fn fake_relay_node(edge: &EdgeProc) -> Arc<Mutex<Vec<pb::CancelRequest>>> 
         while let Some(message) = node.next(Duration::from_secs(3600)).await {
             match message {
                 Message::ProviderTunnelRequest(request) => {
-                    tokio::spawn(relay(node.outbound.clone(), request));
+                    tokio::spawn(relay(node.outbound.clone(), *request));
                 }
-                Message::CancelRequest(cancel) => seen.lock().unwrap().push(cancel),
+                Message::CancelRequest(cancel) => seen.lock().unwrap().push(*cancel),
                 _ => {}
             }
         }

@@ -86,7 +86,7 @@ async fn run(adapter: &CliAdapter, session_id: &str, input: &str) -> Ran {
     }
     Ran {
         text,
-        terminal: terminal.expect("a terminal"),
+        terminal: *terminal.expect("a terminal"),
     }
 }
 
