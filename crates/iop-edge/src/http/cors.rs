@@ -9,17 +9,13 @@
 //! Written here rather than taken from `tower-http`'s `CorsLayer`: that layer answers
 //! every `OPTIONS` request itself (with 200, and with the allowed methods and headers even
 //! for origins it refuses), and is built once, while the edge reloads its config.
-//! The decisions are pure functions ([`preflight`], [`response_headers`]).
+//! The decisions are pure functions ([`decide`], [`preflight`], [`response_headers`]);
+//! [`super::front`] applies them to every request.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, HeaderValue, Method, header};
+use axum::response::Response;
 
 use crate::config::CorsConfig;
-use crate::service::Edge;
 
 /// The methods the API serves.
 pub const ALLOWED_METHODS: &str = "GET, POST, DELETE, OPTIONS";
@@ -90,49 +86,56 @@ fn is_header_list(value: &str) -> bool {
         })
 }
 
-/// Answers preflights from allowed origins and adds CORS headers to their responses.
-pub async fn layer(State(edge): State<Arc<Edge>>, request: Request, next: Next) -> Response {
-    let config = edge.config();
-    let cors = &config.http.cors;
+/// What CORS does with one request.
+#[derive(Debug)]
+pub enum Decision {
+    /// Nothing: CORS is off, the request has no `Origin`, or it comes from an origin that
+    /// is not allowed (a preflight from one goes on to the routes, a 405 or 404).
+    Nothing,
+    /// A preflight from an allowed origin: answered 204 with these headers, before
+    /// authentication.
+    Preflight(HeaderMap),
+    /// A request from an allowed origin: its response gets these headers.
+    Decorate(HeaderMap),
+}
+
+/// What CORS does with a request of `method` with `headers`.
+pub fn decide(cors: &CorsConfig, method: &Method, headers: &HeaderMap) -> Decision {
     if !cors.enabled() {
-        return next.run(request).await;
+        return Decision::Nothing;
     }
-    let Some(origin) = request
-        .headers()
-        .get(header::ORIGIN)
-        .and_then(|o| o.to_str().ok())
-        .map(String::from)
-    else {
-        return next.run(request).await;
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) else {
+        return Decision::Nothing;
     };
-    let is_preflight = request.method() == Method::OPTIONS
-        && request
-            .headers()
-            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
-    if is_preflight {
-        let requested = request
-            .headers()
+    if method == Method::OPTIONS && headers.contains_key(header::ACCESS_CONTROL_REQUEST_METHOD) {
+        let requested = headers
             .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
             .and_then(|h| h.to_str().ok());
-        if let Some(headers) = preflight(cors, &origin, requested) {
-            return (StatusCode::NO_CONTENT, headers).into_response();
-        }
-        tracing::debug!(%origin, "CORS preflight from an origin not in http.cors.allowed_origins");
-        return next.run(request).await;
-    }
-    let mut response = next.run(request).await;
-    if let Some(headers) = response_headers(cors, &origin) {
-        let out = response.headers_mut();
-        for (name, value) in headers {
-            let name = name.expect("one value per name");
-            if name == header::VARY {
-                out.append(name, value);
-            } else {
-                out.insert(name, value);
+        return match preflight(cors, origin, requested) {
+            Some(headers) => Decision::Preflight(headers),
+            None => {
+                tracing::debug!(%origin, "CORS preflight from an origin not in http.cors.allowed_origins");
+                Decision::Nothing
             }
+        };
+    }
+    match response_headers(cors, origin) {
+        Some(headers) => Decision::Decorate(headers),
+        None => Decision::Nothing,
+    }
+}
+
+/// Adds CORS `headers` to a response (`Vary` next to any it has, the others replacing).
+pub fn decorate(headers: HeaderMap, response: &mut Response) {
+    let out = response.headers_mut();
+    for (name, value) in headers {
+        let name = name.expect("one value per name");
+        if name == header::VARY {
+            out.append(name, value);
+        } else {
+            out.insert(name, value);
         }
     }
-    response
 }
 
 #[cfg(test)]

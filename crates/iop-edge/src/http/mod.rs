@@ -3,7 +3,7 @@
 //! HTTPS when `http_tls` is set: [`tls`]), with bearer-key auth and roles ([`auth`]),
 //! connection deadlines ([`deadlines`]) and a body size limit. Every response carries the
 //! request's `x-request-id` ([`request_id`]); browsers get CORS when it is configured
-//! ([`cors`]).
+//! ([`cors`]); both, and the body limit, are applied in front of the routes ([`front`]).
 //!
 //! Routes come in three kinds: the probes and the status page ([`ui`], which holds no data
 //! and reads the admin endpoints with a key it asks for) are open; the OpenAI (chat, completions,
@@ -19,6 +19,7 @@ pub mod cors;
 pub mod deadlines;
 pub mod error;
 pub mod forward;
+pub mod front;
 pub mod model_dispatch;
 pub mod models;
 pub mod ollama_api;
@@ -38,17 +39,19 @@ pub mod usage;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::Request;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 
 use crate::service::Edge;
 use error::ApiError;
+pub use front::App;
 pub use server::serve_http;
 
-/// The whole HTTP application.
+/// The routes of the HTTP application ([`front::App`] puts them behind the request id,
+/// CORS and the body limit).
 pub fn router(edge: Arc<Edge>) -> Router {
     let admin = admin::admin_routes()
         .merge(runs::admin_routes())
@@ -75,9 +78,6 @@ pub fn router(edge: Arc<Edge>) -> Router {
         .merge(admin::open_routes())
         .merge(ui::routes())
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(edge.config().limits.max_body_bytes))
-        .layer(middleware::from_fn_with_state(edge.clone(), cors::layer))
-        .layer(middleware::from_fn(request_id::layer))
         .with_state(edge)
 }
 

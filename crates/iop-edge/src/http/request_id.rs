@@ -4,17 +4,15 @@
 //! a request through the edge's log; it travels on to the node and the provider (see
 //! [`super::forward`]).
 //!
-//! The middleware puts the id in force back into the request's own `x-request-id`
-//! header, so a handler reads it from the headers it already has, and into a
-//! [`RequestId`] extension.
+//! [`assign`] (called by [`super::front`] for every request) puts the id in force back
+//! into the request's own `x-request-id` header, so a handler reads it from the headers it
+//! already has, and into a [`RequestId`] extension.
 
 use std::sync::Arc;
 
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use axum::middleware::Next;
-use axum::response::Response;
-use tracing::Instrument;
+use tracing::Span;
 
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -56,7 +54,7 @@ pub fn choose(headers: &HeaderMap) -> String {
         .unwrap_or_else(generate)
 }
 
-/// The id of a request that went through [`layer`] (its `x-request-id` header).
+/// The id of a request that went through [`assign`] (its `x-request-id` header).
 pub fn of(headers: &HeaderMap) -> &str {
     headers
         .get(X_REQUEST_ID)
@@ -64,9 +62,9 @@ pub fn of(headers: &HeaderMap) -> &str {
         .unwrap_or_default()
 }
 
-/// Sets the request's id, runs the request in a span carrying it, and returns it on the
-/// response.
-pub async fn layer(mut request: Request, next: Next) -> Response {
+/// Sets the request's id in force: in its `x-request-id` header and a [`RequestId`]
+/// extension. Returns the header value for the response and the request's span.
+pub fn assign(request: &mut Request) -> (HeaderValue, Span) {
     let id = choose(request.headers());
     let value = HeaderValue::from_str(&id).expect("request ids are header-safe");
     let headers = request.headers_mut();
@@ -77,9 +75,7 @@ pub async fn layer(mut request: Request, next: Next) -> Response {
         tracing::debug!(method = %request.method(), path = request.uri().path(), "request");
     });
     request.extensions_mut().insert(RequestId(id.into()));
-    let mut response = next.run(request).instrument(span).await;
-    response.headers_mut().insert(X_REQUEST_ID, value);
-    response
+    (value, span)
 }
 
 #[cfg(test)]

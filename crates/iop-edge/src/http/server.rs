@@ -14,7 +14,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -23,8 +22,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tower_service::Service;
 
+use super::App;
 use super::deadlines::{Activity, DeadlineIo, Expired, ResponseBody, TimedBody};
 use super::tls::HttpTls;
 use crate::config::HttpLimitsConfig;
@@ -92,7 +91,7 @@ pub async fn serve_http(
         );
     }
     let slots = Arc::new(Semaphore::new(cap));
-    let router = super::router(edge.clone());
+    let app = App::new(edge.clone());
     let shutdown = edge.shutdown_token().clone();
     let mut connections = JoinSet::new();
     let mut refused = RateLimitedLog::default();
@@ -131,12 +130,10 @@ pub async fn serve_http(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let (router, limits, shutdown) = (router.clone(), limits.clone(), shutdown.clone());
+        let (app, limits, shutdown) = (app.clone(), limits.clone(), shutdown.clone());
         match tls.clone() {
             None => {
-                connections.spawn(serve_connection(
-                    tcp, peer, router, limits, shutdown, permit,
-                ));
+                connections.spawn(serve_connection(tcp, peer, app, limits, shutdown, permit));
             }
             Some(tls) => {
                 connections.spawn(async move {
@@ -147,7 +144,7 @@ pub async fn serve_http(
                     };
                     match stream {
                         Ok(stream) => {
-                            serve_connection(stream, peer, router, limits, shutdown, permit).await
+                            serve_connection(stream, peer, app, limits, shutdown, permit).await
                         }
                         Err(err) => tracing::debug!(%peer, %err, "HTTP TLS handshake failed"),
                     }
@@ -165,7 +162,7 @@ pub async fn serve_http(
 pub async fn serve_connection<S>(
     io: S,
     peer: SocketAddr,
-    router: Router,
+    app: App,
     limits: HttpLimitsConfig,
     shutdown: CancellationToken,
     _slot: OwnedSemaphorePermit,
@@ -180,9 +177,9 @@ pub async fn serve_connection<S>(
         let busy = requests.request_started();
         request.extensions_mut().insert(ConnectInfo(peer));
         let request = request.map(|body| axum::body::Body::new(TimedBody::new(body, body_timeout)));
-        let mut router = router.clone();
+        let app = app.clone();
         async move {
-            let response = router.call(request).await?;
+            let response = app.serve(request).await;
             Ok::<_, Infallible>(response.map(|body| ResponseBody::new(body, busy)))
         }
     });

@@ -1,0 +1,65 @@
+//! The front of the HTTP application: what every request goes through before its route,
+//! applied once around the router: its request id ([`super::request_id`]), CORS
+//! ([`super::cors`]) and the body limit. As axum layers on the router they would wrap
+//! every route instead, each layer costing a boxed service cloned and a boxed future per
+//! request.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use tower_service::Service;
+use tracing::Instrument;
+
+use super::cors::{self, Decision};
+use super::request_id::{self, X_REQUEST_ID};
+use crate::service::Edge;
+
+/// The HTTP application: the routes behind the front.
+#[derive(Clone)]
+pub struct App {
+    edge: Arc<Edge>,
+    router: Router,
+    body_limit: DefaultBodyLimit,
+}
+
+impl App {
+    pub fn new(edge: Arc<Edge>) -> Self {
+        let body_limit = DefaultBodyLimit::max(edge.config().limits.max_body_bytes);
+        Self {
+            router: super::router(edge.clone()),
+            edge,
+            body_limit,
+        }
+    }
+
+    /// Answers one request; every response carries the request's `x-request-id`.
+    pub async fn serve(&self, mut request: Request) -> Response {
+        let (id, span) = request_id::assign(&mut request);
+        let mut response = self.route(request).instrument(span).await;
+        response.headers_mut().insert(X_REQUEST_ID, id);
+        response
+    }
+
+    async fn route(&self, mut request: Request) -> Response {
+        let cors = cors::decide(
+            &self.edge.config().http.cors,
+            request.method(),
+            request.headers(),
+        );
+        if let Decision::Preflight(headers) = cors {
+            return (StatusCode::NO_CONTENT, headers).into_response();
+        }
+        self.body_limit.apply(&mut request);
+        let mut router = self.router.clone();
+        let result: Result<Response, Infallible> = router.call(request).await;
+        let mut response = result.unwrap_or_else(|never| match never {});
+        if let Decision::Decorate(headers) = cors {
+            cors::decorate(headers, &mut response);
+        }
+        response
+    }
+}
