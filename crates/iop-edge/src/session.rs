@@ -273,18 +273,23 @@ impl NodeSession {
     }
 
     pub fn deliver_tunnel_frame(&self, frame: pb::ProviderTunnelFrame) -> Delivery {
-        let Some(inner) = frame.frame else {
+        self.deliver_tunnel(&frame.request_id, frame.frame)
+    }
+
+    /// Delivers one frame of the tunnel `request_id`.
+    pub fn deliver_tunnel(&self, request_id: &str, frame: Option<Frame>) -> Delivery {
+        let Some(inner) = frame else {
             return Delivery::NoRoute;
         };
         let terminal = matches!(inner, Frame::End(_) | Frame::Error(_));
         let mut routes = self.routes.lock();
-        let Some(Route::Tunnel(tx)) = routes.streams.get(&frame.request_id) else {
+        let Some(Route::Tunnel(tx)) = routes.streams.get(request_id) else {
             return Delivery::NoRoute;
         };
         let size = inner.encoded_len();
         let delivery = tx.deliver(inner, size, self.stream_budget);
         if terminal || delivery != Delivery::Delivered {
-            routes.streams.remove(&frame.request_id);
+            routes.streams.remove(request_id);
         }
         delivery
     }

@@ -415,12 +415,11 @@ impl Connection {
                     tracing::warn!(node_id, "tunnel frame before ready ignored");
                     return;
                 };
-                let request_id = frame.request_id.clone();
-                let delivery = session.deliver_tunnel_frame(frame);
+                let delivery = session.deliver_tunnel(&frame.request_id, frame.frame);
                 if delivery.is_overrun() {
                     self.cut(
                         node_id,
-                        pb::CancelRequest::tunnel(&request_id, overrun(&delivery)),
+                        pb::CancelRequest::tunnel(&frame.request_id, overrun(&delivery)),
                     );
                 }
             }

@@ -128,10 +128,12 @@ pub struct Admitted {
 
 type WaiterTx = oneshot::Sender<Result<Admitted, String>>;
 
+/// The settings of every model group, by name.
+pub type GroupPolicies = foldhash::HashMap<String, GroupPolicy>;
+
 /// Per-group settings the async shell needs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct GroupPolicy {
-    pub name: String,
     pub timeout: Duration,
     pub long_context_tokens: Option<u64>,
     /// How long a request waits for a member to reconnect when none is online.
@@ -141,7 +143,7 @@ pub struct GroupPolicy {
 #[derive(Debug)]
 pub struct AdmissionControl {
     scheduler: Mutex<Scheduler<(WaiterTx, Instant)>>,
-    policies: parking_lot::RwLock<Vec<GroupPolicy>>,
+    policies: parking_lot::RwLock<GroupPolicies>,
     /// Woken when waiters may have become stranded (no member online any more): they
     /// look up when to give up.
     stranding: Notify,
@@ -163,7 +165,7 @@ impl Drop for QueuedWaiter<'_> {
 }
 
 impl AdmissionControl {
-    pub fn new(scheduler: Scheduler<(WaiterTx, Instant)>, policies: Vec<GroupPolicy>) -> Arc<Self> {
+    pub fn new(scheduler: Scheduler<(WaiterTx, Instant)>, policies: GroupPolicies) -> Arc<Self> {
         Arc::new(Self {
             scheduler: Mutex::new(scheduler),
             policies: parking_lot::RwLock::new(policies),
@@ -177,11 +179,7 @@ impl AdmissionControl {
     }
 
     pub fn policy(&self, group: &str) -> Option<GroupPolicy> {
-        self.policies
-            .read()
-            .iter()
-            .find(|p| p.name == group)
-            .cloned()
+        self.policies.read().get(group).copied()
     }
 
     /// Applies a reloaded config: new capacities, groups and queue settings. Waiters of
@@ -488,12 +486,14 @@ mod tests {
         );
         AdmissionControl::new(
             scheduler,
-            vec![GroupPolicy {
-                name: "g".into(),
-                timeout: Duration::from_secs(30),
-                long_context_tokens: None,
-                wait_for_reconnect,
-            }],
+            GroupPolicies::from_iter([(
+                "g".to_string(),
+                GroupPolicy {
+                    timeout: Duration::from_secs(30),
+                    long_context_tokens: None,
+                    wait_for_reconnect,
+                },
+            )]),
         )
     }
 

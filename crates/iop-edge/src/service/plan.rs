@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::admission::GroupPolicy;
+use super::admission::{GroupPolicies, GroupPolicy};
 use crate::config::{CapacityConfig, EdgeConfig, ProviderConfig};
 use crate::lease::{AccountSpec, LaneCounts, ProviderKey};
 use crate::queue::{GroupSpec, MemberSpec, MemberTraits, ProviderSpec};
@@ -14,7 +14,7 @@ use crate::queue::{GroupSpec, MemberSpec, MemberTraits, ProviderSpec};
 pub struct AdmissionPlan {
     pub providers: Vec<ProviderSpec>,
     pub groups: Vec<GroupSpec>,
-    pub policies: Vec<GroupPolicy>,
+    pub policies: GroupPolicies,
     pub ejection: crate::ejection::EjectionPolicy,
 }
 
@@ -77,11 +77,13 @@ impl AdmissionPlan {
         let policies = config
             .model_groups
             .iter()
-            .map(|g| GroupPolicy {
-                name: g.name.clone(),
-                timeout: Duration::from_secs(g.queue.timeout_sec),
-                long_context_tokens: g.long_context_tokens,
-                wait_for_reconnect: Duration::from_secs(g.queue.wait_for_reconnect_sec),
+            .map(|g| {
+                let policy = GroupPolicy {
+                    timeout: Duration::from_secs(g.queue.timeout_sec),
+                    long_context_tokens: g.long_context_tokens,
+                    wait_for_reconnect: Duration::from_secs(g.queue.wait_for_reconnect_sec),
+                };
+                (g.name.clone(), policy)
             })
             .collect();
         Self {
