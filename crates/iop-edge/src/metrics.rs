@@ -14,9 +14,11 @@
 //! nothing a client sends adds series, and the number of series is bounded by the config.
 
 use std::collections::HashSet;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use iop_proto::pb;
+use parking_lot::{Mutex, RwLock};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -24,7 +26,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::events::UsageEvent;
 use crate::status::StatusSnapshot;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -56,6 +57,52 @@ struct UsageLabels {
     api_key: String,
     kind: &'static str,
 }
+
+/// Where one request's tokens were spent, as [`Metrics::record_usage`] is told.
+#[derive(Debug, Clone, Copy, Hash)]
+pub struct UsageSource<'a> {
+    pub model_group: &'a str,
+    pub node: &'a str,
+    pub provider: &'a str,
+    /// The name of the API key (`None` on an edge without keys).
+    pub api_key: Option<&'a str>,
+}
+
+/// A [`UsageSource`] as a key of the usage counters already made.
+#[derive(Debug, Hash, PartialEq, Eq)]
+struct UsageSourceKey {
+    model_group: String,
+    node: String,
+    provider: String,
+    api_key: Option<String>,
+}
+
+impl hashbrown::Equivalent<UsageSourceKey> for UsageSource<'_> {
+    fn equivalent(&self, key: &UsageSourceKey) -> bool {
+        self.model_group == key.model_group
+            && self.node == key.node
+            && self.provider == key.provider
+            && self.api_key == key.api_key.as_deref()
+    }
+}
+
+impl UsageSourceKey {
+    fn of(source: &UsageSource<'_>) -> Self {
+        Self {
+            model_group: source.model_group.to_string(),
+            node: source.node.to_string(),
+            provider: source.provider.to_string(),
+            api_key: source.api_key.map(String::from),
+        }
+    }
+}
+
+/// The `kind` label of the usage counters, in the order [`Metrics::record_usage`] keeps them.
+const USAGE_KINDS: [&str; 4] = ["input", "output", "reasoning", "cached_input"];
+
+/// Usage sources whose counters are kept at hand; past that the cache starts over (the
+/// series stay in the registry).
+const MAX_USAGE_SOURCES: usize = 4096;
 
 /// The label value of a model name no configured group has.
 pub const UNKNOWN_LABEL: &str = "(unknown)";
@@ -118,9 +165,48 @@ struct RefusalLabels {
     reason: &'static str,
 }
 
+/// One model group's series, resolved once per request by [`Metrics::group`]: recording
+/// through it takes no label lookup (its `model_group` label is fixed, and the request
+/// counters it used are kept by path and outcome).
+#[derive(Debug)]
+pub struct GroupMetrics {
+    label: String,
+    queue_wait: Histogram,
+    request_duration: Histogram,
+    first_token: Histogram,
+    /// The request counters used so far, by path and outcome (a few of each).
+    requests: Mutex<Vec<(&'static str, &'static str, Counter)>>,
+}
+
+impl GroupMetrics {
+    /// The `model_group` label: the group's name, or `(unknown)`.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub fn observe_queue_wait(&self, waited: Duration) {
+        self.queue_wait.observe(waited.as_secs_f64());
+    }
+
+    pub fn observe_request_duration(&self, took: Duration) {
+        self.request_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn observe_first_token(&self, took: Duration) {
+        self.first_token.observe(took.as_secs_f64());
+    }
+}
+
 pub struct Metrics {
     registry: Mutex<Registry>,
     bounds: Mutex<LabelBounds>,
+    /// The series of every configured group, by name.
+    groups: RwLock<foldhash::HashMap<String, Arc<GroupMetrics>>>,
+    /// The series every name outside the config shares.
+    unknown_group: OnceLock<Arc<GroupMetrics>>,
+    /// The usage counters made so far, by source (cleared when the groups or keys change,
+    /// as the labels they map to may).
+    usage_series: Mutex<hashbrown::HashMap<UsageSourceKey, [Option<Counter>; 4]>>,
     requests: Family<RequestLabels, Counter>,
     queue_wait: Family<GroupLabels, Histogram>,
     request_duration: Family<GroupLabels, Histogram>,
@@ -242,6 +328,9 @@ impl Metrics {
         Self {
             registry: Mutex::new(registry),
             bounds: Mutex::new(LabelBounds::default()),
+            groups: RwLock::new(foldhash::HashMap::default()),
+            unknown_group: OnceLock::new(),
+            usage_series: Mutex::new(hashbrown::HashMap::default()),
             requests,
             queue_wait,
             request_duration,
@@ -283,12 +372,71 @@ impl Metrics {
 
     /// The configured model groups: the only `model_group` label values.
     pub fn set_model_groups<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
-        self.bounds.lock().groups = names.into_iter().map(String::from).collect();
+        let names: HashSet<String> = names.into_iter().map(String::from).collect();
+        let mut groups = self.groups.write();
+        groups.retain(|name, _| names.contains(name));
+        for name in &names {
+            if !groups.contains_key(name) {
+                groups.insert(name.clone(), self.group_series(name));
+            }
+        }
+        self.bounds.lock().groups = names;
+        self.usage_series.lock().clear();
+    }
+
+    /// The series of the model group `name` (those of `(unknown)` for a name no configured
+    /// group has), to record one request's metrics through.
+    pub fn group(&self, name: &str) -> Arc<GroupMetrics> {
+        if let Some(group) = self.groups.read().get(name) {
+            return group.clone();
+        }
+        self.unknown_group
+            .get_or_init(|| self.group_series(UNKNOWN_LABEL))
+            .clone()
+    }
+
+    fn group_series(&self, label: &str) -> Arc<GroupMetrics> {
+        let labels = GroupLabels {
+            model_group: label.to_string(),
+        };
+        Arc::new(GroupMetrics {
+            label: label.to_string(),
+            queue_wait: self.queue_wait.get_or_create(&labels).clone(),
+            request_duration: self.request_duration.get_or_create(&labels).clone(),
+            first_token: self.first_token.get_or_create(&labels).clone(),
+            requests: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Counts one request of `group` served by `path` that ended with `outcome`.
+    pub fn count_group_request(
+        &self,
+        group: &GroupMetrics,
+        path: &'static str,
+        outcome: &'static str,
+    ) {
+        let mut counters = group.requests.lock();
+        if let Some((.., counter)) = counters
+            .iter()
+            .find(|(p, o, _)| *p == path && *o == outcome)
+        {
+            counter.inc();
+            return;
+        }
+        let labels = RequestLabels {
+            model_group: group.label.clone(),
+            path: path.to_string(),
+            outcome: self.bounds.lock().outcome(outcome),
+        };
+        let counter = self.requests.get_or_create(&labels).clone();
+        counter.inc();
+        counters.push((path, outcome, counter));
     }
 
     /// The configured API key names: the only `api_key` label values.
     pub fn set_api_keys<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
         self.bounds.lock().keys = names.into_iter().map(String::from).collect();
+        self.usage_series.lock().clear();
     }
 
     pub fn count_request(&self, model_group: &str, path: &str, outcome: &str) {
@@ -303,55 +451,44 @@ impl Metrics {
         self.requests.get_or_create(&labels).inc();
     }
 
-    pub fn observe_queue_wait(&self, model_group: &str, waited: Duration) {
-        let model_group = self.bounds.lock().group(model_group);
-        self.queue_wait
-            .get_or_create(&GroupLabels { model_group })
-            .observe(waited.as_secs_f64());
-    }
-
-    pub fn observe_request_duration(&self, model_group: &str, took: Duration) {
-        let model_group = self.bounds.lock().group(model_group);
-        self.request_duration
-            .get_or_create(&GroupLabels { model_group })
-            .observe(took.as_secs_f64());
-    }
-
-    pub fn observe_first_token(&self, model_group: &str, took: Duration) {
-        let model_group = self.bounds.lock().group(model_group);
-        self.first_token
-            .get_or_create(&GroupLabels { model_group })
-            .observe(took.as_secs_f64());
-    }
-
-    pub fn record_usage(&self, usage: &UsageEvent) {
+    /// Counts one request's provider-reported tokens.
+    pub fn record_usage(&self, source: UsageSource<'_>, usage: &pb::Usage) {
         let counts = [
-            ("input", Some(usage.input_tokens)),
-            ("output", Some(usage.output_tokens)),
-            ("reasoning", usage.reasoning_tokens),
-            ("cached_input", usage.cached_input_tokens),
+            Some(usage.input_tokens),
+            Some(usage.output_tokens),
+            usage.reasoning_tokens,
+            usage.cached_input_tokens,
         ];
-        // One label set for all kinds: the family copies it only for a new series.
+        let mut series = self.usage_series.lock();
+        if series.len() >= MAX_USAGE_SOURCES && !series.contains_key(&source) {
+            series.clear();
+        }
+        if !series.contains_key(&source) {
+            series.insert(UsageSourceKey::of(&source), Default::default());
+        }
+        let counters = series.get_mut(&source).expect("just inserted");
+        for ((counter, kind), value) in counters.iter_mut().zip(USAGE_KINDS).zip(counts) {
+            let Some(value) = value else { continue };
+            counter
+                .get_or_insert_with(|| self.usage_counter(&source, kind))
+                .inc_by(value);
+        }
+    }
+
+    /// The usage counter of `kind` for `source`, its labels bounded by the config.
+    fn usage_counter(&self, source: &UsageSource<'_>, kind: &'static str) -> Counter {
         let (model_group, api_key) = {
             let bounds = self.bounds.lock();
-            (
-                bounds.group(&usage.model_group),
-                bounds.key(usage.api_key.as_deref()),
-            )
+            (bounds.group(source.model_group), bounds.key(source.api_key))
         };
-        let mut labels = UsageLabels {
+        let labels = UsageLabels {
             model_group,
-            node: usage.node_id.clone(),
-            provider: usage.provider_id.clone(),
+            node: source.node.to_string(),
+            provider: source.provider.to_string(),
             api_key,
-            kind: "",
+            kind,
         };
-        for (kind, value) in counts {
-            if let Some(value) = value {
-                labels.kind = kind;
-                self.usage_tokens.get_or_create(&labels).inc_by(value);
-            }
-        }
+        self.usage_tokens.get_or_create(&labels).clone()
     }
 
     /// The exposition in `format`, with gauges taken from `snapshot`.
@@ -508,7 +645,8 @@ mod tests {
         let before = series(&m);
         for i in 0..1000 {
             m.count_request(&format!("random-{i}"), "none", "model_not_found");
-            m.observe_queue_wait(&format!("random-{i}"), Duration::from_millis(1));
+            m.group(&format!("random-{i}"))
+                .observe_queue_wait(Duration::from_millis(1));
         }
         let text = m.render(
             &StatusSnapshot {
@@ -520,8 +658,51 @@ mod tests {
         );
         assert!(text.contains("model_group=\"(unknown)\""), "{text}");
         assert!(!text.contains("random-"), "{text}");
-        // One new request series and one histogram for "(unknown)", whatever the count.
-        assert!(series(&m) < before + 20, "{text}");
+        // One request series and the histograms of "(unknown)", however many names.
+        assert!(series(&m) < before + 60, "{text}");
+        let after = series(&m);
+        for i in 0..1000 {
+            m.count_request(&format!("other-{i}"), "none", "model_not_found");
+            m.group(&format!("other-{i}"))
+                .observe_queue_wait(Duration::from_millis(1));
+        }
+        assert_eq!(series(&m), after);
+    }
+
+    fn sample(text: &str, prefix: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in {text}"))
+    }
+
+    #[test]
+    fn a_group_handle_records_into_the_groups_series_across_reloads() {
+        let m = Metrics::new();
+        m.set_model_groups(["llama", "qwen"]);
+        let llama = m.group("llama");
+        assert_eq!(llama.label(), "llama");
+        m.count_group_request(&llama, "tunnel", "ok");
+        m.count_group_request(&llama, "tunnel", "ok");
+        m.count_request("llama", "tunnel", "ok");
+        m.count_group_request(&llama, "tunnel", "client_abort");
+        llama.observe_request_duration(Duration::from_millis(20));
+        // A reload that keeps the group keeps its series; one that drops it sends its
+        // name to `(unknown)`.
+        m.set_model_groups(["llama"]);
+        let again = m.group("llama");
+        again.observe_request_duration(Duration::from_millis(20));
+        m.count_group_request(&again, "tunnel", "ok");
+        assert_eq!(m.group("qwen").label(), UNKNOWN_LABEL);
+        assert_eq!(m.group("no-such-model").label(), UNKNOWN_LABEL);
+        let text = m.render(&empty(), Format::Prometheus);
+        let ok = r#"iop_requests_total{model_group="llama",path="tunnel",outcome="ok"}"#;
+        assert_eq!(sample(&text, ok), 4.0, "{text}");
+        let abort =
+            r#"iop_requests_total{model_group="llama",path="tunnel",outcome="client_abort"}"#;
+        assert_eq!(sample(&text, abort), 1.0, "{text}");
+        let count = r#"iop_request_duration_seconds_count{model_group="llama"}"#;
+        assert_eq!(sample(&text, count), 2.0, "{text}");
     }
 
     #[test]
@@ -547,32 +728,62 @@ mod tests {
         assert_eq!(requests, MAX_OUTCOMES + 1, "{text}");
     }
 
+    fn usage(input: u64, output: u64, reasoning: Option<u64>) -> pb::Usage {
+        pb::Usage {
+            input_tokens: input,
+            output_tokens: output,
+            reasoning_tokens: reasoning,
+            ..Default::default()
+        }
+    }
+
+    fn source<'a>(group: &'a str, key: Option<&'a str>) -> UsageSource<'a> {
+        UsageSource {
+            model_group: group,
+            node: "n1",
+            provider: "p",
+            api_key: key,
+        }
+    }
+
     #[test]
     fn usage_is_labelled_with_configured_key_names_only() {
         let m = Metrics::new();
         m.set_model_groups(["g"]);
         m.set_api_keys(["alice"]);
         for key in [Some("alice"), Some("mallory"), None] {
-            m.record_usage(&UsageEvent {
-                model_group: "g".into(),
-                api_key: key.map(String::from),
-                input_tokens: 1,
-                output_tokens: 1,
-                ..Default::default()
-            });
+            m.record_usage(source("g", key), &usage(1, 1, None));
         }
-        let text = m.render(
-            &StatusSnapshot {
-                nodes: vec![],
-                model_groups: vec![],
-                leases: Default::default(),
-            },
-            Format::Prometheus,
-        );
+        let text = m.render(&empty(), Format::Prometheus);
         assert!(text.contains("api_key=\"alice\""), "{text}");
         assert!(text.contains("api_key=\"(unknown)\""), "{text}");
         assert!(text.contains("api_key=\"(none)\""), "{text}");
         assert!(!text.contains("mallory"), "{text}");
+    }
+
+    #[test]
+    fn usage_adds_up_per_source_and_follows_a_reload_of_the_keys() {
+        let m = Metrics::new();
+        m.set_model_groups(["g"]);
+        m.set_api_keys(["alice", "bob"]);
+        m.record_usage(source("g", Some("alice")), &usage(10, 3, None));
+        m.record_usage(source("g", Some("alice")), &usage(5, 2, Some(1)));
+        let series = |kind: &str, key: &str| {
+            format!(
+                r#"iop_usage_tokens_total{{model_group="g",node="n1",provider="p",api_key="{key}",kind="{kind}"}}"#
+            )
+        };
+        let text = m.render(&empty(), Format::Prometheus);
+        assert_eq!(sample(&text, &series("input", "alice")), 15.0, "{text}");
+        assert_eq!(sample(&text, &series("output", "alice")), 5.0, "{text}");
+        assert_eq!(sample(&text, &series("reasoning", "alice")), 1.0, "{text}");
+        assert!(!text.contains(r#"kind="cached_input""#), "{text}");
+        // alice's key is removed: her next request counts as an unknown key.
+        m.set_api_keys(["bob"]);
+        m.record_usage(source("g", Some("alice")), &usage(7, 1, None));
+        let text = m.render(&empty(), Format::Prometheus);
+        assert_eq!(sample(&text, &series("input", "alice")), 15.0, "{text}");
+        assert_eq!(sample(&text, &series("input", "(unknown)")), 7.0, "{text}");
     }
 
     fn empty() -> StatusSnapshot {
@@ -589,9 +800,10 @@ mod tests {
         m.set_model_groups(["g"]);
         m.count_request("g", "tunnel", "ok");
         m.count_request("g", "run", "client_abort");
-        m.observe_request_duration("g", Duration::from_millis(120));
-        m.observe_first_token("g", Duration::from_millis(30));
-        m.observe_queue_wait("g", Duration::from_millis(3));
+        let g = m.group("g");
+        g.observe_request_duration(Duration::from_millis(120));
+        g.observe_first_token(Duration::from_millis(30));
+        g.observe_queue_wait(Duration::from_millis(3));
         m.count_node_refusal("bad_token");
         let prometheus = m.render(&empty(), Format::Prometheus);
         let families = openmetrics_parser::prometheus::parse_prometheus(&prometheus)

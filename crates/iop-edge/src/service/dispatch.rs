@@ -258,7 +258,7 @@ impl Edge {
                     return Err(DispatchFailure { error, attempts });
                 }
             };
-            self.metrics.observe_queue_wait(group, admitted.waited);
+            meter.queue_wait(admitted.waited);
             let session = match self.session(&admitted.grant.node) {
                 Some(s) if s.generation == admitted.grant.generation => s,
                 // The node's connection changed under the grant: its lease was fenced

@@ -35,7 +35,7 @@ use crate::key_limits::KeyLimiter;
 use crate::ledger::day_tokens::{DAY_MS, DayTokens, day_of};
 use crate::ledger::live::LiveWindow;
 use crate::ledger::{Ledger, RequestRecorder, unix_ms_now};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, UsageSource};
 use crate::payload::build_payload;
 use crate::queue::Scheduler;
 use crate::registry::{
@@ -581,7 +581,8 @@ impl Edge {
         }
     }
 
-    /// Publishes one request's provider-reported usage and counts it.
+    /// Counts one request's provider-reported usage (metrics, its ledger record) and
+    /// publishes it to the event bus's subscribers.
     pub fn observe_usage(
         &self,
         observe: &Observe,
@@ -589,18 +590,6 @@ impl Edge {
         usage: &pb::Usage,
         served_model: Option<String>,
     ) {
-        let event = UsageEvent {
-            model_group: observe.model_group.clone(),
-            node_id: observe.node_id.clone(),
-            provider_id: observe.provider_id.clone(),
-            path,
-            input_tokens: usage.input_tokens,
-            output_tokens: usage.output_tokens,
-            reasoning_tokens: usage.reasoning_tokens,
-            cached_input_tokens: usage.cached_input_tokens,
-            served_model,
-            api_key: observe.api_key.clone(),
-        };
         if let Some(recorder) = &observe.recorder {
             recorder.usage(
                 usage.input_tokens,
@@ -609,8 +598,27 @@ impl Edge {
                 usage.cached_input_tokens.unwrap_or(0),
             );
         }
-        self.metrics.record_usage(&event);
-        self.events.publish(EdgeEvent::Usage(event));
+        let source = UsageSource {
+            model_group: &observe.model_group,
+            node: &observe.node_id,
+            provider: &observe.provider_id,
+            api_key: observe.api_key.as_deref(),
+        };
+        self.metrics.record_usage(source, usage);
+        if self.events.has_subscribers() {
+            self.events.publish(EdgeEvent::Usage(UsageEvent {
+                model_group: observe.model_group.clone(),
+                node_id: observe.node_id.clone(),
+                provider_id: observe.provider_id.clone(),
+                path,
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                reasoning_tokens: usage.reasoning_tokens,
+                cached_input_tokens: usage.cached_input_tokens,
+                served_model,
+                api_key: observe.api_key.clone(),
+            }));
+        }
     }
 }
 

@@ -9,7 +9,6 @@
 //! fires before the current one it is re-armed once — one timer update per idle period,
 //! not one per token.
 
-use crate::ledger::RequestRecorder;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +17,8 @@ use iop_proto::ErrorCode;
 use tokio::time::{Instant, Sleep};
 
 use super::Edge;
+use crate::ledger::RequestRecorder;
+use crate::metrics::GroupMetrics;
 use crate::session::StreamReceiver;
 
 /// The bounds of one stream.
@@ -152,7 +153,7 @@ impl Deadlines {
 #[derive(Debug)]
 pub struct RequestMeter {
     edge: Arc<Edge>,
-    group: String,
+    group: Arc<GroupMetrics>,
     path: &'static str,
     started: std::time::Instant,
     first_token: bool,
@@ -173,8 +174,8 @@ impl RequestMeter {
     pub fn new(edge: Arc<Edge>, group: &str, recorder: Option<RequestRecorder>) -> Self {
         Self {
             recorder,
+            group: edge.metrics.group(group),
             edge,
-            group: group.to_string(),
             path: "none",
             started: std::time::Instant::now(),
             first_token: false,
@@ -191,6 +192,11 @@ impl RequestMeter {
         self.path
     }
 
+    /// The request waited `waited` in its group's queue for a slot.
+    pub fn queue_wait(&self, waited: Duration) {
+        self.group.observe_queue_wait(waited);
+    }
+
     /// The first token (delta or body bytes) arrived.
     pub fn first_token(&mut self) {
         if !self.first_token {
@@ -198,9 +204,7 @@ impl RequestMeter {
             if let Some(recorder) = &self.recorder {
                 recorder.first_token();
             }
-            self.edge
-                .metrics
-                .observe_first_token(&self.group, self.started.elapsed());
+            self.group.observe_first_token(self.started.elapsed());
         }
     }
 
@@ -213,9 +217,10 @@ impl RequestMeter {
         if let Some(recorder) = &self.recorder {
             recorder.stream_ended(failure.map(ErrorCode::as_str));
         }
-        let metrics = &self.edge.metrics;
-        metrics.count_request(&self.group, self.path, outcome_label(failure));
-        metrics.observe_request_duration(&self.group, self.started.elapsed());
+        self.edge
+            .metrics
+            .count_group_request(&self.group, self.path, outcome_label(failure));
+        self.group.observe_request_duration(self.started.elapsed());
     }
 }
 
