@@ -8,6 +8,7 @@
 //! (checked without recursion, so no depth can overflow a stack). Bodies whose
 //! `Content-Type` is not JSON are refused before any of this.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use axum::http::{HeaderMap, StatusCode, header};
@@ -24,7 +25,8 @@ pub struct WrongType;
 /// The top-level fields of a JSON object request body.
 #[derive(Debug)]
 pub struct ClientRequest<'a> {
-    fields: Vec<(String, &'a RawValue)>,
+    /// Keys are borrowed from the body unless they hold escapes.
+    fields: Vec<(Cow<'a, str>, &'a RawValue)>,
 }
 
 /// Deepest nesting of arrays and objects accepted in a request body.
@@ -156,7 +158,7 @@ impl<'a> ClientRequest<'a> {
     }
 
     fn duplicate_key(&self) -> Option<&str> {
-        let keys = self.fields.iter().map(|(k, _)| k.as_str());
+        let keys = self.fields.iter().map(|(k, _)| k.as_ref());
         if self.fields.len() <= 16 {
             let mut seen: Vec<&str> = Vec::with_capacity(self.fields.len());
             for key in keys {
@@ -250,7 +252,7 @@ impl<'a> ClientRequest<'a> {
     pub fn to_map(&self) -> Map<String, Value> {
         self.fields
             .iter()
-            .filter_map(|(k, v)| Some((k.clone(), serde_json::from_str(v.get()).ok()?)))
+            .filter_map(|(k, v)| Some((k.to_string(), serde_json::from_str(v.get()).ok()?)))
             .collect()
     }
 }
@@ -265,13 +267,38 @@ impl<'de> Deserialize<'de> for ClientRequest<'de> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some((key, value)) = map.next_entry::<String, &'de RawValue>()? {
+                while let Some((Key(key), value)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
                     fields.push((key, value));
                 }
                 Ok(ClientRequest { fields })
             }
         }
         deserializer.deserialize_map(Fields)
+    }
+}
+
+/// An object key, borrowed from the body when it can be (no escapes in it).
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
     }
 }
 
@@ -301,6 +328,13 @@ mod tests {
         );
         let r = ClientRequest::parse(b"{}").unwrap();
         assert_eq!(r.with_model("m"), br#"{"model":"m"}"#);
+    }
+
+    #[test]
+    fn keys_with_escapes_are_read_as_their_text() {
+        let r = ClientRequest::parse(br#"{"mo\u0064el":"m","stream":true}"#).unwrap();
+        assert_eq!(r.get::<String>("model").as_deref(), Some("m"));
+        assert!(ClientRequest::parse(br#"{"model":1,"mode\u006c":2}"#).is_err());
     }
 
     #[test]

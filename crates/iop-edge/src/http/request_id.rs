@@ -5,10 +5,8 @@
 //! [`super::forward`]).
 //!
 //! [`assign`] (called by [`super::front`] for every request) puts the id in force back
-//! into the request's own `x-request-id` header, so a handler reads it from the headers it
-//! already has, and into a [`RequestId`] extension.
-
-use std::sync::Arc;
+//! into the request's own `x-request-id` header, so a handler reads it ([`of`]) from the
+//! headers it already has.
 
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
@@ -18,10 +16,6 @@ pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client-chosen request id accepted; a longer one is replaced.
 pub const MAX_REQUEST_ID_LEN: usize = 128;
-
-/// The request id in force for a request.
-#[derive(Debug, Clone)]
-pub struct RequestId(pub Arc<str>);
 
 /// Whether a client's request id can be used as it is: 1 to [`MAX_REQUEST_ID_LEN`]
 /// characters of letters, digits and `-_.:+/=@` (UUIDs, ULIDs, base64 and the usual
@@ -62,8 +56,8 @@ pub fn of(headers: &HeaderMap) -> &str {
         .unwrap_or_default()
 }
 
-/// Sets the request's id in force: in its `x-request-id` header and a [`RequestId`]
-/// extension. Returns the header value for the response and the request's span.
+/// Sets the request's id in force in its `x-request-id` header. Returns the header value
+/// for the response and the request's span.
 pub fn assign(request: &mut Request) -> (HeaderValue, Span) {
     let id = choose(request.headers());
     let value = HeaderValue::from_str(&id).expect("request ids are header-safe");
@@ -74,7 +68,6 @@ pub fn assign(request: &mut Request) -> (HeaderValue, Span) {
     span.in_scope(|| {
         tracing::debug!(method = %request.method(), path = request.uri().path(), "request");
     });
-    request.extensions_mut().insert(RequestId(id.into()));
     (value, span)
 }
 

@@ -13,9 +13,14 @@ use super::request::ClientRequest;
 
 /// Whether the client asked for usage itself (`stream_options.include_usage: true`).
 pub fn client_asked(request: &ClientRequest) -> bool {
+    /// The one option read here, without building the client's whole object.
+    #[derive(serde::Deserialize)]
+    struct StreamOptions {
+        include_usage: Option<serde_json::Value>,
+    }
     request
-        .get::<Map<String, Value>>("stream_options")
-        .and_then(|o| o.get("include_usage").and_then(Value::as_bool))
+        .get::<StreamOptions>("stream_options")
+        .and_then(|o| o.include_usage?.as_bool())
         .unwrap_or(false)
 }
 
