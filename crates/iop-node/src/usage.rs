@@ -137,6 +137,90 @@ fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::E
     deserializer.deserialize_any(Count)
 }
 
+/// A string: `Some` (borrowed from the document when it holds no escapes), `None` for
+/// anything else (skipped without being built). Read in every event, so unlike
+/// [`lenient`] it never buffers the value first.
+fn text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Cow<'de, str>>, D::Error> {
+    struct Text;
+    impl<'de> Visitor<'de> for Text {
+        type Value = Option<Cow<'de, str>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Borrowed(s)))
+        }
+        fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(s.to_string())))
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            IgnoredAny.visit_seq(seq).map(|_| None)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            IgnoredAny.visit_map(map).map(|_| None)
+        }
+    }
+    deserializer.deserialize_any(Text)
+}
+
+/// An array's length: `Some` for an array (its elements skipped, not built), `None` for
+/// anything else.
+fn element_count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<usize>, D::Error> {
+    struct Elements;
+    impl<'de> Visitor<'de> for Elements {
+        type Value = Option<usize>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut n = 0;
+            while seq.next_element::<IgnoredAny>()?.is_some() {
+                n += 1;
+            }
+            Ok(Some(n))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            IgnoredAny.visit_map(map).map(|_| None)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    deserializer.deserialize_any(Elements)
+}
+
 /// Converts an OpenAI-style `usage` object; `None` if it is absent or null.
 pub fn from_openai(usage: &Value, dialect: UsageDialect) -> Option<pb::Usage> {
     if !usage.is_object() {
@@ -150,20 +234,20 @@ pub fn from_openai(usage: &Value, dialect: UsageDialect) -> Option<pb::Usage> {
 /// What the observer reads of a response document or an SSE event.
 #[derive(Deserialize)]
 struct Observed<'a> {
-    #[serde(borrow, default, deserialize_with = "lenient")]
+    #[serde(borrow, default, deserialize_with = "text")]
     model: Option<Cow<'a, str>>,
     #[serde(default, deserialize_with = "lenient")]
     usage: Option<OpenAiUsage>,
-    /// The event's choices, only counted (an element is skipped, not built).
-    #[serde(default, deserialize_with = "lenient")]
-    choices: Option<Vec<IgnoredAny>>,
+    /// How many choices the event has (each skipped, not built).
+    #[serde(default, deserialize_with = "element_count")]
+    choices: Option<usize>,
 }
 
 impl Observed<'_> {
     /// A usage object in an event without choices: the separate usage event of the
     /// OpenAI convention (`"choices": [], "usage": {…}`).
     fn is_usage_event(&self) -> bool {
-        self.usage.is_some() && self.choices.as_ref().is_none_or(Vec::is_empty)
+        self.usage.is_some() && self.choices.unwrap_or(0) == 0
     }
 }
 
@@ -444,6 +528,23 @@ fn value_start(text: &[u8], key: usize) -> usize {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn odd_model_and_choices_values_cost_only_themselves() {
+        let seen: Observed = serde_json::from_str(
+            r#"{"model":5,"choices":{"a":[1]},"usage":{"prompt_tokens":2,"completion_tokens":1}}"#,
+        )
+        .unwrap();
+        assert!(seen.is_usage_event());
+        assert_eq!((seen.model, seen.choices), (None, None));
+        let seen: Observed = serde_json::from_str(
+            r#"{"model":"m\u0021","choices":[{"x":[1,{"y":2}]},{}],"usage":null}"#,
+        )
+        .unwrap();
+        assert_eq!(seen.model.as_deref(), Some("m!"));
+        assert_eq!(seen.choices, Some(2));
+        assert!(!seen.is_usage_event());
+    }
 
     #[test]
     fn plain_usage_has_no_breakdown() {

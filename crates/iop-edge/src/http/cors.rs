@@ -149,6 +149,58 @@ mod tests {
         }
     }
 
+    fn headers(pairs: &[(header::HeaderName, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.clone(), HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    #[test]
+    fn preflights_are_answered_only_for_allowed_origins() {
+        let c = cors(&["https://app.example"]);
+        let preflight_from = |origin| {
+            headers(&[
+                (header::ORIGIN, origin),
+                (header::ACCESS_CONTROL_REQUEST_METHOD, "POST"),
+            ])
+        };
+        let get = |origin| headers(&[(header::ORIGIN, origin)]);
+        assert!(matches!(
+            decide(&c, &Method::OPTIONS, &preflight_from("https://app.example")),
+            Decision::Preflight(_)
+        ));
+        assert!(matches!(
+            decide(
+                &c,
+                &Method::OPTIONS,
+                &preflight_from("https://evil.example")
+            ),
+            Decision::Nothing
+        ));
+        assert!(matches!(
+            decide(&c, &Method::POST, &get("https://app.example")),
+            Decision::Decorate(_)
+        ));
+        assert!(matches!(
+            decide(&c, &Method::POST, &get("https://evil.example")),
+            Decision::Nothing
+        ));
+        assert!(matches!(
+            decide(&c, &Method::POST, &HeaderMap::new()),
+            Decision::Nothing
+        ));
+        // CORS off: even an OPTIONS with an origin goes on to the routes.
+        assert!(matches!(
+            decide(
+                &cors(&[]),
+                &Method::OPTIONS,
+                &preflight_from("https://app.example")
+            ),
+            Decision::Nothing
+        ));
+    }
+
     #[test]
     fn an_allowed_origin_is_echoed_with_vary() {
         let c = cors(&["https://app.example"]);
