@@ -99,126 +99,85 @@ where
     })
 }
 
-/// A token count: `Some` for a non-negative integer, `None` for anything else (skipped
-/// without being built).
-fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
-    struct Count;
-    impl<'de> Visitor<'de> for Count {
-        type Value = Option<u64>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a token count")
-        }
-        fn visit_u64<E>(self, n: u64) -> Result<Option<u64>, E> {
-            Ok(Some(n))
-        }
-        fn visit_i64<E>(self, n: i64) -> Result<Option<u64>, E> {
-            Ok(u64::try_from(n).ok())
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Option<u64>, E> {
-            Ok(None)
-        }
-        fn visit_bool<E>(self, _: bool) -> Result<Option<u64>, E> {
-            Ok(None)
-        }
-        fn visit_str<E>(self, _: &str) -> Result<Option<u64>, E> {
-            Ok(None)
-        }
-        fn visit_unit<E>(self) -> Result<Option<u64>, E> {
-            Ok(None)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Option<u64>, A::Error> {
-            IgnoredAny.visit_seq(seq).map(|_| None)
-        }
-        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<u64>, A::Error> {
-            IgnoredAny.visit_map(map).map(|_| None)
-        }
-    }
-    deserializer.deserialize_any(Count)
+/// One JSON value as the observer's fields read it: the shapes they take, and `Other`
+/// for the rest, which is skipped without being built (arrays are only counted).
+enum Skimmed<'de> {
+    /// A non-negative integer.
+    Count(u64),
+    /// A string, borrowed from the document when it holds no escapes.
+    Text(Cow<'de, str>),
+    /// An array of this many elements.
+    Elements(usize),
+    Other,
 }
 
-/// A string: `Some` (borrowed from the document when it holds no escapes), `None` for
-/// anything else (skipped without being built). Read in every event, so unlike
-/// [`lenient`] it never buffers the value first.
-fn text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Cow<'de, str>>, D::Error> {
-    struct Text;
-    impl<'de> Visitor<'de> for Text {
-        type Value = Option<Cow<'de, str>>;
+/// Reads one value as [`Skimmed`], in place: unlike [`lenient`] it never buffers the value
+/// first, so it suits what is read in every event.
+fn skim<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Skimmed<'de>, D::Error> {
+    struct Skim;
+    impl<'de> Visitor<'de> for Skim {
+        type Value = Skimmed<'de>;
 
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a string")
+            f.write_str("any JSON value")
         }
-        fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
-            Ok(Some(Cow::Borrowed(s)))
+        fn visit_u64<E>(self, n: u64) -> Result<Skimmed<'de>, E> {
+            Ok(Skimmed::Count(n))
         }
-        fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
-            Ok(Some(Cow::Owned(s.to_string())))
+        fn visit_i64<E>(self, n: i64) -> Result<Skimmed<'de>, E> {
+            Ok(u64::try_from(n).map_or(Skimmed::Other, Skimmed::Count))
         }
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok(None)
+        fn visit_f64<E>(self, _: f64) -> Result<Skimmed<'de>, E> {
+            Ok(Skimmed::Other)
         }
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok(None)
+        fn visit_bool<E>(self, _: bool) -> Result<Skimmed<'de>, E> {
+            Ok(Skimmed::Other)
         }
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok(None)
+        fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Skimmed<'de>, E> {
+            Ok(Skimmed::Text(Cow::Borrowed(s)))
         }
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok(None)
+        fn visit_str<E>(self, s: &str) -> Result<Skimmed<'de>, E> {
+            Ok(Skimmed::Text(Cow::Owned(s.to_string())))
         }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
+        fn visit_unit<E>(self) -> Result<Skimmed<'de>, E> {
+            Ok(Skimmed::Other)
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-            IgnoredAny.visit_seq(seq).map(|_| None)
-        }
-        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-            IgnoredAny.visit_map(map).map(|_| None)
-        }
-    }
-    deserializer.deserialize_any(Text)
-}
-
-/// An array's length: `Some` for an array (its elements skipped, not built), `None` for
-/// anything else.
-fn element_count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<usize>, D::Error> {
-    struct Elements;
-    impl<'de> Visitor<'de> for Elements {
-        type Value = Option<usize>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("an array")
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skimmed<'de>, A::Error> {
             let mut n = 0;
             while seq.next_element::<IgnoredAny>()?.is_some() {
                 n += 1;
             }
-            Ok(Some(n))
+            Ok(Skimmed::Elements(n))
         }
-        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-            IgnoredAny.visit_map(map).map(|_| None)
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Skimmed<'de>, A::Error> {
+            IgnoredAny.visit_map(map).map(|_| Skimmed::Other)
         }
     }
-    deserializer.deserialize_any(Elements)
+    deserializer.deserialize_any(Skim)
+}
+
+/// A token count: `Some` for a non-negative integer, `None` for anything else.
+fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    Ok(match skim(deserializer)? {
+        Skimmed::Count(n) => Some(n),
+        _ => None,
+    })
+}
+
+/// A string: `Some`, `None` for anything else.
+fn text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Cow<'de, str>>, D::Error> {
+    Ok(match skim(deserializer)? {
+        Skimmed::Text(s) => Some(s),
+        _ => None,
+    })
+}
+
+/// An array's length: `Some` for an array, `None` for anything else.
+fn element_count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<usize>, D::Error> {
+    Ok(match skim(deserializer)? {
+        Skimmed::Elements(n) => Some(n),
+        _ => None,
+    })
 }
 
 /// Converts an OpenAI-style `usage` object; `None` if it is absent or null.
@@ -613,6 +572,18 @@ mod tests {
         o.feed(b"data: {\"model\":\"m\",\"usage\":5}\n\n");
         assert_eq!(o.model(), Some("m"));
         assert!(o.finish().is_none());
+    }
+
+    #[test]
+    fn only_non_negative_integers_are_counts() {
+        let u = from_openai(
+            &json!({"prompt_tokens": -3, "completion_tokens": 2.5, "reasoning_tokens": [1, 2],
+                    "prompt_tokens_details": {"cached_tokens": 4}}),
+            UsageDialect::Vllm,
+        )
+        .unwrap();
+        assert_eq!((u.input_tokens, u.output_tokens), (0, 0));
+        assert_eq!((u.reasoning_tokens, u.cached_input_tokens), (None, Some(4)));
     }
 
     #[test]
