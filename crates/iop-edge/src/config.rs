@@ -442,12 +442,17 @@ impl ProviderConfig {
     /// Whether the provider serves `api` itself (through the raw tunnel). Ollama, CLI and
     /// mock providers serve none: every API reaches them as a node run.
     pub fn serves(&self, api: ProviderApi) -> bool {
-        self.kind.is_tunnel()
-            && self
-                .apis
-                .as_deref()
-                .unwrap_or(DEFAULT_TUNNEL_APIS)
-                .contains(&api)
+        self.served_apis().any(|a| a == api)
+    }
+
+    /// The APIs a tunnelled provider serves itself (none for other kinds).
+    pub fn served_apis(&self) -> impl Iterator<Item = ProviderApi> + '_ {
+        let apis = if self.kind.is_tunnel() {
+            self.apis.as_deref().unwrap_or(DEFAULT_TUNNEL_APIS)
+        } else {
+            &[]
+        };
+        apis.iter().copied()
     }
 
     /// Whether streamed tunnel requests ask this provider for usage the client did not.

@@ -1,9 +1,10 @@
 //! A provider's health as the edge knows it: what its node's probes last reported
-//! (healthy / unhealthy / unknown, the last probe error and when) and its passive ejection
-//! state ([`crate::ejection`]). Pure state, no I/O; calls that depend on time take `now`.
+//! (healthy / unhealthy / unknown, the last probe error and when), its passive ejection
+//! state ([`crate::ejection`]) and a cool-down after it answered 429. Pure state, no I/O;
+//! calls that depend on time take `now`.
 //!
-//! A provider is *excluded* from new requests while its probes say unhealthy or while it
-//! is ejected; the scheduler still uses excluded members when a group has no other (see
+//! A provider is *excluded* from new requests while its probes say unhealthy, while it
+//! is ejected, or while it cools down (for the `Retry-After` of its last 429); the scheduler still uses excluded members when a group has no other (see
 //! `queue`). When its node's connection ends the probe health goes back to unknown (the
 //! node reports afresh after it reconnects); ejections and the last error stay.
 
@@ -61,6 +62,8 @@ pub struct ProviderHealth {
     /// The last failed probe and when (unix ms, the node's clock).
     last_error: Option<(String, u64)>,
     ejection: Ejection,
+    /// The end of a cool-down after a 429.
+    cooled_until: Option<Instant>,
 }
 
 impl ProviderHealth {
@@ -82,7 +85,22 @@ impl ProviderHealth {
 
     /// Whether new requests should avoid this provider at `now`.
     pub fn excluded(&self, now: Instant) -> bool {
-        self.probe == ProbeHealth::Unhealthy || self.ejection.is_ejected(now)
+        self.probe == ProbeHealth::Unhealthy
+            || self.ejection.is_ejected(now)
+            || self.cooling_until(now).is_some()
+    }
+
+    /// The provider answered 429: it cools down until `until` (a later cool-down in
+    /// progress stays).
+    pub fn cool_down(&mut self, until: Instant) {
+        if self.cooled_until.is_none_or(|t| t < until) {
+            self.cooled_until = Some(until);
+        }
+    }
+
+    /// The end of the cool-down in progress at `now`, if any.
+    pub fn cooling_until(&self, now: Instant) -> Option<Instant> {
+        self.cooled_until.filter(|until| now < *until)
     }
 
     /// Takes a node's probe report; a report that the provider is healthy again ends an
@@ -187,6 +205,16 @@ mod tests {
         );
         h.node_gone();
         assert_eq!(h.probe(), ProbeHealth::Unknown);
+    }
+
+    #[test]
+    fn a_cool_down_excludes_until_it_ends_and_the_later_one_wins() {
+        let t0 = Instant::now();
+        let mut h = ProviderHealth::default();
+        h.cool_down(t0 + Duration::from_secs(5));
+        h.cool_down(t0 + Duration::from_secs(2));
+        assert!(h.excluded(t0 + Duration::from_secs(4)));
+        assert!(!h.excluded(t0 + Duration::from_secs(5)));
     }
 
     #[test]

@@ -1,8 +1,15 @@
 //! Per-key limits (`auth.keys[].limits`): requests per minute (a sliding window over the
 //! last 60 s), tokens per day (input + output in the current UTC day, from the ledger's
 //! counts) and concurrent requests. A pure state machine: [`KeyLimiter::admit`] decides at
-//! admission with `now`, a request's tokens are added when it finishes, and a concurrency
-//! place is given back with [`KeyLimiter::release`] when its stream ends.
+//! admission with `now`, a concurrency place is given back with [`KeyLimiter::release`]
+//! when its request ends, and a request's tokens are settled with [`KeyLimiter::settle`].
+//!
+//! Token budgets reserve: a request admitted under `tokens_per_day` reserves its estimated
+//! input plus its `max_tokens` (or `reserve_tokens`) until it ends, and a request is
+//! admitted only while the tokens used today plus those reserved by the key's requests in
+//! flight are below the budget. So a burst cannot run far past a budget: the day's use
+//! ends below the budget plus one request's reservation, plus whatever requests in flight
+//! used beyond what they reserved (docs/usage.md).
 //!
 //! Only keys with limits are tracked for requests per minute and concurrency; tokens are
 //! counted for every key, so a budget added by a reload counts today's use already.
@@ -64,14 +71,22 @@ impl LimitExceeded {
     }
 }
 
-/// An admitted request's place, to give back with [`KeyLimiter::release`].
+/// What an admitted request holds: a concurrency place of the key (given back with
+/// [`KeyLimiter::release`]) and the tokens reserved for it (settled with
+/// [`KeyLimiter::settle`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
-pub enum Admitted {
-    /// Nothing to give back.
-    Free,
-    /// A concurrency place of the key.
-    Concurrent(String),
+pub struct Admitted {
+    pub key: String,
+    pub concurrent: bool,
+    pub reserved_tokens: u64,
+}
+
+impl Admitted {
+    /// Whether it holds nothing.
+    pub fn is_free(&self) -> bool {
+        !self.concurrent && self.reserved_tokens == 0
+    }
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +95,8 @@ pub struct KeyLimiter {
     recent: HashMap<String, VecDeque<Instant>>,
     /// Requests in flight, per key with `max_concurrent`.
     in_flight: HashMap<String, u32>,
+    /// Tokens reserved by requests in flight, per key with `tokens_per_day`.
+    reserved: HashMap<String, u64>,
     tokens: DayTokens,
 }
 
@@ -91,13 +108,15 @@ impl KeyLimiter {
         }
     }
 
-    /// Whether a request of `key` with `limits` may start now (`now_ms`: Unix ms). On
-    /// success the request is counted against the minute and, with `max_concurrent`, holds
-    /// a place until released.
+    /// Whether a request of `key` with `limits` that would reserve `reserve` tokens may
+    /// start now (`now_ms`: Unix ms). On success the request is counted against the
+    /// minute and, with `max_concurrent`, holds a place until released, and with
+    /// `tokens_per_day` reserves `reserve` tokens until settled.
     pub fn admit(
         &mut self,
         key: &str,
         limits: &KeyLimitsConfig,
+        reserve: u64,
         now: Instant,
         now_ms: i64,
     ) -> Result<Admitted, LimitExceeded> {
@@ -109,8 +128,9 @@ impl KeyLimiter {
                 retry_after: Duration::from_secs(1),
             });
         }
+        let reserved = self.reserved.get(key).copied().unwrap_or(0);
         if let Some(budget) = limits.tokens_per_day
-            && self.tokens.used(key, now_ms) >= budget
+            && self.tokens.used(key, now_ms).saturating_add(reserved) >= budget
         {
             return Err(LimitExceeded {
                 limit: Limit::TokensPerDay(budget),
@@ -140,30 +160,52 @@ impl KeyLimiter {
                 self.recent.remove(key);
             }
         }
-        Ok(match limits.max_concurrent {
-            Some(_) => {
-                *self.in_flight.entry(key.to_string()).or_default() += 1;
-                Admitted::Concurrent(key.to_string())
-            }
-            None => Admitted::Free,
+        let concurrent = limits.max_concurrent.is_some();
+        if concurrent {
+            *self.in_flight.entry(key.to_string()).or_default() += 1;
+        }
+        let reserved_tokens = if limits.tokens_per_day.is_some() {
+            *self.reserved.entry(key.to_string()).or_default() += reserve;
+            reserve
+        } else {
+            0
+        };
+        Ok(Admitted {
+            key: key.to_string(),
+            concurrent,
+            reserved_tokens,
         })
     }
 
-    /// Gives back an admitted request's place (its stream ended, or it was refused later).
-    pub fn release(&mut self, admitted: Admitted) {
-        if let Admitted::Concurrent(key) = admitted
-            && let Some(n) = self.in_flight.get_mut(&key)
+    /// Gives back an admitted request's concurrency place (its request ended).
+    pub fn release(&mut self, admitted: &Admitted) {
+        if admitted.concurrent
+            && let Some(n) = self.in_flight.get_mut(&admitted.key)
         {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                self.in_flight.remove(&key);
+                self.in_flight.remove(&admitted.key);
             }
         }
     }
 
-    /// A finished request of `key` (arrived at `time_ms`) used `tokens` (input + output).
-    pub fn add_tokens(&mut self, key: &str, tokens: u64, time_ms: i64, now_ms: i64) {
+    /// A finished request of `key` (arrived at `time_ms`) that reserved `reserved` tokens
+    /// used `tokens` (input + output): the reservation gives way to the count.
+    pub fn settle(&mut self, key: &str, reserved: u64, tokens: u64, time_ms: i64, now_ms: i64) {
+        if reserved > 0
+            && let Some(n) = self.reserved.get_mut(key)
+        {
+            *n = n.saturating_sub(reserved);
+            if *n == 0 {
+                self.reserved.remove(key);
+            }
+        }
         self.tokens.add(key, tokens, time_ms, now_ms);
+    }
+
+    /// Tokens `key`'s requests in flight reserved.
+    pub fn reserved(&self, key: &str) -> u64 {
+        self.reserved.get(key).copied().unwrap_or(0)
     }
 
     /// `key`'s tokens today.
@@ -186,12 +228,14 @@ impl KeyLimiter {
 mod tests {
     use super::*;
     use crate::ledger::day_tokens::DAY_MS;
+    use proptest::prelude::*;
 
     fn limits(rpm: Option<u32>, tpd: Option<u64>, conc: Option<u32>) -> KeyLimitsConfig {
         KeyLimitsConfig {
             requests_per_minute: rpm,
             tokens_per_day: tpd,
             max_concurrent: conc,
+            reserve_tokens: None,
         }
     }
 
@@ -204,26 +248,26 @@ mod tests {
         let t0 = Instant::now();
         for i in 0..10 {
             let at = t0 + Duration::from_secs(i);
-            assert_eq!(l.admit("a", &ten, at, NOON), Ok(Admitted::Free));
+            assert!(l.admit("a", &ten, 0, at, NOON).unwrap().is_free());
         }
         let at = t0 + Duration::from_secs(15);
-        let refused = l.admit("a", &ten, at, NOON).unwrap_err();
+        let refused = l.admit("a", &ten, 0, at, NOON).unwrap_err();
         assert_eq!(refused.limit, Limit::RequestsPerMinute(10));
         assert_eq!(refused.retry_after, Duration::from_secs(45));
         assert_eq!(refused.retry_after_secs(), 45);
         // Another key is not affected; a refused request does not count.
-        assert!(l.admit("b", &ten, at, NOON).is_ok());
+        assert!(l.admit("b", &ten, 0, at, NOON).is_ok());
         assert!(
-            l.admit("a", &ten, t0 + Duration::from_secs(59), NOON)
+            l.admit("a", &ten, 0, t0 + Duration::from_secs(59), NOON)
                 .is_err()
         );
         // Once the first left the window, one more passes — and then the second must go.
         assert!(
-            l.admit("a", &ten, t0 + Duration::from_secs(60), NOON)
+            l.admit("a", &ten, 0, t0 + Duration::from_secs(60), NOON)
                 .is_ok()
         );
         let refused = l
-            .admit("a", &ten, t0 + Duration::from_secs(60), NOON)
+            .admit("a", &ten, 0, t0 + Duration::from_secs(60), NOON)
             .unwrap_err();
         assert_eq!(refused.retry_after, Duration::from_secs(1));
     }
@@ -233,15 +277,38 @@ mod tests {
         let mut l = KeyLimiter::new(DayTokens::loaded(NOON, [("a".to_string(), 90)]));
         let budget = limits(None, Some(100), None);
         let t = Instant::now();
-        assert!(l.admit("a", &budget, t, NOON).is_ok());
-        l.add_tokens("a", 10, NOON, NOON);
-        let refused = l.admit("a", &budget, t, NOON).unwrap_err();
+        let admitted = l.admit("a", &budget, 5, t, NOON).unwrap();
+        assert_eq!(admitted.reserved_tokens, 5);
+        l.settle("a", admitted.reserved_tokens, 10, NOON, NOON);
+        assert_eq!(l.reserved("a"), 0);
+        let refused = l.admit("a", &budget, 5, t, NOON).unwrap_err();
         assert_eq!(refused.limit, Limit::TokensPerDay(100));
         assert_eq!(
             refused.retry_after,
             Duration::from_millis(DAY_MS as u64 / 2)
         );
-        assert!(l.admit("a", &budget, t, NOON + DAY_MS / 2).is_ok());
+        assert!(l.admit("a", &budget, 5, t, NOON + DAY_MS / 2).is_ok());
+    }
+
+    #[test]
+    fn reservations_of_requests_in_flight_hold_a_burst_back() {
+        let mut l = KeyLimiter::default();
+        let budget = limits(None, Some(100), None);
+        let t = Instant::now();
+        // Each reserves 40: the third finds 80 reserved and passes (80 < 100), the fourth
+        // finds 120 and is refused, although nothing was used yet.
+        let held: Vec<Admitted> = (0..3)
+            .map(|_| l.admit("a", &budget, 40, t, NOON).unwrap())
+            .collect();
+        assert!(l.admit("a", &budget, 40, t, NOON).is_err());
+        for a in &held {
+            l.settle("a", a.reserved_tokens, 30, NOON, NOON);
+        }
+        assert_eq!((l.reserved("a"), l.tokens_today("a", NOON)), (0, 90));
+        // 90 used: one more passes, then the budget is spent.
+        let last = l.admit("a", &budget, 40, t, NOON).unwrap();
+        l.settle("a", last.reserved_tokens, 30, NOON, NOON);
+        assert!(l.admit("a", &budget, 40, t, NOON).is_err());
     }
 
     #[test]
@@ -249,15 +316,48 @@ mod tests {
         let mut l = KeyLimiter::default();
         let two = limits(None, None, Some(2));
         let t = Instant::now();
-        let a = l.admit("a", &two, t, NOON).unwrap();
-        let b = l.admit("a", &two, t, NOON).unwrap();
-        let refused = l.admit("a", &two, t, NOON).unwrap_err();
+        let a = l.admit("a", &two, 0, t, NOON).unwrap();
+        let b = l.admit("a", &two, 0, t, NOON).unwrap();
+        let refused = l.admit("a", &two, 0, t, NOON).unwrap_err();
         assert_eq!(refused.limit, Limit::MaxConcurrent(2));
         assert_eq!(refused.retry_after_secs(), 1);
-        l.release(a);
-        let c = l.admit("a", &two, t, NOON).unwrap();
-        l.release(b);
-        l.release(c);
+        l.release(&a);
+        let c = l.admit("a", &two, 0, t, NOON).unwrap();
+        l.release(&b);
+        l.release(&c);
         assert!(l.in_flight.is_empty());
+    }
+
+    proptest! {
+        /// However requests of one key interleave, the day's tokens end below the budget
+        /// plus one request's reservation, as long as each uses no more than it reserved.
+        #[test]
+        fn a_budget_is_overrun_by_at_most_one_reservation(
+            steps in prop::collection::vec((any::<bool>(), 1u64..200, 0u64..=100), 1..200),
+            budget in 1u64..2_000,
+        ) {
+            let mut l = KeyLimiter::default();
+            let config = limits(None, Some(budget), None);
+            let t = Instant::now();
+            let mut in_flight: Vec<Admitted> = Vec::new();
+            let mut max_reserve = 0;
+            for (start, reserve, percent) in steps {
+                if start || in_flight.is_empty() {
+                    if let Ok(a) = l.admit("k", &config, reserve, t, NOON) {
+                        max_reserve = max_reserve.max(reserve);
+                        in_flight.push(a);
+                    }
+                } else {
+                    let a = in_flight.remove(0);
+                    let used = a.reserved_tokens * percent / 100;
+                    l.settle("k", a.reserved_tokens, used, NOON, NOON);
+                }
+            }
+            for a in in_flight.drain(..) {
+                l.settle("k", a.reserved_tokens, a.reserved_tokens, NOON, NOON);
+            }
+            prop_assert!(l.tokens_today("k", NOON) < budget + max_reserve.max(1));
+            prop_assert_eq!(l.reserved("k"), 0);
+        }
     }
 }

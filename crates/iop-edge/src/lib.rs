@@ -8,6 +8,8 @@
 //! and from it.
 
 pub mod auth;
+pub mod canonical;
+pub mod codec;
 pub mod config;
 pub mod ejection;
 pub mod events;
@@ -25,6 +27,7 @@ pub mod retry_budget;
 pub mod service;
 pub mod session;
 pub mod status;
+pub mod surfaces;
 pub mod throttle;
 pub mod transport;
 pub mod trust;

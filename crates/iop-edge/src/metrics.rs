@@ -26,6 +26,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::ledger::UsageRecord;
 use crate::status::StatusSnapshot;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -106,6 +107,8 @@ const MAX_USAGE_SOURCES: usize = 4096;
 
 /// The label value of a model name no configured group has.
 pub const UNKNOWN_LABEL: &str = "(unknown)";
+/// The `model_group` label of requests that name no group (native runs).
+pub const NO_GROUP_LABEL: &str = "(none)";
 /// The `api_key` label of requests on an edge without keys.
 pub const NO_KEY_LABEL: &str = "(none)";
 /// Distinct `outcome` values kept; later ones count as `other`.
@@ -175,7 +178,7 @@ pub struct GroupMetrics {
     request_duration: Histogram,
     first_token: Histogram,
     /// The request counters used so far, by path and outcome (a few of each).
-    requests: Mutex<Vec<(&'static str, &'static str, Counter)>>,
+    requests: Mutex<Vec<(&'static str, String, Counter)>>,
 }
 
 impl GroupMetrics {
@@ -204,6 +207,8 @@ pub struct Metrics {
     groups: RwLock<foldhash::HashMap<String, Arc<GroupMetrics>>>,
     /// The series every name outside the config shares.
     unknown_group: OnceLock<Arc<GroupMetrics>>,
+    /// The series of requests that name no group (native runs).
+    none_group: OnceLock<Arc<GroupMetrics>>,
     /// The usage counters made so far, by source (cleared when the groups or keys change,
     /// as the labels they map to may).
     usage_series: Mutex<hashbrown::HashMap<UsageSourceKey, [Option<Counter>; 4]>>,
@@ -258,7 +263,7 @@ impl Metrics {
         let node_ready = Family::<NodeLabels, Gauge>::default();
         registry.register(
             "requests",
-            "Model-group requests (OpenAI, Anthropic and Ollama APIs) by model group, path and outcome (ok or the error reason)",
+            "Requests of every API (OpenAI, Responses, Anthropic, Ollama, native runs) by model group, path and outcome (ok or the error reason)",
             requests.clone(),
         );
         registry.register(
@@ -330,6 +335,7 @@ impl Metrics {
             bounds: Mutex::new(LabelBounds::default()),
             groups: RwLock::new(foldhash::HashMap::default()),
             unknown_group: OnceLock::new(),
+            none_group: OnceLock::new(),
             usage_series: Mutex::new(hashbrown::HashMap::default()),
             requests,
             queue_wait,
@@ -408,18 +414,43 @@ impl Metrics {
         })
     }
 
+    /// Counts one finished request (every request of every surface comes here once, from
+    /// the accounting point): its outcome, and — for a configured group, or a native run
+    /// (`(none)`: it names no group) — its duration, its time to first token and how long
+    /// it waited for a slot. A name no group has counts in `(unknown)`'s request counter
+    /// only.
+    pub fn record_request(&self, record: &UsageRecord, queue_wait: Option<Duration>) {
+        let group = if record.group.is_empty() {
+            self.none_group
+                .get_or_init(|| self.group_series(NO_GROUP_LABEL))
+                .clone()
+        } else {
+            let known = self.groups.read().get(&record.group).cloned();
+            let Some(group) = known else {
+                let labels = RequestLabels {
+                    model_group: UNKNOWN_LABEL.to_string(),
+                    path: record.path.to_string(),
+                    outcome: self.bounds.lock().outcome(&record.outcome),
+                };
+                self.requests.get_or_create(&labels).inc();
+                return;
+            };
+            group
+        };
+        self.count_group_request(&group, record.path, &record.outcome);
+        group.observe_request_duration(Duration::from_millis(record.latency_ms));
+        if let Some(ttft) = record.ttft_ms {
+            group.observe_first_token(Duration::from_millis(ttft));
+        }
+        if let Some(waited) = queue_wait {
+            group.observe_queue_wait(waited);
+        }
+    }
+
     /// Counts one request of `group` served by `path` that ended with `outcome`.
-    pub fn count_group_request(
-        &self,
-        group: &GroupMetrics,
-        path: &'static str,
-        outcome: &'static str,
-    ) {
+    fn count_group_request(&self, group: &GroupMetrics, path: &'static str, outcome: &str) {
         let mut counters = group.requests.lock();
-        if let Some((.., counter)) = counters
-            .iter()
-            .find(|(p, o, _)| *p == path && *o == outcome)
-        {
+        if let Some((.., counter)) = counters.iter().find(|(p, o, _)| *p == path && o == outcome) {
             counter.inc();
             return;
         }
@@ -430,25 +461,13 @@ impl Metrics {
         };
         let counter = self.requests.get_or_create(&labels).clone();
         counter.inc();
-        counters.push((path, outcome, counter));
+        counters.push((path, outcome.to_string(), counter));
     }
 
     /// The configured API key names: the only `api_key` label values.
     pub fn set_api_keys<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
         self.bounds.lock().keys = names.into_iter().map(String::from).collect();
         self.usage_series.lock().clear();
-    }
-
-    pub fn count_request(&self, model_group: &str, path: &str, outcome: &str) {
-        let labels = {
-            let mut bounds = self.bounds.lock();
-            RequestLabels {
-                model_group: bounds.group(model_group),
-                path: path.to_string(),
-                outcome: bounds.outcome(outcome),
-            }
-        };
-        self.requests.get_or_create(&labels).inc();
     }
 
     /// Counts one request's provider-reported tokens.
@@ -641,10 +660,10 @@ mod tests {
     fn model_names_outside_the_config_share_one_label() {
         let m = Metrics::new();
         m.set_model_groups(["llama"]);
-        m.count_request("llama", "run", "ok");
+        m.count_group_request(&m.group("llama"), "run", "ok");
         let before = series(&m);
         for i in 0..1000 {
-            m.count_request(&format!("random-{i}"), "none", "model_not_found");
+            m.count_group_request(&m.group(&format!("random-{i}")), "none", "model_not_found");
             m.group(&format!("random-{i}"))
                 .observe_queue_wait(Duration::from_millis(1));
         }
@@ -662,7 +681,7 @@ mod tests {
         assert!(series(&m) < before + 60, "{text}");
         let after = series(&m);
         for i in 0..1000 {
-            m.count_request(&format!("other-{i}"), "none", "model_not_found");
+            m.count_group_request(&m.group(&format!("other-{i}")), "none", "model_not_found");
             m.group(&format!("other-{i}"))
                 .observe_queue_wait(Duration::from_millis(1));
         }
@@ -684,7 +703,7 @@ mod tests {
         assert_eq!(llama.label(), "llama");
         m.count_group_request(&llama, "tunnel", "ok");
         m.count_group_request(&llama, "tunnel", "ok");
-        m.count_request("llama", "tunnel", "ok");
+        m.count_group_request(&m.group("llama"), "tunnel", "ok");
         m.count_group_request(&llama, "tunnel", "client_abort");
         llama.observe_request_duration(Duration::from_millis(20));
         // A reload that keeps the group keeps its series; one that drops it sends its
@@ -710,7 +729,7 @@ mod tests {
         let m = Metrics::new();
         m.set_model_groups(["g"]);
         for i in 0..1000 {
-            m.count_request("g", "run", &format!("code-{i}"));
+            m.count_group_request(&m.group("g"), "run", &format!("code-{i}"));
         }
         let text = m.render(
             &StatusSnapshot {
@@ -798,8 +817,8 @@ mod tests {
     fn both_formats_parse_and_every_family_has_help() {
         let m = Metrics::new();
         m.set_model_groups(["g"]);
-        m.count_request("g", "tunnel", "ok");
-        m.count_request("g", "run", "client_abort");
+        m.count_group_request(&m.group("g"), "tunnel", "ok");
+        m.count_group_request(&m.group("g"), "run", "client_abort");
         let g = m.group("g");
         g.observe_request_duration(Duration::from_millis(120));
         g.observe_first_token(Duration::from_millis(30));

@@ -3,14 +3,15 @@
 //! Pure state over [`Leases`], generic over the waiter payload `W` (a channel in the
 //! service, a plain id in tests). Rules:
 //! - A request takes a slot of its lane on the live member with the fewest requests in
-//!   flight; ties go round-robin.
+//!   flight; ties go round-robin. A retry (a request that names members it failed on)
+//!   does not move the rotation, so retries never steer first attempts.
 //! - With no free slot it waits in its group's FIFO (bounded by `max_waiting`). Waiters are
 //!   served oldest first, across groups that share a provider, per lane: a long waiter never
 //!   holds up normal requests behind it.
 //! - Whenever capacity may have appeared (release, node ready) the queues are pumped and
 //!   the caller gets the waiters to wake with their grants.
-//! - Members whose provider is excluded (probed unhealthy, or ejected after failed
-//!   requests: [`crate::health`]) get no new requests while the group has another member
+//! - Members whose provider is excluded (probed unhealthy, ejected after failed requests,
+//!   or cooling down after a 429: [`crate::health`]) get no new requests while the group has another member
 //!   that is online and not excluded; a group whose every online member is excluded uses
 //!   them all rather than none.
 //! - A retried request names the members (under their generation) that already failed
@@ -35,7 +36,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::ProviderKind;
+use crate::config::{ProviderApi, ProviderKind};
 use crate::ejection::EjectionPolicy;
 use crate::health::ProviderHealth;
 use crate::lease::{AccountId, AccountSpec, Lane, LaneCounts, LeaseId, Leases, ProviderKey};
@@ -49,11 +50,31 @@ pub use candidates::HealthView;
 /// Requests pinned to one provider (native runs) that may wait for it at most.
 pub const DIRECT_MAX_WAITING: usize = 64;
 
-/// What a grant needs to know of its provider to dispatch: carried in the grant so the
-/// dispatcher never re-reads the config.
+/// A set of provider APIs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApiSet(u8);
+
+impl ApiSet {
+    pub fn of(apis: impl IntoIterator<Item = ProviderApi>) -> Self {
+        Self(apis.into_iter().fold(0, |set, api| set | Self::bit(api)))
+    }
+
+    fn bit(api: ProviderApi) -> u8 {
+        1 << (api as u8)
+    }
+
+    pub fn contains(self, api: ProviderApi) -> bool {
+        self.0 & Self::bit(api) != 0
+    }
+}
+
+/// What a grant needs to know of its provider to dispatch (and to route: the APIs it
+/// serves itself): carried in the grant so the dispatcher never re-reads the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemberTraits {
     pub kind: ProviderKind,
+    /// The APIs a tunnelled provider serves itself (`apis`).
+    pub apis: ApiSet,
     /// How long the provider's stream may stay silent once its response began.
     pub idle_timeout: Duration,
     /// A tunnelled stream asks the provider for usage the client did not ask for
@@ -65,6 +86,7 @@ impl Default for MemberTraits {
     fn default() -> Self {
         Self {
             kind: ProviderKind::Mock,
+            apis: ApiSet::default(),
             idle_timeout: Duration::from_secs(
                 crate::config::dispatch::DEFAULT_IDLE_TIMEOUT_SEC.into(),
             ),
@@ -608,6 +630,12 @@ impl<W> Scheduler<W> {
         }
     }
 
+    /// Whether some member of the group `name` has `traits` that satisfy `pred`.
+    pub fn any_member_traits(&self, name: &str, pred: impl Fn(&MemberTraits) -> bool) -> bool {
+        self.group_index(name)
+            .is_some_and(|g| self.groups[g].members.iter().any(|m| pred(&m.traits)))
+    }
+
     /// Whether any member of the group is live for `lane` (online with capacity).
     pub fn has_live_candidate(&self, group: usize, lane: Lane) -> bool {
         self.groups[group]
@@ -650,7 +678,10 @@ impl<W> Scheduler<W> {
         let account = self.groups[g].members[member].account;
         let (lease, generation) = self.leases.acquire(account, lane)?;
         let group = &mut self.groups[g];
-        group.cursor = (member + 1) % n;
+        // A retry takes another member without moving the rotation.
+        if exclude.is_empty() {
+            group.cursor = (member + 1) % n;
+        }
         let key = self.leases.key(account);
         Some(Grant {
             lease,

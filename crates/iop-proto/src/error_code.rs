@@ -81,11 +81,19 @@ impl ErrorCode {
             ErrorCode::ClientAbort => row("client_abort", 499, Client, false),
             ErrorCode::Cancelled => row("cancelled", 499, Client, false),
             ErrorCode::SessionBusy => row("session_busy", 409, Client, false),
+            ErrorCode::RequestsPerMinuteExceeded => {
+                row("requests_per_minute_exceeded", 429, Client, false)
+            }
+            ErrorCode::TokensPerDayExceeded => row("tokens_per_day_exceeded", 429, Client, false),
+            ErrorCode::MaxConcurrentExceeded => row("max_concurrent_exceeded", 429, Client, false),
+            ErrorCode::Conflict => row("conflict", 409, Client, false),
             ErrorCode::QueueFull => row("queue_full", 429, Edge, false),
             ErrorCode::QueueTimeout => row("queue_timeout", 503, Edge, false),
             ErrorCode::ModelUnavailable => row("model_unavailable", 503, Edge, false),
             ErrorCode::ResponseTooLarge => row("response_too_large", 502, Edge, false),
             ErrorCode::Internal => row("internal", 500, Edge, false),
+            ErrorCode::NotImplemented => row("not_implemented", 501, Edge, false),
+            ErrorCode::Unavailable => row("unavailable", 503, Edge, false),
             ErrorCode::NodeUnavailable => row("node_unavailable", 503, Node, false),
             ErrorCode::NodeDisconnected => row("node_disconnected", 503, Node, true),
             ErrorCode::NodeCapacity => row("node_capacity", 503, Node, true),
@@ -123,6 +131,23 @@ impl ErrorCode {
 
     pub const fn retryable(self) -> bool {
         self.disposition().retryable
+    }
+
+    /// Whether a failure with this reason proves the provider did no work on the request
+    /// (nothing reached it, or it refused outright). After the node accepted a request,
+    /// only these are retried: any other failure (the node's link dropped, it went
+    /// silent) may have left the provider generating, and a second member would run the
+    /// request twice.
+    pub const fn refused_before_work(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::ProviderUnreachable
+                | ErrorCode::ProviderRateLimited
+                | ErrorCode::ProviderOverloaded
+                | ErrorCode::NodeCapacity
+                | ErrorCode::UnknownAdapter
+                | ErrorCode::CliSpawn
+        )
     }
 
     /// The reason a snake_case name stands for, including the names older nodes sent.
@@ -185,11 +210,17 @@ pub const ALL: &[ErrorCode] = &[
     ErrorCode::ClientAbort,
     ErrorCode::Cancelled,
     ErrorCode::SessionBusy,
+    ErrorCode::RequestsPerMinuteExceeded,
+    ErrorCode::TokensPerDayExceeded,
+    ErrorCode::MaxConcurrentExceeded,
+    ErrorCode::Conflict,
     ErrorCode::QueueFull,
     ErrorCode::QueueTimeout,
     ErrorCode::ModelUnavailable,
     ErrorCode::ResponseTooLarge,
     ErrorCode::Internal,
+    ErrorCode::NotImplemented,
+    ErrorCode::Unavailable,
     ErrorCode::NodeUnavailable,
     ErrorCode::NodeDisconnected,
     ErrorCode::NodeCapacity,
@@ -327,6 +358,28 @@ mod tests {
             (ErrorCode::ClientAbort, "client_abort", 499, Client, false),
             (ErrorCode::Cancelled, "cancelled", 499, Client, false),
             (ErrorCode::SessionBusy, "session_busy", 409, Client, false),
+            (
+                ErrorCode::RequestsPerMinuteExceeded,
+                "requests_per_minute_exceeded",
+                429,
+                Client,
+                false,
+            ),
+            (
+                ErrorCode::TokensPerDayExceeded,
+                "tokens_per_day_exceeded",
+                429,
+                Client,
+                false,
+            ),
+            (
+                ErrorCode::MaxConcurrentExceeded,
+                "max_concurrent_exceeded",
+                429,
+                Client,
+                false,
+            ),
+            (ErrorCode::Conflict, "conflict", 409, Client, false),
             (ErrorCode::QueueFull, "queue_full", 429, Edge, false),
             (ErrorCode::QueueTimeout, "queue_timeout", 503, Edge, false),
             (
@@ -344,6 +397,14 @@ mod tests {
                 false,
             ),
             (ErrorCode::Internal, "internal", 500, Edge, false),
+            (
+                ErrorCode::NotImplemented,
+                "not_implemented",
+                501,
+                Edge,
+                false,
+            ),
+            (ErrorCode::Unavailable, "unavailable", 503, Edge, false),
             (
                 ErrorCode::NodeUnavailable,
                 "node_unavailable",

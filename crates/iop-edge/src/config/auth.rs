@@ -97,9 +97,21 @@ pub struct KeyLimitsConfig {
     /// Requests in flight at once.
     #[serde(default)]
     pub max_concurrent: Option<u32>,
+    /// Output tokens a request that gives no `max_tokens` reserves against
+    /// `tokens_per_day` while it runs (default [`DEFAULT_RESERVE_TOKENS`]).
+    #[serde(default)]
+    pub reserve_tokens: Option<u64>,
 }
 
+/// Output tokens reserved for a request that gives no `max_tokens` (`reserve_tokens`).
+pub const DEFAULT_RESERVE_TOKENS: u64 = 1024;
+
 impl KeyLimitsConfig {
+    /// The output tokens a request reserves: its `max_tokens`, or `reserve_tokens`.
+    pub fn reserved_output(&self, max_tokens: Option<u64>) -> u64 {
+        max_tokens.unwrap_or(self.reserve_tokens.unwrap_or(DEFAULT_RESERVE_TOKENS))
+    }
+
     /// Whether any limit is set.
     pub fn any(&self) -> bool {
         self.requests_per_minute.is_some()

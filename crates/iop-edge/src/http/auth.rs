@@ -9,45 +9,36 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::error::ApiError;
 use crate::auth::Caller;
+use crate::canonical::ApiError;
 use crate::service::Edge;
+use crate::surfaces::ErrorShape;
 
 /// How often wrong API keys are summed up in the log.
 pub const FAILURE_SUMMARY_PERIOD: Duration = Duration::from_secs(60);
 
 /// Sets the request's [`Caller`]: anonymous on an edge without keys, else the key the
-/// `Authorization: Bearer` header names (401 without one or with a wrong one; 429 while
-/// the source address is throttled for earlier wrong keys). Errors on Ollama's routes are
-/// in Ollama's shape.
+/// `Authorization: Bearer` header names — on Anthropic's routes also `x-api-key`, as its
+/// clients send it — (401 without one or with a wrong one; 429 while the source address
+/// is throttled for earlier wrong keys). Errors are in the shape of the API the request
+/// is for.
 pub async fn authenticate(
     State(edge): State<Arc<Edge>>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    // Errors in the shape of the API the request is for.
-    let ollama = super::ollama_api::is_ollama_path(request.uri().path());
-    match identify(&edge, &mut request, KeyHeaders::Bearer) {
+    let shape = super::shape_of(request.uri().path());
+    let from = match shape {
+        ErrorShape::Anthropic => KeyHeaders::BearerOrXApiKey,
+        _ => KeyHeaders::Bearer,
+    };
+    match identify(&edge, &mut request, from) {
         Ok(()) => next.run(request).await,
-        Err(e) if ollama => super::ollama_api::error::response(e),
-        Err(e) => e.into_response(),
-    }
-}
-
-/// [`authenticate`] for the Anthropic Messages API: the key may also come as
-/// `x-api-key: <key>` (as Anthropic's clients send it), and errors are in that API's shape.
-pub async fn authenticate_anthropic(
-    State(edge): State<Arc<Edge>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    match identify(&edge, &mut request, KeyHeaders::BearerOrXApiKey) {
-        Ok(()) => next.run(request).await,
-        Err(e) => super::apis::messages::error::response(e),
+        Err(e) => super::error::response(shape, e),
     }
 }
 
@@ -151,15 +142,11 @@ pub fn throttle_key(ip: IpAddr) -> IpAddr {
 
 fn throttled(wait: Duration) -> ApiError {
     let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
-    ApiError {
-        retry_after: Some(secs),
-        ..ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            "too_many_failed_attempts",
-            format!("too many wrong API keys from your address; retry in {secs} s"),
-        )
-    }
+    ApiError::of(
+        iop_proto::ErrorCode::TooManyFailedAttempts,
+        format!("too many wrong API keys from your address; retry in {secs} s"),
+    )
+    .with_retry_after(secs)
 }
 
 /// Logs the wrong API keys of each period in one line, until the edge shuts down.

@@ -1,149 +1,90 @@
-//! The edge's HTTP server: the OpenAI-compatible surface, the Anthropic Messages API, the
-//! Ollama API, the native runs API and the admin endpoints on one listener ([`server`],
-//! HTTPS when `http_tls` is set: [`tls`]), with bearer-key auth and roles ([`auth`]),
-//! connection deadlines ([`deadlines`]) and a body size limit. Every response carries the
-//! request's `x-request-id` ([`request_id`]); browsers get CORS when it is configured
-//! ([`cors`]); both, and the body limit, are applied in front of the routes ([`front`]).
+//! The edge's HTTP server: plumbing around the service. One listener ([`server`], HTTPS
+//! when `http_tls` is set: [`tls`]) with connection deadlines ([`deadlines`]); in front of
+//! the routes ([`front`]) every response gets the request's `x-request-id`
+//! ([`request_id`]), browsers get CORS when it is configured ([`cors`]) and bodies are
+//! bounded. Then:
 //!
-//! Routes come in three kinds: the probes and the status page ([`ui`], which holds no data
-//! and reads the admin endpoints with a key it asks for) are open; the OpenAI (chat, completions,
-//! embeddings, Responses), Anthropic Messages ([`apis`]), Ollama ([`ollama_api`]) and runs
-//! APIs take any key; `/admin/*` (node credentials too: [`trust`]), `/metrics` and node
-//! commands take admin keys only. On an edge without keys every route is open.
+//! - [`auth`]: the bearer key (`x-api-key` too on Anthropic's route) becomes the request's
+//!   caller; wrong keys are throttled per address;
+//! - [`model`]: the one handler of every model endpoint of every API (decode, admit,
+//!   serve, render: `surfaces` and `service` do the work), with [`answer`] rendering
+//!   canonical answers and [`passthrough`] relaying a provider's own bytes;
+//! - [`runs`]: the native runs API; [`models`] and [`ollama`]: the model catalogs;
+//! - [`admin`]: status, metrics, usage, node credentials, node commands (admin keys
+//!   only), and the open probes and status page.
+//!
+//! On an edge without keys every route is open. Errors render in the shape of the API a
+//! request was for ([`error`]).
 
 pub mod admin;
-pub mod apis;
+pub mod answer;
 pub mod auth;
-pub mod chat_input;
+pub mod body;
 pub mod cors;
 pub mod deadlines;
 pub mod error;
 pub mod forward;
 pub mod front;
-pub mod model_dispatch;
+pub mod model;
 pub mod models;
-pub mod ollama_api;
-pub mod openai;
+pub mod ollama;
 pub mod passthrough;
-pub mod render;
-pub mod request;
 pub mod request_id;
 pub mod runs;
 pub mod server;
-pub mod stream_usage;
 pub mod tls;
-pub mod trust;
-pub mod ui;
-pub mod usage;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::Request;
-use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
 use axum::middleware;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
+use crate::canonical::ApiError;
 use crate::service::Edge;
-use error::ApiError;
+use crate::surfaces::ErrorShape;
 pub use front::App;
 pub use server::serve_http;
 
 /// The routes of the HTTP application ([`front::App`] puts them behind the request id,
 /// CORS and the body limit).
 pub fn router(edge: Arc<Edge>) -> Router {
-    let admin = admin::admin_routes()
-        .merge(runs::admin_routes())
-        .merge(usage::routes())
-        .route_layer(middleware::from_fn(auth::require_admin));
-    let authenticated = openai::routes()
-        .merge(apis::responses_routes())
+    let admin = admin::admin_routes().route_layer(middleware::from_fn(auth::require_admin));
+    let authenticated = model::routes()
         .merge(models::routes())
-        .merge(ollama_api::routes())
+        .merge(ollama::routes())
         .merge(runs::routes())
         .merge(admin)
         .route_layer(middleware::from_fn_with_state(
             edge.clone(),
             auth::authenticate,
         ));
-    // Anthropic's clients send their key as `x-api-key` and read errors in their shape.
-    let anthropic = apis::messages_routes().route_layer(middleware::from_fn_with_state(
-        edge.clone(),
-        auth::authenticate_anthropic,
-    ));
     Router::new()
         .merge(authenticated)
-        .merge(anthropic)
         .merge(admin::open_routes())
-        .merge(ui::routes())
         .fallback(not_found)
         .with_state(edge)
 }
 
+/// The error shape of the API a path belongs to.
+pub fn shape_of(path: &str) -> ErrorShape {
+    if crate::surfaces::ollama::error::is_ollama_path(path) {
+        ErrorShape::Ollama
+    } else if path.starts_with("/v1/messages") {
+        ErrorShape::Anthropic
+    } else {
+        ErrorShape::OpenAi
+    }
+}
+
 async fn not_found(request: Request) -> Response {
     let path = request.uri().path();
-    if ollama_api::is_ollama_path(path) {
-        return ollama_api::error::response(ApiError::not_found(
-            "unknown_url",
-            format!("unknown endpoint: {} {path}", request.method()),
-        ));
-    }
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
+    let e = ApiError::not_found(
         "unknown_url",
-        format!(
-            "unknown endpoint: {} {}",
-            request.method(),
-            request.uri().path()
-        ),
-    )
-    .into_response()
-}
-
-/// A body that could not be read: too large (413), too slow (408) or broken.
-pub(crate) fn body_error(rejection: BytesRejection, edge: &Edge) -> ApiError {
-    if let Some(timeout) = find_cause::<deadlines::BodyError>(&rejection)
-        .filter(|e| matches!(e, deadlines::BodyError::Timeout(_)))
-    {
-        return ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "invalid_request_error",
-            "request_timeout",
-            timeout.to_string(),
-        );
-    }
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            "request_too_large",
-            format!(
-                "the request body is larger than this edge's limit of {} bytes (limits.max_body_bytes)",
-                edge.config().limits.max_body_bytes
-            ),
-        )
-    } else {
-        ApiError::bad_request(
-            "invalid_body",
-            format!("could not read the request body: {rejection}"),
-        )
-    }
-}
-
-/// The first error of type `E` in `error`'s chain of sources.
-fn find_cause<'a, E: std::error::Error + 'static>(
-    error: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a E> {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if let Some(found) = e.downcast_ref::<E>() {
-            return Some(found);
-        }
-        current = e.source();
-    }
-    None
+        format!("unknown endpoint: {} {path}", request.method()),
+    );
+    error::response(shape_of(path), e)
 }
 
 #[cfg(test)]

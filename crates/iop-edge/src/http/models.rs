@@ -1,10 +1,7 @@
-//! The model groups as models: `GET /v1/models` and `GET /v1/models/{id}` in OpenAI's
-//! shape, with the metadata the config gives (`context_length`, `owned_by`) and a stable
-//! `created`. A key with a model allowlist sees only its models; any other id is a 404 in
-//! OpenAI's shape, exactly like one that does not exist. Ids may hold `/`
+//! `GET /v1/models` and `GET /v1/models/{id}` (the model groups as OpenAI models, see
+//! `surfaces::models`): a key with a model allowlist sees only its models; any other id
+//! is a 404 in OpenAI's shape, exactly like one that does not exist. Ids may hold `/`
 //! (`meta-llama/Llama-3.1-8B`): the rest of the path is the id.
-//!
-//! The metadata helpers ([`created`], [`digest`]) serve the Ollama surface too.
 
 use std::sync::Arc;
 
@@ -12,21 +9,11 @@ use axum::Router;
 use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
-use super::error::ApiError;
 use crate::auth::Caller;
-use crate::config::ModelGroupConfig;
+use crate::canonical::ApiError;
 use crate::service::Edge;
-
-/// `owned_by` of a group whose config names no owner.
-pub const DEFAULT_OWNER: &str = "iop";
-
-/// 2024-01-01T00:00:00Z, where the stand-in `created` times begin.
-const CREATED_BASE: u64 = 1_704_067_200;
-/// Stand-in `created` times spread over this many seconds after [`CREATED_BASE`].
-const CREATED_SPREAD: u64 = 365 * 24 * 3600;
+use crate::surfaces::models;
 
 pub fn routes() -> Router<Arc<Edge>> {
     Router::new()
@@ -34,45 +21,8 @@ pub fn routes() -> Router<Arc<Edge>> {
         .route("/v1/models/{*id}", get(retrieve))
 }
 
-/// A stable `created` for a model group: iop does not know when a model was made, so it
-/// is a time in 2024 derived from the name — the same on every edge, after every restart
-/// and reload, never 0.
-pub fn created(name: &str) -> u64 {
-    let hash = Sha256::digest(name.as_bytes());
-    let n = u64::from_be_bytes(hash[..8].try_into().expect("8 bytes"));
-    CREATED_BASE + n % CREATED_SPREAD
-}
-
-/// A stable digest for a model group (Ollama's `digest`): the SHA-256 of its name.
-pub fn digest(name: &str) -> String {
-    hex::encode(Sha256::digest(name.as_bytes()))
-}
-
-/// The OpenAI model object of a group.
-pub fn model_object(group: &ModelGroupConfig) -> Value {
-    let mut model = json!({
-        "id": group.name,
-        "object": "model",
-        "created": created(&group.name),
-        "owned_by": group.owned_by.as_deref().unwrap_or(DEFAULT_OWNER),
-    });
-    if let Some(n) = group.context_length {
-        // Both names clients read: `context_length` and vLLM's `max_model_len`.
-        model["context_length"] = json!(n);
-        model["max_model_len"] = json!(n);
-    }
-    model
-}
-
 async fn list(State(edge): State<Arc<Edge>>, Extension(caller): Extension<Caller>) -> Response {
-    let data: Vec<Value> = edge
-        .config()
-        .model_groups
-        .iter()
-        .filter(|g| caller.may_use_model(&g.name))
-        .map(model_object)
-        .collect();
-    axum::Json(json!({"object": "list", "data": data})).into_response()
+    axum::Json(models::list(&edge.config(), &caller)).into_response()
 }
 
 async fn retrieve(
@@ -80,20 +30,12 @@ async fn retrieve(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Response {
-    let config = edge.config();
-    match config
-        .model_groups
-        .iter()
-        .find(|g| g.name == id && caller.may_use_model(&g.name))
-    {
-        Some(group) => axum::Json(model_object(group)).into_response(),
-        None => ApiError::not_found(
-            "model_not_found",
-            format!(
-                "the model `{id}` does not exist or you do not have access to it; \
-                 GET /v1/models lists the models you can use"
-            ),
-        )
+    match models::retrieve(&edge.config(), &caller, &id) {
+        Some(model) => axum::Json(model).into_response(),
+        None => ApiError::model_not_found(format!(
+            "the model `{id}` does not exist or you do not have access to it; \
+             GET /v1/models lists the models you can use"
+        ))
         .with_param("model")
         .into_response(),
     }
@@ -106,8 +48,11 @@ mod tests {
     use http_body_util::BodyExt;
     use tower_service::Service;
 
+    use serde_json::Value;
+
     use super::*;
     use crate::EdgeConfig;
+    use crate::surfaces::models::{DEFAULT_OWNER, created};
 
     const CONFIG: &str = r#"
 auth:
@@ -134,15 +79,6 @@ model_groups:
         let status = response.status();
         let body = response.into_body().collect().await.unwrap().to_bytes();
         (status, serde_json::from_slice(&body).unwrap())
-    }
-
-    #[test]
-    fn created_is_stable_and_plausible() {
-        assert_eq!(created("llama"), created("llama"));
-        assert_ne!(created("llama"), created("mistral"));
-        let c = created("anything");
-        assert!((CREATED_BASE..CREATED_BASE + CREATED_SPREAD).contains(&c));
-        assert_eq!(digest("x").len(), 64);
     }
 
     #[tokio::test]

@@ -16,46 +16,21 @@ use axum::response::Response;
 use futures::stream;
 use iop_proto::pb;
 
-use super::error::ApiError;
-use crate::service::{TunnelHead, TunnelItem, TunnelStream};
+use crate::canonical::ApiError;
+use crate::service::tunnel::{TunnelHead, TunnelItem, TunnelStream};
+use crate::surfaces::Surface;
 use iop_proto::ErrorCode;
 use sse::EventBoundary;
 
 /// Most body bytes already arrived that are merged into one write to the client.
 const MAX_MERGE: usize = 256 * 1024;
 
-/// Renders the event that ends an event stream with an error (after a blank line).
-pub type ErrorEvent = fn(&ApiError) -> Bytes;
-
-/// OpenAI's stream error: `data: {"error": {…}}`.
-pub fn openai_error_event(error: &ApiError) -> Bytes {
-    Bytes::from(format!("data: {}\n\n", error.body()))
-}
-
-/// Waits for the response head (at once when the dispatcher already received it), then
-/// streams the body.
-pub async fn respond(tunnel: TunnelStream) -> Result<Response, ApiError> {
-    respond_with(tunnel, openai_error_event).await
-}
-
-/// [`respond`] for an API whose streams end an error with `error_event`.
-pub async fn respond_with(
-    mut tunnel: TunnelStream,
-    error_event: ErrorEvent,
-) -> Result<Response, ApiError> {
-    let head = tunnel
-        .head()
-        .await
-        .map_err(|e| ApiError::from_tunnel_error(&e))?;
-    respond_head(head, tunnel, error_event)
-}
-
 /// Checks the provider's response head (which the dispatcher waited for), then streams
-/// the body.
+/// the body; an event stream that fails mid-body ends with `surface`'s error event.
 pub fn respond_head(
     provider_head: TunnelHead,
     mut tunnel: TunnelStream,
-    error_event: ErrorEvent,
+    surface: Surface,
 ) -> Result<Response, ApiError> {
     let head = head::relay_head(
         provider_head.status,
@@ -74,7 +49,7 @@ pub fn respond_head(
         events: (head.is_sse && head.content_length.is_none()).then(EventBoundary::default),
         remaining: head.content_length,
         failed: None,
-        error_event,
+        surface,
     };
     let body = stream::unfold(Some(state), |state| async move {
         let mut state = state?;
@@ -147,7 +122,8 @@ struct BodyState {
     remaining: Option<u64>,
     /// A failure to report after the bytes before it went out.
     failed: Option<String>,
-    error_event: ErrorEvent,
+    /// The API whose error event ends a failed event stream.
+    surface: Surface,
 }
 
 type BodyStep = Option<(Result<Bytes, std::io::Error>, Option<BodyState>)>;
@@ -175,7 +151,11 @@ impl BodyState {
     /// body (the client sees a truncated response) otherwise.
     fn fail(mut self, bytes: Bytes, e: pb::TunnelError) -> BodyStep {
         tracing::warn!(request_id = self.tunnel.request_id(), code = e.error_code().as_str(), message = %e.message, "tunnel failed mid-body");
-        if self.is_sse {
+        let event = self
+            .surface
+            .native_stream_error(&ApiError::from_tunnel_error(&e))
+            .filter(|_| self.is_sse);
+        if let Some(event) = event {
             let mut out = bytes::BytesMut::from(&bytes[..]);
             if let Some(events) = self.events.as_mut() {
                 if events.discard_held() {
@@ -190,7 +170,7 @@ impl BodyState {
                     out.extend_from_slice(b"\n\n");
                 }
             }
-            out.extend_from_slice(&(self.error_event)(&ApiError::from_tunnel_error(&e)));
+            out.extend_from_slice(&event);
             return Some((Ok(out.freeze()), None));
         }
         if bytes.is_empty() {

@@ -109,6 +109,9 @@ pub struct UsageRow {
     pub output_tokens: u64,
     pub reasoning_tokens: u64,
     pub cached_tokens: u64,
+    /// Estimated tokens of the requests whose provider reported none.
+    pub est_input_tokens: u64,
+    pub est_output_tokens: u64,
 }
 
 /// The WHERE clause of `filter` and its parameters.
@@ -172,6 +175,8 @@ pub fn summarize(
             "SUM(output_tokens)",
             "SUM(reasoning_tokens)",
             "SUM(cached_tokens)",
+            "SUM(est_input_tokens)",
+            "SUM(est_output_tokens)",
         ]
         .map(String::from),
     );
@@ -221,6 +226,8 @@ pub fn summarize(
             output_tokens: sum(3)?,
             reasoning_tokens: sum(4)?,
             cached_tokens: sum(5)?,
+            est_input_tokens: sum(6)?,
+            est_output_tokens: sum(7)?,
         });
     }
     let truncated = out.len() > max_rows;
@@ -237,8 +244,8 @@ pub fn records(
     let (condition, args) = where_clause(filter);
     let sql = format!(
         "SELECT time_ms, key, grp, node, provider, path, api, input_tokens, output_tokens, \
-         reasoning_tokens, cached_tokens, latency_ms, ttft_ms, outcome, status, attempts \
-         FROM requests WHERE {condition} ORDER BY time_ms DESC, id DESC LIMIT {limit}"
+         reasoning_tokens, cached_tokens, latency_ms, ttft_ms, outcome, status, attempts, \
+         est_input_tokens, est_output_tokens FROM requests WHERE {condition} ORDER BY time_ms DESC, id DESC LIMIT {limit}"
     );
     let mut statement = conn.prepare(&sql)?;
     let rows = statement.query_map(params_from_iter(args), |row| {
@@ -259,19 +266,24 @@ pub fn records(
             outcome: row.get(13)?,
             status: row.get(14)?,
             attempts: row.get(15)?,
+            est_input_tokens: row.get::<_, Option<i64>>(16)?.map(count),
+            est_output_tokens: row.get::<_, Option<i64>>(17)?.map(count),
         })
     })?;
     rows.collect()
 }
 
-/// Input plus output tokens per key of the records since `since_ms`.
+/// The tokens per key of the records since `since_ms`, as `tokens_per_day` counts them
+/// (input plus output as reported, or as estimated where nothing was reported).
 pub fn tokens_by_key_since(
     conn: &Connection,
     since_ms: i64,
 ) -> rusqlite::Result<Vec<(String, u64)>> {
     let mut statement = conn.prepare(
-        "SELECT key, SUM(input_tokens) + SUM(output_tokens) FROM requests \
-         WHERE time_ms >= ?1 GROUP BY key",
+        "SELECT key, SUM(CASE WHEN input_tokens > 0 OR output_tokens > 0 \
+         THEN input_tokens + output_tokens \
+         ELSE COALESCE(est_input_tokens, 0) + COALESCE(est_output_tokens, 0) END) \
+         FROM requests WHERE time_ms >= ?1 GROUP BY key",
     )?;
     let rows = statement.query_map([since_ms], |row| {
         Ok((row.get::<_, String>(0)?, count(row.get(1)?)))
@@ -293,6 +305,7 @@ fn static_api(api: &str) -> &'static str {
         "responses" => "responses",
         "messages" => "messages",
         "ollama" => "ollama",
+        "runs" => "runs",
         _ => "unknown",
     }
 }

@@ -20,6 +20,8 @@ pub enum ClientApi {
     Messages,
     /// `/api/*` (Ollama).
     Ollama,
+    /// `/v1/runs` (the native runs API).
+    Runs,
 }
 
 impl ClientApi {
@@ -29,6 +31,7 @@ impl ClientApi {
             ClientApi::Responses => "responses",
             ClientApi::Messages => "messages",
             ClientApi::Ollama => "ollama",
+            ClientApi::Runs => "runs",
         }
     }
 }
@@ -40,19 +43,27 @@ pub struct UsageRecord {
     pub time_ms: i64,
     /// The API key's name, or [`ANONYMOUS_KEY`].
     pub key: String,
-    /// The model group asked for (empty when the request named none the edge could read).
+    /// The model group asked for: a configured group's name, `(unknown) <hash>` for a name
+    /// no group has (never the name itself), or empty when the request named none the edge
+    /// could read. A native run's is `node/adapter`.
     pub group: String,
     /// The node and provider that served it (empty when it never reached one).
     pub node: String,
     pub provider: String,
     /// `tunnel`, `run` or `none` (answered by the edge itself).
     pub path: &'static str,
-    /// `openai`, `responses`, `messages` or `ollama`.
+    /// `openai`, `responses`, `messages`, `ollama` or `runs`.
     pub api: &'static str,
+    /// What the provider reported (0 when it reported nothing).
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub reasoning_tokens: u64,
     pub cached_tokens: u64,
+    /// When the provider reported no usage but the request was sent to it: the input
+    /// estimated from the prompt and the output counted from what was relayed (one token
+    /// per streamed delta). Estimates, never mixed with reported counts.
+    pub est_input_tokens: Option<u64>,
+    pub est_output_tokens: Option<u64>,
     /// From arrival to the end of the response.
     pub latency_ms: u64,
     /// From arrival to the first token (body bytes or a delta), when there was one.
@@ -71,23 +82,67 @@ impl UsageRecord {
         self.outcome == OUTCOME_OK
     }
 
-    /// Input plus output tokens: what `tokens_per_day` limits count.
+    /// Whether the provider reported usage.
+    pub fn reported(&self) -> bool {
+        self.input_tokens > 0 || self.output_tokens > 0
+    }
+
+    /// What `tokens_per_day` limits count: input plus output as reported, or as estimated
+    /// when the provider reported nothing.
     pub fn billed_tokens(&self) -> u64 {
-        self.input_tokens.saturating_add(self.output_tokens)
+        if self.reported() {
+            return self.input_tokens.saturating_add(self.output_tokens);
+        }
+        let estimate = |n: Option<u64>| n.unwrap_or(0);
+        estimate(self.est_input_tokens).saturating_add(estimate(self.est_output_tokens))
     }
 }
 
-/// The outcome of a request whose provider answered with an error status (and nothing
-/// more specific was known).
-pub fn provider_status_outcome(status: u16) -> &'static str {
-    match status {
-        400 | 422 => "bad_request",
-        401 | 403 => "provider_auth",
-        404 => "unknown_target",
-        413 => "request_too_large",
-        429 => "provider_rate_limited",
-        503 => "provider_overloaded",
-        400..=499 => "bad_request",
-        _ => "provider_error",
+/// The label a model name no configured group has is recorded and shown as: never the
+/// name itself (a client chooses it, of any length), but `(unknown)` and a short hash of
+/// it, so repeated mistakes can still be told apart.
+pub fn unknown_model_label(name: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(name.as_bytes());
+    format!("(unknown) {}", hex::encode(&digest[..4]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_names_are_short_hashes_and_budgets_count_estimates_only_without_usage() {
+        let long = "x".repeat(3 << 20);
+        let label = unknown_model_label(&long);
+        assert!(
+            label.starts_with("(unknown) ") && label.len() == 18,
+            "{label}"
+        );
+        assert_eq!(label, unknown_model_label(&long));
+        assert_ne!(label, unknown_model_label("y"));
+        let mut r = UsageRecord {
+            time_ms: 0,
+            key: "k".into(),
+            group: "g".into(),
+            node: String::new(),
+            provider: String::new(),
+            path: "tunnel",
+            api: "openai",
+            input_tokens: 0,
+            output_tokens: 0,
+            reasoning_tokens: 0,
+            cached_tokens: 0,
+            est_input_tokens: Some(10),
+            est_output_tokens: Some(5),
+            latency_ms: 0,
+            ttft_ms: None,
+            outcome: "client_abort".into(),
+            status: 200,
+            attempts: 1,
+        };
+        assert_eq!(r.billed_tokens(), 15);
+        r.output_tokens = 7;
+        assert_eq!(r.billed_tokens(), 7);
     }
 }

@@ -1,9 +1,10 @@
-//! [`RequestRecorder`]: one request's record while it is under way. The HTTP surface that
-//! receives a request starts it; the surface, the dispatcher and the run or tunnel
-//! stream fill in what each learns (the group, the member, the provider's status, the
-//! first token, the usage, how it ended); when the last holder lets go — the handler
-//! returned and the response stream ended or was dropped — the finished [`UsageRecord`] is
-//! handed to a [`RecordSink`] (the edge's `record_request`) exactly once.
+//! [`RequestRecorder`]: one request's record while it is under way, on every surface. The
+//! service starts it when a request arrives; the pipeline, the dispatcher and the run or
+//! tunnel stream fill in what each learns (the group, the member, the provider's status,
+//! the first token, the usage or what was relayed, how it ended); when the last holder
+//! lets go — the handler returned and the response stream ended or was dropped — the
+//! finished request is handed to a [`RecordSink`] (the edge's one accounting point:
+//! ledger, metrics, live view, the key's tokens) exactly once.
 //!
 //! So every request is recorded whatever ends it: a success, an error answered by the
 //! edge, a provider error, a refusal by admission or a key limit, or a client that left
@@ -11,15 +12,28 @@
 
 use std::any::Any;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use iop_proto::ErrorCode;
 use parking_lot::Mutex;
 
-use super::record::{ClientApi, OUTCOME_OK, UsageRecord, provider_status_outcome};
+use super::record::{ClientApi, OUTCOME_OK, UsageRecord};
 
-/// Where finished records go.
+/// A finished request, as the accounting point receives it.
+#[derive(Debug)]
+pub struct FinishedRequest {
+    pub record: UsageRecord,
+    /// How long it waited for a provider slot, when it got one.
+    pub queue_wait: Option<Duration>,
+    /// The tokens its key's budget reserved for it at admission.
+    pub reserved_tokens: u64,
+    /// The model the provider said served it.
+    pub served_model: Option<String>,
+}
+
+/// Where finished requests go.
 pub trait RecordSink: Send + Sync {
-    fn record_request(&self, record: UsageRecord);
+    fn record_request(&self, finished: FinishedRequest);
 }
 
 /// The outcome of a request the client left before its end.
@@ -64,13 +78,17 @@ struct State {
     node: String,
     provider: String,
     path: &'static str,
-    input_tokens: u64,
-    output_tokens: u64,
-    reasoning_tokens: u64,
-    cached_tokens: u64,
+    usage: Option<iop_proto::pb::Usage>,
+    served_model: Option<String>,
+    /// The input estimated from the prompt (tokens).
+    input_estimate: u64,
+    /// Output deltas (or streamed events) relayed to the client.
+    relayed: u64,
+    reserved_tokens: u64,
     ttft_ms: Option<u64>,
-    /// The first error code learned (the root cause wins over what followed from it).
-    error: Option<String>,
+    queue_wait: Option<Duration>,
+    /// The first error learned (the root cause wins over what followed from it).
+    error: Option<ErrorCode>,
     /// The status the client got, once the edge answered.
     status: Option<u16>,
     provider_status: Option<u16>,
@@ -100,12 +118,26 @@ impl RequestRecorder {
         &self.0.key
     }
 
-    /// The model group the request named.
+    /// The model group (a configured group's name, or its stand-in: see
+    /// [`super::record::unknown_model_label`]).
     pub fn set_group(&self, group: &str) {
         let mut state = self.0.state.lock();
         if state.group != group {
             state.group = group.to_string();
         }
+    }
+
+    /// The request was admitted: its estimated input tokens and the tokens its key's
+    /// budget reserved for it.
+    pub fn admitted(&self, input_estimate: u64, reserved_tokens: u64) {
+        let mut state = self.0.state.lock();
+        state.input_estimate = input_estimate;
+        state.reserved_tokens = reserved_tokens;
+    }
+
+    /// The request waited `waited` for a provider slot.
+    pub fn queue_wait(&self, waited: Duration) {
+        self.0.state.lock().queue_wait = Some(waited);
     }
 
     /// The request was sent to `provider` on `node` by `path` (`tunnel` or `run`).
@@ -124,13 +156,19 @@ impl RequestRecorder {
         self.0.state.lock().ttft_ms.get_or_insert(elapsed);
     }
 
-    /// The provider reported its usage.
-    pub fn usage(&self, input: u64, output: u64, reasoning: u64, cached: u64) {
+    /// `n` more output deltas (or streamed events) were relayed.
+    pub fn relayed(&self, n: u64) {
         let mut state = self.0.state.lock();
-        state.input_tokens = input;
-        state.output_tokens = output;
-        state.reasoning_tokens = reasoning;
-        state.cached_tokens = cached;
+        state.relayed = state.relayed.saturating_add(n);
+    }
+
+    /// The provider reported its usage (and, if it said, the model that served it).
+    pub fn usage(&self, usage: iop_proto::pb::Usage, served_model: Option<String>) {
+        let mut state = self.0.state.lock();
+        state.usage = Some(usage);
+        if served_model.is_some() {
+            state.served_model = served_model;
+        }
     }
 
     /// The provider answered with `status` (a tunnel).
@@ -138,22 +176,22 @@ impl RequestRecorder {
         self.0.state.lock().provider_status = Some(status);
     }
 
-    /// The stream reached its end: cleanly (`None`) or with an error code.
-    pub fn stream_ended(&self, error: Option<&str>) {
+    /// The stream reached its end: cleanly (`None`) or with an error.
+    pub fn stream_ended(&self, error: Option<ErrorCode>) {
         let mut state = self.0.state.lock();
         state.stream = StreamState::Ended;
         if let Some(code) = error
             && state.error.is_none()
         {
-            state.error = Some(code.to_string());
+            state.error = Some(code);
         }
     }
 
     /// The edge answered with an error.
-    pub fn failed(&self, code: &str, status: u16) {
+    pub fn failed(&self, reason: ErrorCode, status: u16) {
         let mut state = self.0.state.lock();
         if state.error.is_none() {
-            state.error = Some(code.to_string());
+            state.error = Some(reason);
         }
         state.status = Some(status);
     }
@@ -170,18 +208,21 @@ impl RequestRecorder {
 }
 
 impl State {
-    fn outcome(&self) -> (String, u16) {
+    fn outcome(&self) -> (&'static str, u16) {
         let status = self.status.unwrap_or(CLIENT_CLOSED_STATUS);
-        if let Some(code) = &self.error {
-            return (code.clone(), status);
+        if let Some(code) = self.error {
+            return (code.as_str(), status);
         }
-        if let Some(s) = self.provider_status.filter(|s| *s >= 400) {
-            return (provider_status_outcome(s).to_string(), status);
+        if let Some(code) = self
+            .provider_status
+            .and_then(ErrorCode::from_provider_status)
+        {
+            return (code.as_str(), status);
         }
         if self.status.is_none() || self.stream == StreamState::Open {
-            return (CLIENT_ABORT.to_string(), status);
+            return (CLIENT_ABORT, status);
         }
-        (OUTCOME_OK.to_string(), status)
+        (OUTCOME_OK, status)
     }
 }
 
@@ -189,6 +230,10 @@ impl Drop for Draft {
     fn drop(&mut self) {
         let state = self.state.get_mut();
         let (outcome, status) = state.outcome();
+        let usage = state.usage.unwrap_or_default();
+        let reported = usage.input_tokens > 0 || usage.output_tokens > 0;
+        // Estimates only where the provider reported nothing for a request it got.
+        let estimated = !reported && state.path != "none";
         let record = UsageRecord {
             time_ms: self.time_ms,
             key: std::mem::take(&mut self.key),
@@ -197,17 +242,24 @@ impl Drop for Draft {
             provider: std::mem::take(&mut state.provider),
             path: state.path,
             api: self.api.as_str(),
-            input_tokens: state.input_tokens,
-            output_tokens: state.output_tokens,
-            reasoning_tokens: state.reasoning_tokens,
-            cached_tokens: state.cached_tokens,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            reasoning_tokens: usage.reasoning_tokens.unwrap_or(0),
+            cached_tokens: usage.cached_input_tokens.unwrap_or(0),
+            est_input_tokens: estimated.then_some(state.input_estimate),
+            est_output_tokens: estimated.then_some(state.relayed),
             latency_ms: self.started.elapsed().as_millis() as u64,
             ttft_ms: state.ttft_ms,
-            outcome,
+            outcome: outcome.to_string(),
             status,
             attempts: state.attempts.max(1),
         };
-        self.sink.record_request(record);
+        self.sink.record_request(FinishedRequest {
+            record,
+            queue_wait: state.queue_wait,
+            reserved_tokens: state.reserved_tokens,
+            served_model: state.served_model.take(),
+        });
         // `held` drops after the record is handed over.
     }
 }
@@ -217,11 +269,11 @@ mod tests {
     use super::*;
 
     #[derive(Default)]
-    struct Collect(Mutex<Vec<UsageRecord>>);
+    struct Collect(Mutex<Vec<FinishedRequest>>);
 
     impl RecordSink for Collect {
-        fn record_request(&self, record: UsageRecord) {
-            self.0.lock().push(record);
+        fn record_request(&self, finished: FinishedRequest) {
+            self.0.lock().push(finished);
         }
     }
 
@@ -229,23 +281,35 @@ mod tests {
         RequestRecorder::start(sink.clone(), ClientApi::OpenAi, Some("alice"))
     }
 
+    fn usage(input: u64, output: u64) -> iop_proto::pb::Usage {
+        iop_proto::pb::Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cached_input_tokens: Some(1),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn recorded_once_when_the_last_holder_lets_go() {
         let sink = Arc::new(Collect::default());
         let handler = start(&sink);
         handler.set_group("g");
+        handler.admitted(10, 1034);
         let stream = handler.clone();
         stream.dispatched("n1", "p1", "tunnel");
         handler.responded(200);
         drop(handler);
         assert!(sink.0.lock().is_empty(), "the stream still runs");
         stream.first_token();
-        stream.usage(3, 16, 0, 1);
+        stream.relayed(3);
+        stream.usage(usage(3, 16), Some("m".into()));
         stream.stream_ended(None);
         drop(stream);
-        let records = sink.0.lock();
-        assert_eq!(records.len(), 1);
-        let r = &records[0];
+        let finished = sink.0.lock();
+        assert_eq!(finished.len(), 1);
+        let f = &finished[0];
+        let r = &f.record;
         assert_eq!(
             (r.key.as_str(), r.group.as_str(), r.node.as_str(), r.path),
             ("alice", "g", "n1", "tunnel")
@@ -254,8 +318,42 @@ mod tests {
             (r.input_tokens, r.output_tokens, r.cached_tokens),
             (3, 16, 1)
         );
+        assert_eq!((r.est_input_tokens, r.est_output_tokens), (None, None));
         assert_eq!((r.outcome.as_str(), r.status, r.attempts), ("ok", 200, 1));
         assert!(r.ttft_ms.is_some());
+        assert_eq!(
+            (f.reserved_tokens, f.served_model.as_deref()),
+            (1034, Some("m"))
+        );
+    }
+
+    #[test]
+    fn a_client_that_leaves_without_usage_is_recorded_with_estimates() {
+        let sink = Arc::new(Collect::default());
+        let r = start(&sink);
+        r.admitted(12, 0);
+        r.dispatched("n", "p", "run");
+        r.responded(200);
+        r.relayed(5);
+        drop(r);
+        // Refused before dispatch: nothing was sent, nothing is estimated.
+        let r = start(&sink);
+        r.admitted(12, 0);
+        r.failed(ErrorCode::QueueFull, 429);
+        drop(r);
+        let finished = sink.0.lock();
+        let left = &finished[0].record;
+        assert_eq!(left.outcome, "client_abort");
+        assert_eq!(
+            (left.est_input_tokens, left.est_output_tokens),
+            (Some(12), Some(5))
+        );
+        assert_eq!(left.billed_tokens(), 17);
+        let refused = &finished[1].record;
+        assert_eq!(
+            (refused.est_input_tokens, refused.billed_tokens()),
+            (None, 0)
+        );
     }
 
     #[test]
@@ -275,21 +373,21 @@ mod tests {
         r.responded(500);
         r.stream_ended(None);
         drop(r);
-        // A run failed: the stream's code wins over the error the surface made of it.
+        // A run failed: the stream's reason wins over the error the surface made of it.
         let r = start(&sink);
         r.dispatched("n", "p", "run");
-        r.stream_ended(Some("provider_timeout"));
-        r.failed("upstream_error", 504);
+        r.stream_ended(Some(ErrorCode::ProviderTimeout));
+        r.failed(ErrorCode::ProviderError, 504);
         drop(r);
         // Refused before dispatch.
         let r = start(&sink);
-        r.failed("queue_full", 429);
+        r.failed(ErrorCode::RequestsPerMinuteExceeded, 429);
         drop(r);
         let got: Vec<(String, u16)> = sink
             .0
             .lock()
             .iter()
-            .map(|r| (r.outcome.clone(), r.status))
+            .map(|f| (f.record.outcome.clone(), f.record.status))
             .collect();
         assert_eq!(
             got,
@@ -298,7 +396,7 @@ mod tests {
                 ("client_abort".to_string(), 499),
                 ("provider_error".to_string(), 500),
                 ("provider_timeout".to_string(), 504),
-                ("queue_full".to_string(), 429),
+                ("requests_per_minute_exceeded".to_string(), 429),
             ]
         );
     }

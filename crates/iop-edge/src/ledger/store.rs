@@ -11,8 +11,8 @@ use super::record::UsageRecord;
 /// The ledger's file name in the state directory.
 pub const FILE_NAME: &str = "usage.db";
 
-/// Schema version (`PRAGMA user_version`).
-const SCHEMA_VERSION: i64 = 1;
+/// Schema version (`PRAGMA user_version`): 2 added the estimated token columns.
+const SCHEMA_VERSION: i64 = 2;
 
 /// Rows deleted per statement when pruning.
 const PRUNE_CHUNK: i64 = 10_000;
@@ -31,6 +31,8 @@ CREATE TABLE IF NOT EXISTS requests (
     output_tokens INTEGER NOT NULL,
     reasoning_tokens INTEGER NOT NULL,
     cached_tokens INTEGER NOT NULL,
+    est_input_tokens INTEGER,
+    est_output_tokens INTEGER,
     latency_ms INTEGER NOT NULL,
     ttft_ms INTEGER,
     outcome TEXT NOT NULL,
@@ -102,6 +104,14 @@ pub fn open_writer(path: &Path) -> Result<Connection, StoreError> {
             found: version,
         });
     }
+    if version == 1 {
+        // A version 1 file: the estimates are absent from its rows (they were never made).
+        conn.execute_batch(
+            "ALTER TABLE requests ADD COLUMN est_input_tokens INTEGER;
+             ALTER TABLE requests ADD COLUMN est_output_tokens INTEGER;",
+        )
+        .map_err(sqlite)?;
+    }
     conn.execute_batch(SCHEMA).map_err(sqlite)?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(sqlite)?;
@@ -130,8 +140,9 @@ pub fn insert(conn: &mut Connection, records: &[UsageRecord]) -> rusqlite::Resul
     {
         let mut insert = tx.prepare_cached(
             "INSERT INTO requests (time_ms, key, grp, node, provider, path, api, input_tokens, \
-             output_tokens, reasoning_tokens, cached_tokens, latency_ms, ttft_ms, outcome, status, \
-             attempts) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+             output_tokens, reasoning_tokens, cached_tokens, est_input_tokens, est_output_tokens, \
+             latency_ms, ttft_ms, outcome, status, attempts) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
         )?;
         for r in records {
             insert.execute(params![
@@ -146,6 +157,8 @@ pub fn insert(conn: &mut Connection, records: &[UsageRecord]) -> rusqlite::Resul
                 clamp(r.output_tokens),
                 clamp(r.reasoning_tokens),
                 clamp(r.cached_tokens),
+                r.est_input_tokens.map(clamp),
+                r.est_output_tokens.map(clamp),
                 clamp(r.latency_ms),
                 r.ttft_ms.map(clamp),
                 r.outcome,

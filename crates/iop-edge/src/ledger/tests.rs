@@ -22,6 +22,8 @@ fn record(key: &str, group: &str, time_ms: i64, outcome: &str, output: u64) -> U
         input_tokens: 3,
         output_tokens: output,
         reasoning_tokens: 1,
+        est_input_tokens: None,
+        est_output_tokens: None,
         cached_tokens: 0,
         latency_ms: 12,
         ttft_ms: Some(4),

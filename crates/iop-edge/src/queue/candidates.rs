@@ -32,6 +32,8 @@ pub struct HealthView {
     pub ejection_reason: Option<String>,
     /// The multiplier of the last ejection.
     pub times_ejected: u32,
+    /// The end of a cool-down after a 429, in progress.
+    pub cooling_until: Option<Instant>,
 }
 
 impl<W> Scheduler<W> {
@@ -103,6 +105,14 @@ impl<W> Scheduler<W> {
         Some(verdict)
     }
 
+    /// `key` answered 429: it gets no new requests until `until` while its groups have
+    /// another member (the rule every exclusion follows).
+    pub fn cool_down(&mut self, key: &ProviderKey, until: Instant) {
+        if let Some(account) = self.leases.account(key) {
+            self.health.entry(account).or_default().cool_down(until);
+        }
+    }
+
     /// Takes a probe report from `node`'s connection `generation` (reports of any other
     /// connection, or about providers the edge does not know, are ignored). A provider
     /// that is healthy again rejoins at once and the waiters it can serve are dispatched
@@ -144,6 +154,7 @@ impl<W> Scheduler<W> {
             ejected_until: h.ejection().ejected_until(now),
             ejection_reason: h.ejection().reason().map(String::from),
             times_ejected: h.ejection().times(),
+            cooling_until: h.cooling_until(now),
         }
     }
 }

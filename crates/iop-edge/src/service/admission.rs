@@ -443,6 +443,20 @@ impl AdmissionControl {
         Some(verdict)
     }
 
+    /// `key` answered 429: it cools down for `wait` from `now`.
+    pub fn cool_down(&self, key: &ProviderKey, wait: Duration, now: Instant) {
+        tracing::info!(node_id = %key.node, provider = %key.provider, for_sec = wait.as_secs_f64(), "provider answered 429: cooling down");
+        self.scheduler.lock().cool_down(key, now + wait);
+    }
+
+    /// Whether a member of `group` serves `api` itself (a request whose translation was
+    /// refused can still go there).
+    pub fn group_serves_natively(&self, group: &str, api: crate::canonical::NativeApi) -> bool {
+        self.scheduler.lock().any_member_traits(group, |traits| {
+            crate::service::route::serves_natively(traits, api)
+        })
+    }
+
     /// Takes one provider's probe report from `node`'s connection `generation`; a provider
     /// healthy again serves the waiters it can at once.
     pub fn probe_health(

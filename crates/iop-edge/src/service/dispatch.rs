@@ -1,50 +1,45 @@
-//! Model-group dispatch: one request for a model group in (from any API surface: OpenAI,
-//! Responses, Anthropic Messages, Ollama), a response stream (a provider tunnel or a run to
-//! render) out, with the number of attempts it took.
+//! Model-group dispatch: one request for a model group in (from any surface), a response
+//! that began out — the provider's own answer in the client's API, or canonical answer
+//! events to render — with the number of attempts it took.
 //!
-//! For each attempt: estimate the lane, wait for a slot on a member ([`Target::Group`]),
-//! send what the surface builds for that member ([`MemberRequest::work`]: a tunnelled HTTP
-//! request or a run, by the member's provider), and wait for the response to begin — the tunnel's head, the run's first event.
-//! A failure before that, that the reason table calls retryable (the node's gate was full,
-//! its link dropped, it never acknowledged, the provider was unreachable or answered 429 /
-//! 503), is tried again on another member: at most `dispatch.max_attempts` attempts, within
-//! the retry budget, after a short jittered backoff, never on a member (under the same
-//! generation) that already failed it — except a full gate, which only sends the request
-//! back to the queue. Nothing is retried once the response began: the client may have
-//! bytes, the provider may be spending tokens.
+//! For each attempt: estimate the lane, wait for a slot on a member, decide the route
+//! from that member's traits ([`super::route`]), send the tunnel request or run the codecs
+//! build for it, and wait for the response to begin — the tunnel's head, the run's first
+//! event. A failure before that, that the reason table calls retryable (the node's gate
+//! was full, its link dropped, it never acknowledged, the provider was unreachable or
+//! answered 429 / 503), is tried again on another member: at most `dispatch.max_attempts`
+//! attempts, within the retry budget, after a short jittered backoff, never on a member
+//! (under the same generation) that already failed it — except a full gate, which only
+//! sends the request back to the queue.
 //!
-//! Members whose provider is probed unhealthy or ejected are not chosen while the group has
-//! another (the scheduler's rule), and every attempt's outcome goes through
-//! [`Edge::attempt_finished`] into passive ejection: a member that keeps failing attempts,
-//! here or in its stream, leaves rotation.
+//! At most one execution: once the node accepted the request (its `accepted` frame, or
+//! any frame of the response) only a failure that proves the provider did nothing (it
+//! was unreachable, it refused with 429 or 503) is retried; losing the node or its
+//! acknowledgement after that ends the request with that reason. Nothing is retried once
+//! the response began. A retry never moves the group's rotation, and a member that
+//! answered 429 cools down for its `Retry-After` before it is chosen again.
 //!
-//! The request's metrics are counted here or, once a response is returned, by its stream
-//! when it ends.
+//! Members whose provider is probed unhealthy, ejected or cooling down are not chosen
+//! while the group has another, and every attempt's outcome goes through
+//! [`Edge::attempt_finished`] into passive ejection.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use iop_proto::{ErrorCode, pb};
 
+use super::Edge;
 use super::admission::{AdmitError, Admitted, Target, clock};
-use super::run::{RunSpec, RunStream, SubmitError};
-use super::stream::{RequestMeter, StreamLimits};
-use super::tunnel::{TunnelHead, TunnelSpec, TunnelStream};
-use super::{Edge, Observe};
-use crate::config::{ProviderConfig, ProviderKind};
+use super::answer::AnswerSource;
+use super::route::{self, Route, Work};
+use super::run::RunStream;
+use super::stream::{Reports, StreamLimits};
+use super::tunnel::{TunnelHead, TunnelStream};
+use crate::canonical::{ApiError, LaneInputs, ModelRequest};
 use crate::ejection::ProviderOutcome;
-use crate::lease::Lane;
+use crate::lease::{Lane, ProviderKey};
 use crate::ledger::RequestRecorder;
 use crate::queue::Exclusion;
-
-/// What the lane estimate reads of a request.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LaneInputs {
-    /// Characters of the prompt: every message's text (chat), the prompt, or the input.
-    pub prompt_chars: u64,
-    /// `max_completion_tokens`, else `max_tokens`, else 0.
-    pub max_tokens: u64,
-}
 
 /// Cheap context estimate deciding the lane: characters of the prompt / 4 (about one token
 /// per four characters of English) plus the requested `max_tokens`.
@@ -55,10 +50,6 @@ pub fn estimate_context_tokens(inputs: LaneInputs) -> u64 {
         .saturating_add(inputs.max_tokens)
 }
 
-/// What the lane estimate reads of a request, computed only when the group has a
-/// long-context threshold (most have none, and the estimate walks the whole prompt).
-pub type LaneEstimate<'a> = &'a (dyn Fn() -> LaneInputs + Sync);
-
 /// The lane a request needs in a group whose long-context threshold is `threshold`;
 /// `inputs` is called only when there is one.
 pub fn lane_for(threshold: Option<u64>, inputs: impl FnOnce() -> LaneInputs) -> Lane {
@@ -68,39 +59,9 @@ pub fn lane_for(threshold: Option<u64>, inputs: impl FnOnce() -> LaneInputs) -> 
     }
 }
 
-/// The member an attempt was granted, as the surface needs it to build the request.
-#[derive(Debug, Clone, Copy)]
-pub struct Member<'a> {
-    /// The node the provider is on.
-    pub node: &'a str,
-    pub provider: &'a ProviderConfig,
-    /// The model name the provider knows.
-    pub upstream_model: &'a str,
-}
-
-/// What an attempt sends to its member.
+/// What every attempt of one request carries.
 #[derive(Debug)]
-pub enum Work {
-    /// An HTTP request through the node's raw tunnel (the provider's answer passes through).
-    Tunnel(TunnelSpec),
-    /// A normalized run whose events the surface renders.
-    Run(RunSpec),
-}
-
-/// How a client request is sent to the member that got it, decided per attempt once the
-/// grant names the member. The HTTP surface implements it over the body it parsed, so the
-/// body is rewritten once per attempt and never re-parsed.
-pub trait MemberRequest: Sync {
-    /// The request for `member`, or why that member cannot serve it (an operation or API
-    /// its provider lacks): not retried elsewhere, the client gets that error.
-    fn work(&self, member: Member<'_>) -> Result<Work, SubmitError>;
-}
-
-/// A parsed, validated request for a model group.
-pub struct GroupRequest<'a> {
-    /// The model group (`model`).
-    pub group: &'a str,
-    pub lane: LaneEstimate<'a>,
+pub struct RequestContext {
     /// The name of the API key that sent it.
     pub api_key: Option<String>,
     /// The client's request id (`x-request-id`): in the node's logs, and sent to providers
@@ -109,41 +70,30 @@ pub struct GroupRequest<'a> {
     /// Headers every provider request of this request carries (request id, trace context,
     /// `http.forward_headers`).
     pub provider_headers: Vec<pb::Header>,
-    pub body: &'a dyn MemberRequest,
-    /// The request's record in the usage ledger: told each attempt, the first token and
-    /// the end, with the metrics.
-    pub recorder: Option<RequestRecorder>,
+    /// The request's record: told each attempt, the queue wait, and (through the stream
+    /// that serves it) how it ended.
+    pub recorder: RequestRecorder,
 }
 
 /// A response that began.
 #[derive(Debug)]
-pub enum Served {
-    /// The provider's own response: its head, then its body from the stream.
-    Tunnel {
+pub enum Answer {
+    /// The provider's own response in the client's API: its head, then its body.
+    Native {
         head: TunnelHead,
         stream: TunnelStream,
     },
-    /// A run whose first event came; the rest is rendered from the stream.
-    Run {
-        first: pb::RunEvent,
-        stream: RunStream,
-    },
+    /// The answer as canonical events, for the client's API to render.
+    Events(AnswerSource),
 }
 
 #[derive(Debug)]
-pub struct Dispatched {
-    pub served: Served,
-    /// The kind of the provider that serves it.
-    pub kind: ProviderKind,
+pub struct Served {
+    pub answer: Answer,
     /// Attempts it took (1 when the first member served it).
     pub attempts: u32,
-}
-
-#[derive(Debug)]
-pub struct DispatchFailure {
-    pub error: SubmitError,
-    /// Attempts made (0 when it never got a slot).
-    pub attempts: u32,
+    /// When the attempt that served it was sent.
+    pub dispatched: Instant,
 }
 
 /// What to do after an attempt failed before its response began.
@@ -155,10 +105,12 @@ pub enum Decision {
     Retry { exclude: bool },
 }
 
-/// The retry decision for an attempt that failed with `code` before its response began,
-/// after `attempts` attempts of at most `max_attempts` (the budget is checked after).
-pub fn decide(code: ErrorCode, attempts: u32, max_attempts: u32) -> Decision {
-    if !code.retryable() || attempts >= max_attempts {
+/// The retry decision for an attempt that failed with `code` before its response began
+/// (`accepted`: after the node or provider accepted it), after `attempts` attempts of at
+/// most `max_attempts` (the budget is checked after).
+pub fn decide(code: ErrorCode, accepted: bool, attempts: u32, max_attempts: u32) -> Decision {
+    let may_have_run = accepted && !code.refused_before_work();
+    if !code.retryable() || may_have_run || attempts >= max_attempts {
         return Decision::Return;
     }
     Decision::Retry {
@@ -176,17 +128,32 @@ pub fn backoff(retry: u32, jitter: f64) -> Duration {
     ceiling / 2 + ceiling.mul_f64(jitter.clamp(0.0, 1.0) / 2.0)
 }
 
+/// How long a member that answered 429 without a `Retry-After` is left out.
+pub const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(2);
+/// The longest a provider's `Retry-After` keeps its member out.
+pub const MAX_COOL_DOWN: Duration = Duration::from_secs(300);
+
 /// Attempts at a grant whose node changed generation between grant and send.
 const STALE_GRANT_RETRIES: usize = 3;
 
 enum Attempt {
     /// The response began.
-    Served(Served),
-    /// The provider's head is a refusal worth retrying elsewhere (429, 503); relayed as
-    /// it is if there is no retry.
-    Refused { served: Served, code: ErrorCode },
-    /// It failed before any response.
-    Failed(SubmitError),
+    Served(Answer),
+    /// The provider refused outright (429, 503): relayed as it is if there is no retry.
+    Refused {
+        answer: Answer,
+        code: ErrorCode,
+        retry_after: Option<u64>,
+    },
+    /// It failed before any response; `accepted`: after the node accepted it.
+    Failed { error: ApiError, accepted: bool },
+}
+
+/// One attempt's member.
+struct Member {
+    admitted: Admitted,
+    session: Arc<crate::session::NodeSession>,
+    route: Route,
 }
 
 impl Edge {
@@ -214,20 +181,18 @@ impl Edge {
         self.report_provider_outcome(node, provider, outcome, clock());
     }
 
-    /// Dispatches one OpenAI request to a member of its model group, retrying before the
-    /// response began as the module doc says.
-    pub async fn dispatch(
+    /// Dispatches a request to a member of its model group `request.group`, retrying
+    /// before the response began as the module doc says. The error carries the attempts.
+    pub(crate) async fn dispatch(
         self: &Arc<Self>,
-        request: GroupRequest<'_>,
-    ) -> Result<Dispatched, DispatchFailure> {
+        request: &ModelRequest<'_>,
+        ctx: &RequestContext,
+    ) -> Result<Served, ApiError> {
         let group = request.group;
-        let mut meter = RequestMeter::new(self.clone(), group, request.recorder.clone());
         let Some(policy) = self.admission.policy(group) else {
-            let error = SubmitError::from(AdmitError::UnknownGroup(group.to_string()));
-            meter.finish(Some(error.code()));
-            return Err(DispatchFailure { error, attempts: 0 });
+            return Err(AdmitError::UnknownGroup(group.to_string()).into());
         };
-        let lane = lane_for(policy.long_context_tokens, request.lane);
+        let lane = lane_for(policy.long_context_tokens, || request.lane_inputs());
         let settings = self.config().dispatch.clone();
         let started = clock();
         // Retries wait in the queue only for what is left of the group's timeout.
@@ -235,7 +200,7 @@ impl Edge {
         self.retry_budget.lock().record_request(started);
         let mut exclude: Vec<Exclusion> = Vec::new();
         let mut attempts = 0u32;
-        let mut last: Option<SubmitError> = None;
+        let mut last: Option<ApiError> = None;
         let mut stale = 0;
         loop {
             let admitted = match self
@@ -254,11 +219,10 @@ impl Edge {
                         ) => previous,
                         (err, _) => err.into(),
                     };
-                    meter.finish(Some(error.code()));
-                    return Err(DispatchFailure { error, attempts });
+                    return Err(error.with_attempts(attempts));
                 }
             };
-            meter.queue_wait(admitted.waited);
+            ctx.recorder.queue_wait(admitted.waited);
             let session = match self.session(&admitted.grant.node) {
                 Some(s) if s.generation == admitted.grant.generation => s,
                 // The node's connection changed under the grant: its lease was fenced
@@ -268,38 +232,60 @@ impl Edge {
                     continue;
                 }
                 _ => {
-                    let error = SubmitError::from(AdmitError::Unavailable {
+                    let error = ApiError::from(AdmitError::Unavailable {
                         group: group.to_string(),
                         reason: "its nodes keep reconnecting".into(),
                     });
-                    meter.finish(Some(error.code()));
-                    return Err(DispatchFailure { error, attempts });
+                    return Err(error.with_attempts(attempts));
                 }
             };
             attempts += 1;
-            let exclusion = admitted.grant.exclusion();
-            let kind = admitted.grant.traits.kind;
-            let path = if admitted.grant.traits.kind.is_tunnel() {
-                "tunnel"
-            } else {
-                "run"
+            let route = match route::decide(&admitted.grant.traits, request, group) {
+                Ok(route) => route,
+                // This member cannot serve the request: nothing was sent.
+                Err(refusal) => return Err(refusal.with_attempts(attempts)),
             };
-            meter.set_path(path);
-            let (code, refused) = match self
-                .attempt(session, admitted, &request, settings.ack_timeout())
+            let exclusion = admitted.grant.exclusion();
+            let key = ProviderKey {
+                node: exclusion.key.node.clone(),
+                provider: exclusion.key.provider.clone(),
+            };
+            let member = Member {
+                admitted,
+                session,
+                route,
+            };
+            let dispatched = Instant::now();
+            let (code, accepted, refused, retry_after) = match self
+                .attempt(member, request, ctx, settings.ack_timeout())
                 .await
             {
-                Attempt::Served(served) => {
-                    return Ok(self.served(served, meter, attempts, kind));
+                Attempt::Served(mut answer) => {
+                    answer.serve(&ctx.recorder);
+                    return Ok(Served {
+                        answer,
+                        attempts,
+                        dispatched,
+                    });
                 }
-                Attempt::Refused { served, code } => (code, Some(served)),
-                Attempt::Failed(error) => {
-                    let code = error.code();
+                Attempt::Refused {
+                    answer,
+                    code,
+                    retry_after,
+                } => (code, true, Some(answer), retry_after),
+                Attempt::Failed { error, accepted } => {
+                    let code = error.reason;
                     last = Some(error);
-                    (code, None)
+                    (code, accepted, None, None)
                 }
             };
-            let decision = match decide(code, attempts, settings.max_attempts) {
+            if code == ErrorCode::ProviderRateLimited {
+                let wait = retry_after
+                    .map_or(DEFAULT_COOL_DOWN, Duration::from_secs)
+                    .min(MAX_COOL_DOWN);
+                self.admission.cool_down(&key, wait, clock());
+            }
+            let decision = match decide(code, accepted, attempts, settings.max_attempts) {
                 Decision::Retry { .. } if !self.retry_budget.lock().try_retry(clock()) => {
                     tracing::warn!(
                         model_group = group,
@@ -311,35 +297,31 @@ impl Edge {
                 decision => decision,
             };
             match (decision, refused) {
-                (Decision::Return, Some(served)) => {
-                    return Ok(self.served(served, meter, attempts, kind));
+                (Decision::Return, Some(mut answer)) => {
+                    answer.serve(&ctx.recorder);
+                    return Ok(Served {
+                        answer,
+                        attempts,
+                        dispatched,
+                    });
                 }
                 (Decision::Return, None) => {
                     let error = last.take().expect("a failed attempt");
-                    meter.finish(Some(code));
-                    return Err(DispatchFailure { error, attempts });
+                    return Err(error.with_attempts(attempts));
                 }
                 (Decision::Retry { exclude: excluding }, refused) => {
-                    if let Some(served) = refused {
-                        give_up(served, code);
-                        last = Some(SubmitError::Failed {
+                    if let Some(answer) = refused {
+                        answer.give_up(code);
+                        last = Some(ApiError::of(
                             code,
-                            message: format!(
-                                "the provider of node {} answered {} ({})",
-                                exclusion.key.node,
-                                code.status(),
-                                code.as_str()
+                            format!(
+                                "the provider of node {} answered {}",
+                                key.node,
+                                code.status()
                             ),
-                        });
+                        ));
                     }
-                    tracing::info!(
-                        model_group = group,
-                        node_id = %exclusion.key.node,
-                        provider = %exclusion.key.provider,
-                        code = code.as_str(),
-                        attempt = attempts,
-                        "attempt failed before the response began: retrying"
-                    );
+                    tracing::info!(model_group = group, node_id = %key.node, provider = %key.provider, code = code.as_str(), attempt = attempts, "attempt failed before the response began: retrying");
                     if excluding {
                         exclude.push(exclusion);
                     }
@@ -349,273 +331,155 @@ impl Edge {
         }
     }
 
-    /// A response that began: its stream takes over the request's metrics.
-    fn served(
-        &self,
-        served: Served,
-        meter: RequestMeter,
-        attempts: u32,
-        kind: ProviderKind,
-    ) -> Dispatched {
-        let served = match served {
-            Served::Tunnel { head, mut stream } => {
-                stream.set_meter(meter);
-                Served::Tunnel { head, stream }
-            }
-            Served::Run { first, mut stream } => {
-                stream.set_meter(meter);
-                Served::Run { first, stream }
-            }
-        };
-        Dispatched {
-            served,
-            kind,
-            attempts,
-        }
-    }
-
-    /// One attempt on the member `admitted` names.
+    /// One attempt on the member granted.
     async fn attempt(
         self: &Arc<Self>,
-        session: Arc<crate::session::NodeSession>,
-        admitted: Admitted,
-        request: &GroupRequest<'_>,
+        member: Member,
+        request: &ModelRequest<'_>,
+        ctx: &RequestContext,
         ack_timeout: Duration,
     ) -> Attempt {
+        let Member {
+            admitted,
+            session,
+            route,
+        } = member;
         let Admitted { grant, guard, .. } = admitted;
-        let observe = Observe {
-            model_group: request.group.to_string(),
-            node_id: grant.node.to_string(),
-            provider_id: grant.provider.to_string(),
-            api_key: request.api_key.clone(),
-            recorder: request.recorder.clone(),
-        };
         let limits = StreamLimits {
             ack_timeout,
             idle_timeout: grant.traits.idle_timeout,
         };
-        let not_sent = |edge: &Edge, error: SubmitError| {
+        let reports = || Reports {
+            member: Some((grant.node.clone(), grant.provider.clone())),
+            recorder: None,
+        };
+        let not_sent = |edge: &Edge, error: super::run::SubmitError| {
             edge.attempt_finished(&grant.node, &grant.provider, Some(error.code()), None);
-            Attempt::Failed(error)
-        };
-        let Some(provider) = self.provider(&grant.node, &grant.provider) else {
-            drop(guard);
-            return Attempt::Failed(SubmitError::from(AdmitError::Unavailable {
-                group: request.group.to_string(),
-                reason: format!(
-                    "provider {}/{} was removed from the configuration",
-                    grant.node, grant.provider
-                ),
-            }));
-        };
-        let work = request.body.work(Member {
-            node: &grant.node,
-            provider: &provider,
-            upstream_model: &grant.upstream_model,
-        });
-        if let (Some(recorder), Ok(work)) = (&request.recorder, &work) {
-            let path = match work {
-                Work::Tunnel(_) => "tunnel",
-                Work::Run(_) => "run",
-            };
-            recorder.dispatched(&grant.node, &grant.provider, path);
-        }
-        let mut spec = match work {
-            Err(error) => {
-                // This member cannot serve the request: nothing was sent.
-                drop(guard);
-                return Attempt::Failed(error);
+            Attempt::Failed {
+                error: error.into(),
+                accepted: false,
             }
-            Ok(Work::Tunnel(mut spec)) => {
-                spec.client_request_id = request.client_request_id.clone();
-                spec.headers
-                    .extend(request.provider_headers.iter().cloned());
-                let mut stream = match self
-                    .start_tunnel(session, spec, Some(guard), Some(observe), limits)
+        };
+        let work = route::work(
+            route,
+            request,
+            &grant.traits,
+            &grant.provider,
+            &grant.upstream_model,
+        );
+        ctx.recorder
+            .dispatched(&grant.node, &grant.provider, route.path());
+        match work {
+            Work::Tunnel(mut spec) => {
+                spec.client_request_id = ctx.client_request_id.clone();
+                spec.headers.extend(ctx.provider_headers.iter().cloned());
+                let stream = match self
+                    .start_tunnel(session, spec, Some(guard), reports(), limits)
                     .await
                 {
                     Ok(stream) => stream,
                     Err(error) => return not_sent(self, error),
                 };
-                return match stream.head().await {
-                    Ok(head) => {
-                        let refusal = ErrorCode::from_provider_status(head.status as u16)
-                            .filter(|code| code.retryable());
-                        let served = Served::Tunnel { head, stream };
-                        match refusal {
-                            Some(code) => Attempt::Refused { served, code },
-                            None => Attempt::Served(served),
-                        }
-                    }
-                    Err(e) => Attempt::Failed(SubmitError::Failed {
-                        code: e.error_code(),
-                        message: e.message,
-                    }),
+                self.tunnel_began(stream, route, request).await
+            }
+            Work::Run(mut spec) => {
+                spec.client_request_id = ctx.client_request_id.clone();
+                spec.provider_headers
+                    .extend(ctx.provider_headers.iter().cloned());
+                spec.owner = ctx.api_key.clone();
+                let stream = match self
+                    .start_run(session, spec, Some(guard), reports(), limits)
+                    .await
+                {
+                    Ok(stream) => stream,
+                    Err(error) => return not_sent(self, error),
+                };
+                run_began(stream).await
+            }
+        }
+    }
+
+    /// Waits for a tunnel's head: the answer that began, a refusal worth retrying, or the
+    /// failure before it.
+    async fn tunnel_began(
+        &self,
+        mut stream: TunnelStream,
+        route: Route,
+        request: &ModelRequest<'_>,
+    ) -> Attempt {
+        let head = match stream.head().await {
+            Ok(head) => head,
+            Err(e) => {
+                return Attempt::Failed {
+                    error: ApiError::from_tunnel_error(&e),
+                    accepted: stream.acknowledged(),
                 };
             }
-            Ok(Work::Run(spec)) => spec,
         };
-        spec.client_request_id = request.client_request_id.clone();
-        spec.provider_headers
-            .extend(request.provider_headers.iter().cloned());
-        if spec.owner.is_none() {
-            spec.owner = request.api_key.clone();
-        }
-        let mut stream = match self
-            .start_run(session, spec, Some(guard), Some(observe), limits)
-            .await
-        {
-            Ok(stream) => stream,
-            Err(error) => return not_sent(self, error),
+        let refusal =
+            ErrorCode::from_provider_status(head.status as u16).filter(|code| code.retryable());
+        let retry_after = head.retry_after();
+        let answer = match route {
+            Route::Native => Answer::Native { head, stream },
+            _ => {
+                stream.replay_head(head);
+                let max = self.config().limits.http.max_response_bytes;
+                Answer::Events(AnswerSource::tunnel(stream, request.op, max))
+            }
         };
-        match stream.next().await {
-            Some(e) if e.kind() == pb::RunEventKind::Error => {
-                Attempt::Failed(SubmitError::of_run_error(e.error.as_ref()))
-            }
-            Some(e) if e.kind() == pb::RunEventKind::Cancelled => {
-                Attempt::Failed(SubmitError::Failed {
-                    code: ErrorCode::Cancelled,
-                    message: "the run was cancelled".into(),
-                })
-            }
-            Some(first) => Attempt::Served(Served::Run { first, stream }),
-            None => Attempt::Failed(SubmitError::Failed {
-                code: ErrorCode::ProviderError,
-                message: "the run ended without events".into(),
-            }),
+        match refusal {
+            Some(code) => Attempt::Refused {
+                answer,
+                code,
+                retry_after,
+            },
+            None => Attempt::Served(answer),
         }
     }
 }
 
-/// Drops a response the dispatcher will not relay, recording why.
-fn give_up(served: Served, code: ErrorCode) {
-    match served {
-        Served::Tunnel { mut stream, .. } => stream.fail(code),
-        Served::Run { mut stream, .. } => stream.fail(code),
+/// Waits for a run's first event: the answer that began, or the failure before it.
+async fn run_began(mut stream: RunStream) -> Attempt {
+    let failed = |error: ApiError, stream: &RunStream| Attempt::Failed {
+        error,
+        accepted: stream.acknowledged(),
+    };
+    match stream.next().await {
+        Some(e) if e.kind() == pb::RunEventKind::Error => {
+            failed(ApiError::from_run_error(e.error.as_ref()), &stream)
+        }
+        Some(e) if e.kind() == pb::RunEventKind::Cancelled => failed(
+            ApiError::of(ErrorCode::Cancelled, "the run was cancelled"),
+            &stream,
+        ),
+        Some(first) => {
+            stream.replay_first(first);
+            Attempt::Served(Answer::Events(AnswerSource::run(stream)))
+        }
+        None => failed(
+            ApiError::of(ErrorCode::ProviderError, "the run ended without events"),
+            &stream,
+        ),
+    }
+}
+
+impl Answer {
+    /// Makes this answer's outcome and usage the client request's.
+    fn serve(&mut self, recorder: &RequestRecorder) {
+        match self {
+            Answer::Native { stream, .. } => stream.serve(recorder.clone()),
+            Answer::Events(source) => source.serve(recorder.clone()),
+        }
+    }
+
+    /// Drops a response the dispatcher will not relay, recording why.
+    fn give_up(self, code: ErrorCode) {
+        match self {
+            Answer::Native { mut stream, .. } => stream.fail(code),
+            Answer::Events(source) => source.give_up(code),
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn what_is_retried_and_where() {
-        use ErrorCode::*;
-        let cases = [
-            // Failed before the provider accepted: another member.
-            (NodeDisconnected, Decision::Retry { exclude: true }),
-            (NodeTimeout, Decision::Retry { exclude: true }),
-            (ProviderUnreachable, Decision::Retry { exclude: true }),
-            (ProviderRateLimited, Decision::Retry { exclude: true }),
-            (ProviderOverloaded, Decision::Retry { exclude: true }),
-            (UnknownAdapter, Decision::Retry { exclude: true }),
-            (CliSpawn, Decision::Retry { exclude: true }),
-            // A full gate: back to the queue, any member (the same one included).
-            (NodeCapacity, Decision::Retry { exclude: false }),
-            // The provider may have done (or be doing) the work, or the client is at fault.
-            (ProviderTimeout, Decision::Return),
-            (ProviderIdleTimeout, Decision::Return),
-            (ProviderError, Decision::Return),
-            (BrokenStream, Decision::Return),
-            (BadRequest, Decision::Return),
-            (UnknownTarget, Decision::Return),
-            (Cancelled, Decision::Return),
-            (QueueTimeout, Decision::Return),
-        ];
-        for (code, want) in cases {
-            assert_eq!(decide(code, 1, 3), want, "{code:?}");
-        }
-        // Never more than max_attempts.
-        assert_eq!(
-            decide(NodeDisconnected, 2, 3),
-            Decision::Retry { exclude: true }
-        );
-        assert_eq!(decide(NodeDisconnected, 3, 3), Decision::Return);
-        assert_eq!(decide(NodeCapacity, 1, 1), Decision::Return);
-    }
-
-    #[test]
-    fn backoff_grows_is_jittered_and_capped() {
-        assert_eq!(backoff(1, 0.0), Duration::from_micros(12_500));
-        assert_eq!(backoff(1, 1.0), Duration::from_millis(25));
-        assert_eq!(backoff(2, 0.0), Duration::from_millis(25));
-        for retry in 1..100 {
-            for jitter in [0.0, 0.5, 0.999] {
-                let wait = backoff(retry, jitter);
-                assert!(wait <= Duration::from_secs(1), "{retry} {jitter}");
-                assert!(wait >= Duration::from_micros(12_500));
-            }
-        }
-    }
-
-    #[test]
-    fn the_lane_follows_the_estimate() {
-        let inputs = LaneInputs {
-            prompt_chars: 4000,
-            max_tokens: 100,
-        };
-        assert_eq!(estimate_context_tokens(inputs), 1100);
-        assert_eq!(lane_for(Some(1100), || inputs), Lane::Long);
-        assert_eq!(lane_for(Some(1101), || inputs), Lane::Normal);
-        // Without a threshold the prompt is never read.
-        assert_eq!(
-            lane_for(None, || unreachable!("no threshold, no estimate")),
-            Lane::Normal
-        );
-        let huge = LaneInputs {
-            prompt_chars: 4,
-            max_tokens: u64::MAX,
-        };
-        assert_eq!(estimate_context_tokens(huge), u64::MAX);
-    }
-
-    #[tokio::test]
-    async fn failed_attempts_reach_passive_ejection() {
-        use crate::config::EdgeConfig;
-        use crate::lease::ProviderKey;
-        use crate::registry::Generation;
-        let config = EdgeConfig::from_yaml(
-            r#"
-nodes:
-  - {id: a, token: token-a-0123456789ab, providers: [{id: p, kind: mock}]}
-  - {id: b, token: token-b-0123456789ab, providers: [{id: p, kind: mock}]}
-model_groups:
-  - {name: g, members: [{node: a, provider: p}, {node: b, provider: p}]}
-"#,
-            "test",
-        )
-        .unwrap();
-        let edge = Edge::new(config);
-        edge.admission.node_ready("a", Generation(1));
-        edge.admission.node_ready("b", Generation(2));
-        let ejected = |node: &str| {
-            edge.admission.inspect(|s| {
-                let account = s.leases().account(&ProviderKey::new(node, "p")).unwrap();
-                s.health_view(account, clock()).ejected_until.is_some()
-            })
-        };
-        // Refusals that say nothing about the provider never eject it...
-        for code in [
-            ErrorCode::ProviderRateLimited,
-            ErrorCode::NodeDisconnected,
-            ErrorCode::ClientAbort,
-        ] {
-            for _ in 0..5 {
-                edge.attempt_finished("b", "p", Some(code), None);
-            }
-        }
-        assert!(!ejected("b"));
-        // ...and a success in between resets the count.
-        edge.attempt_finished("b", "p", Some(ErrorCode::ProviderUnreachable), None);
-        edge.attempt_finished("b", "p", Some(ErrorCode::ProviderUnreachable), None);
-        edge.attempt_finished("b", "p", None, None);
-        edge.attempt_finished("b", "p", Some(ErrorCode::ProviderUnreachable), None);
-        assert!(!ejected("b"));
-        // Three provider failures in a row (the default) eject it.
-        edge.attempt_finished("b", "p", Some(ErrorCode::ProviderOverloaded), None);
-        edge.attempt_finished("b", "p", Some(ErrorCode::BrokenStream), None);
-        assert!(ejected("b"));
-        assert!(!ejected("a"));
-    }
-}
+mod tests;

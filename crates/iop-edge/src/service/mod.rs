@@ -9,14 +9,20 @@
 
 pub mod accounting;
 pub mod admission;
+pub mod answer;
 pub mod command;
 pub mod credentials;
 pub mod dispatch;
+pub mod errors;
 pub mod health;
+pub mod pipeline;
 pub mod plan;
 pub mod reload;
+pub mod route;
 pub mod run;
 pub mod stream;
+#[cfg(test)]
+pub(crate) mod test_support;
 pub mod tunnel;
 
 use std::collections::HashMap;
@@ -30,12 +36,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::KeyTable;
 use crate::config::{EdgeConfig, ProviderConfig};
-use crate::events::{EdgeEvent, EventBus, NodeEventKind, UsageEvent};
+use crate::events::{EventBus, NodeEventKind};
 use crate::key_limits::KeyLimiter;
 use crate::ledger::day_tokens::{DAY_MS, DayTokens, day_of};
 use crate::ledger::live::LiveWindow;
-use crate::ledger::{Ledger, RequestRecorder, unix_ms_now};
-use crate::metrics::{Metrics, UsageSource};
+use crate::ledger::{Ledger, unix_ms_now};
+use crate::metrics::Metrics;
 use crate::payload::build_payload;
 use crate::queue::Scheduler;
 use crate::registry::{
@@ -49,12 +55,8 @@ use crate::trust::{Link, TrustStore};
 use admission::AdmissionControl;
 use credentials::{ConnectionControl, LinkEntry};
 
-pub use dispatch::{
-    DispatchFailure, Dispatched, GroupRequest, LaneEstimate, LaneInputs, Member, MemberRequest,
-    Served, Work,
-};
-pub use run::{RunSpec, RunStream};
-pub use tunnel::{TunnelHead, TunnelItem, TunnelSpec, TunnelStream};
+pub use run::RunStream;
+pub use tunnel::{TunnelHead, TunnelItem, TunnelStream};
 
 /// Why a registration was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,18 +202,6 @@ pub struct Registered {
     pub payload: pb::NodeConfigPayload,
     /// The credential issued to a node that registered with a join token.
     pub credential: Option<pb::NodeCredential>,
-}
-
-/// Where a model-group request's usage is attributed.
-#[derive(Debug, Clone)]
-pub struct Observe {
-    pub model_group: String,
-    pub node_id: String,
-    pub provider_id: String,
-    /// The name of the API key that made the request (`None` on an edge without keys).
-    pub api_key: Option<String>,
-    /// The request's record in the usage ledger.
-    pub recorder: Option<RequestRecorder>,
 }
 
 pub struct Edge {
@@ -413,11 +403,12 @@ impl Edge {
             })?;
         let node_id = node_id.to_string();
         let config = self.config();
-        let node = config
-            .nodes
-            .iter()
-            .find(|n| n.id == node_id)
-            .expect("registry built from config");
+        // The config is swapped before the registry on a reload: a node the registry
+        // still knows may have left the config, and is refused like an unknown one.
+        let Some(node) = config.nodes.iter().find(|n| n.id == node_id) else {
+            registry.disconnect(&node_id, generation);
+            return Err(Rejection::UnknownNode { node_id });
+        };
         match build_payload(node, &config.health, config.max_frame_bytes) {
             Ok(payload) => {
                 self.sent_config
@@ -578,46 +569,6 @@ impl Edge {
             self.tasks.spawn(async move {
                 let _ = outbound.send(envelope).await;
             });
-        }
-    }
-
-    /// Counts one request's provider-reported usage (metrics, its ledger record) and
-    /// publishes it to the event bus's subscribers.
-    pub fn observe_usage(
-        &self,
-        observe: &Observe,
-        path: &'static str,
-        usage: &pb::Usage,
-        served_model: Option<String>,
-    ) {
-        if let Some(recorder) = &observe.recorder {
-            recorder.usage(
-                usage.input_tokens,
-                usage.output_tokens,
-                usage.reasoning_tokens.unwrap_or(0),
-                usage.cached_input_tokens.unwrap_or(0),
-            );
-        }
-        let source = UsageSource {
-            model_group: &observe.model_group,
-            node: &observe.node_id,
-            provider: &observe.provider_id,
-            api_key: observe.api_key.as_deref(),
-        };
-        self.metrics.record_usage(source, usage);
-        if self.events.has_subscribers() {
-            self.events.publish(EdgeEvent::Usage(UsageEvent {
-                model_group: observe.model_group.clone(),
-                node_id: observe.node_id.clone(),
-                provider_id: observe.provider_id.clone(),
-                path,
-                input_tokens: usage.input_tokens,
-                output_tokens: usage.output_tokens,
-                reasoning_tokens: usage.reasoning_tokens,
-                cached_input_tokens: usage.cached_input_tokens,
-                served_model,
-                api_key: observe.api_key.clone(),
-            }));
         }
     }
 }

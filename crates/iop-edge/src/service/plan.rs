@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::admission::{GroupPolicies, GroupPolicy};
 use crate::config::{CapacityConfig, EdgeConfig, ProviderConfig};
 use crate::lease::{AccountSpec, LaneCounts, ProviderKey};
-use crate::queue::{GroupSpec, MemberSpec, MemberTraits, ProviderSpec};
+use crate::queue::{ApiSet, GroupSpec, MemberSpec, MemberTraits, ProviderSpec};
 
 #[derive(Debug)]
 pub struct AdmissionPlan {
@@ -28,6 +28,7 @@ fn capacity(c: &CapacityConfig) -> LaneCounts {
 fn traits(p: &ProviderConfig) -> MemberTraits {
     MemberTraits {
         kind: p.kind,
+        apis: ApiSet::of(p.served_apis()),
         idle_timeout: p.idle_timeout(),
         inject_stream_usage: p.injects_stream_usage(),
     }

@@ -95,6 +95,10 @@ impl Edge {
                 report.removed.push(node.id.clone());
             }
         }
+        // The config first: a registration between the two finds either the old registry
+        // and the new config (a removed node is refused as unknown) or both new.
+        let new = Arc::new(new);
+        *self.config.write() = new.clone();
         self.registry.lock().update(token_records(&new));
         *self.keys.write() = Arc::new(KeyTable::from_config(&new.auth));
         self.prune_key_limits();
@@ -102,8 +106,6 @@ impl Edge {
             .set_model_groups(new.model_groups.iter().map(|g| g.name.as_str()));
         self.metrics
             .set_api_keys(new.auth.keys.iter().map(|k| k.name.as_str()));
-        let new = Arc::new(new);
-        *self.config.write() = new.clone();
         let online: HashMap<String, crate::registry::Generation> = self
             .ready_sessions()
             .iter()

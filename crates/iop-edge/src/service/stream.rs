@@ -1,7 +1,7 @@
 //! What run and tunnel streams share: the deadlines a consumer waits under (the node's
 //! acknowledgement of the dispatch, then the provider's idle timeout once the response
-//! began), the request meter that counts one request's outcome, latency and time to
-//! first token exactly once, and the limits a stream is opened with.
+//! began), the limits a stream is opened with, and [`StreamCore`]: the route, credit, slot
+//! and the one report of how the stream ended.
 //!
 //! Timers are touched only when a stream has nothing queued: a frame that is already
 //! there is taken without a clock read or a timer, so a burst costs nothing extra. And the
@@ -13,13 +13,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iop_proto::ErrorCode;
+use iop_proto::{ErrorCode, pb};
 use tokio::time::{Instant, Sleep};
 
-use super::Edge;
+use super::admission::LeaseGuard;
+use super::{CreditReturn, Edge};
 use crate::ledger::RequestRecorder;
-use crate::metrics::GroupMetrics;
-use crate::session::StreamReceiver;
+use crate::session::{NodeSession, StreamReceiver};
 
 /// The bounds of one stream.
 #[derive(Debug, Clone, Copy)]
@@ -147,86 +147,281 @@ impl Deadlines {
     }
 }
 
-/// One client request's metrics: its outcome (`ok`, or the reason it failed), latency and
-/// time to first token, each recorded once. Dropped without an outcome, it counts as
-/// `client_abort`.
-#[derive(Debug)]
-pub struct RequestMeter {
-    edge: Arc<Edge>,
-    group: Arc<GroupMetrics>,
-    path: &'static str,
-    started: std::time::Instant,
-    first_token: bool,
-    done: bool,
-    /// The request's record in the usage ledger, told the first token and the end.
-    recorder: Option<RequestRecorder>,
+/// Which kind of node stream: what its cancel asks for and how logs name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    Run,
+    Tunnel,
 }
 
-/// The `outcome` label of a request that ended with `failure` (none: `ok`).
-pub fn outcome_label(failure: Option<ErrorCode>) -> &'static str {
-    match failure {
-        None => "ok",
-        Some(code) => code.as_str(),
+impl StreamKind {
+    fn name(self) -> &'static str {
+        match self {
+            StreamKind::Run => "run",
+            StreamKind::Tunnel => "tunnel",
+        }
     }
 }
 
-impl RequestMeter {
-    pub fn new(edge: Arc<Edge>, group: &str, recorder: Option<RequestRecorder>) -> Self {
+/// What one item of a node stream says besides itself, as a stream being drained sees it.
+pub trait StreamItem: Send + 'static {
+    /// The node's last frame of the stream (a run's terminal, a tunnel's end or error).
+    fn is_last(&self) -> bool;
+    /// Usage the provider reported, and the model it said served the request.
+    fn observation(&mut self) -> (Option<pb::Usage>, Option<String>);
+}
+
+/// Where a stream reports: the member of a model-group attempt (its outcome feeds passive
+/// ejection) and, once the stream serves the client's request, the request's record.
+#[derive(Debug, Default)]
+pub struct Reports {
+    pub member: Option<(Arc<str>, Arc<str>)>,
+    pub recorder: Option<RequestRecorder>,
+}
+
+/// What run and tunnel streams share: the route's receiver and the deadlines it is read
+/// under, stream credit, the provider slot, and the outcome reported exactly once — to the
+/// request's record and to passive ejection — however the stream ends: the node's last
+/// frame, a deadline, node loss, or the consumer giving it up (which cancels it on the
+/// node and keeps the slot until the node confirms, or the ack timeout passes).
+#[derive(Debug)]
+pub struct StreamCore<T> {
+    pub edge: Arc<Edge>,
+    pub session: Arc<NodeSession>,
+    /// The run id or tunnel request id.
+    pub id: String,
+    /// The client's request id (`x-request-id`), for log lines.
+    pub client_request_id: String,
+    kind: StreamKind,
+    pub rx: StreamReceiver<T>,
+    credit: CreditReturn,
+    pub deadlines: Deadlines,
+    /// The node's last frame arrived, or the route is gone.
+    pub ended: bool,
+    /// The consumer has seen the end.
+    pub done: bool,
+    cancel_sent: bool,
+    pub lease: Option<LeaseGuard>,
+    pub reports: Reports,
+    /// Why the consumer gave the stream up other than by the node's end: a deadline, a
+    /// head the edge refused, a retry.
+    pub failure: Option<ErrorCode>,
+    concluded: bool,
+    /// The provider's status (tunnels), once it came.
+    pub status: Option<u32>,
+    usage: Option<pb::Usage>,
+    served_model: Option<String>,
+    first_token: bool,
+}
+
+impl<T: StreamItem> StreamCore<T> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        edge: Arc<Edge>,
+        session: Arc<NodeSession>,
+        kind: StreamKind,
+        id: String,
+        client_request_id: String,
+        rx: StreamReceiver<T>,
+        limits: StreamLimits,
+        lease: Option<LeaseGuard>,
+        reports: Reports,
+    ) -> Self {
         Self {
-            recorder,
-            group: edge.metrics.group(group),
+            credit: CreditReturn::new(&id),
             edge,
-            path: "none",
-            started: std::time::Instant::now(),
-            first_token: false,
+            session,
+            id,
+            client_request_id,
+            kind,
+            rx,
+            deadlines: Deadlines::new(limits),
+            ended: false,
             done: false,
+            cancel_sent: false,
+            lease,
+            reports,
+            failure: None,
+            concluded: false,
+            status: None,
+            usage: None,
+            served_model: None,
+            first_token: false,
         }
     }
 
-    /// The path of the attempt that serves (or last failed) the request.
-    pub fn set_path(&mut self, path: &'static str) {
-        self.path = path;
+    /// The next frame from the node, `Ok(None)` when the route is gone, or which deadline
+    /// passed first.
+    pub async fn recv(&mut self) -> Result<Option<T>, Expired> {
+        self.deadlines.recv(&mut self.rx).await
     }
 
-    pub fn path(&self) -> &'static str {
-        self.path
-    }
-
-    /// The request waited `waited` in its group's queue for a slot.
-    pub fn queue_wait(&self, waited: Duration) {
-        self.group.observe_queue_wait(waited);
-    }
-
-    /// The first token (delta or body bytes) arrived.
-    pub fn first_token(&mut self) {
-        if !self.first_token {
-            self.first_token = true;
-            if let Some(recorder) = &self.recorder {
+    /// A data frame (a delta, a tool call, a body chunk holding `events` streamed events)
+    /// reached the consumer: credit goes back, the first token is noted, output counted.
+    pub fn data(&mut self, events: u64) {
+        self.credit.consumed_one(&self.edge, &self.session);
+        if let Some(recorder) = &self.reports.recorder {
+            if !self.first_token {
+                self.first_token = true;
                 recorder.first_token();
             }
-            self.group.observe_first_token(self.started.elapsed());
+            if events > 0 {
+                recorder.relayed(events);
+            }
         }
     }
 
-    /// The request ended: `None` for success, else the reason.
-    pub fn finish(&mut self, failure: Option<ErrorCode>) {
-        if self.done {
+    /// Usage (or the served model) the node reported.
+    pub fn observe(&mut self, usage: Option<pb::Usage>, served_model: Option<String>) {
+        if usage.is_some() {
+            self.usage = usage;
+        }
+        if served_model.is_some() {
+            self.served_model = served_model;
+        }
+    }
+
+    /// The serving stream's record: from now on it records the request's end.
+    pub fn serve(&mut self, recorder: RequestRecorder) {
+        self.reports.recorder = Some(recorder);
+    }
+
+    /// The node's last frame came (or its route is gone): the node's slot is free, so ours
+    /// is returned now, and the outcome is recorded.
+    pub fn node_ended(&mut self, failure: Option<ErrorCode>) {
+        self.ended = true;
+        self.done = true;
+        self.lease = None;
+        self.publish_usage();
+        self.conclude(self.failure.or(failure));
+    }
+
+    /// The message of a stream whose node connection went away.
+    pub fn lost(&self) -> String {
+        let reason = self
+            .session
+            .close_reason()
+            .unwrap_or_else(|| "the node stopped the stream".into());
+        format!("node {} connection lost: {reason}", self.session.node_id)
+    }
+
+    /// A deadline passed: the stream ends with its error (returned), cancelled on the node.
+    pub fn expire(&mut self, expired: Expired) -> (ErrorCode, String) {
+        let limits = self.deadlines.limits();
+        let message = match expired {
+            Expired::Ack => format!(
+                "node {} did not acknowledge the {} within {:.1}s",
+                self.session.node_id,
+                self.kind.name(),
+                limits.ack_timeout.as_secs_f64()
+            ),
+            Expired::Idle => format!(
+                "the provider sent nothing for {}s (its idle_timeout_sec)",
+                limits.idle_timeout.as_secs()
+            ),
+        };
+        let code = expired.code();
+        tracing::warn!(node_id = %self.session.node_id, stream_id = %self.id, code = code.as_str(), "{message}");
+        self.failure = Some(code);
+        self.done = true;
+        self.conclude(Some(code));
+        self.send_cancel("deadline passed");
+        (code, message)
+    }
+
+    /// Records the outcome once: the request's record and the attempt's report.
+    pub fn conclude(&mut self, failure: Option<ErrorCode>) {
+        if self.concluded {
             return;
         }
-        self.done = true;
-        if let Some(recorder) = &self.recorder {
-            recorder.stream_ended(failure.map(ErrorCode::as_str));
+        self.concluded = true;
+        if let Some(recorder) = &self.reports.recorder {
+            recorder.stream_ended(failure);
         }
-        self.edge
-            .metrics
-            .count_group_request(&self.group, self.path, outcome_label(failure));
-        self.group.observe_request_duration(self.started.elapsed());
+        if let Some((node, provider)) = &self.reports.member {
+            self.edge
+                .attempt_finished(node, provider, failure, self.status);
+        }
     }
-}
 
-impl Drop for RequestMeter {
-    fn drop(&mut self) {
-        self.finish(Some(ErrorCode::ClientAbort));
+    fn send_cancel(&mut self, reason: &str) {
+        if self.cancel_sent || self.ended {
+            return;
+        }
+        self.cancel_sent = true;
+        let cancel = match self.kind {
+            StreamKind::Run => pb::CancelRequest::run(&self.id, reason),
+            StreamKind::Tunnel => pb::CancelRequest::tunnel(&self.id, reason),
+        };
+        self.edge
+            .send_control(&self.session.outbound, cancel.into());
+    }
+
+    /// Hands the usage the provider reported to the request's record, once.
+    fn publish_usage(&mut self) {
+        if let (Some(recorder), Some(usage)) = (&self.reports.recorder, self.usage.take()) {
+            recorder.usage(usage, self.served_model.take());
+        }
+    }
+
+    /// The consumer gave the stream up before the node's end (dropped it): the outcome is
+    /// recorded (`client_abort` unless it said why), the node is told to cancel, and the
+    /// provider slot is kept until the node confirms.
+    pub fn abandon(mut self) {
+        if self.ended {
+            return;
+        }
+        // The provider did the work even if the client left before the end.
+        self.publish_usage();
+        let failure = self.failure.unwrap_or(ErrorCode::ClientAbort);
+        self.conclude(Some(failure));
+        if !self.cancel_sent {
+            let kind = self.kind.name();
+            match failure {
+                ErrorCode::ClientAbort => {
+                    tracing::info!(node_id = %self.session.node_id, stream_id = %self.id, request_id = %self.client_request_id, "client went away: cancelling {kind}")
+                }
+                other => {
+                    tracing::info!(node_id = %self.session.node_id, stream_id = %self.id, request_id = %self.client_request_id, reason = other.as_str(), "{kind} given up: cancelling it on the node")
+                }
+            }
+        }
+        self.send_cancel(match failure {
+            ErrorCode::ClientAbort => "client disconnected",
+            other => other.as_str(),
+        });
+        if self.lease.is_none() {
+            self.session.close_stream(&self.id);
+            return;
+        }
+        let tasks = self.edge.tasks().clone();
+        tasks.spawn(self.drain());
+    }
+
+    /// After a cancel: takes the node's frames until its last one (which comes once the
+    /// node freed its slot), up to the ack timeout, then returns the slot.
+    async fn drain(mut self) {
+        let bound = self.deadlines.limits().ack_timeout;
+        let confirmed = tokio::time::timeout(bound, async {
+            while let Some(mut item) = self.rx.recv().await {
+                let (usage, model) = item.observation();
+                self.observe(usage, model);
+                if item.is_last() {
+                    return true;
+                }
+            }
+            // The route is gone (connection lost): its leases were returned with it.
+            true
+        })
+        .await
+        .unwrap_or(false);
+        if !confirmed {
+            tracing::warn!(node_id = %self.session.node_id, stream_id = %self.id, "the node did not confirm the {}'s cancel within {:.1}s: its slot is returned anyway", self.kind.name(), bound.as_secs_f64());
+            self.session.close_stream(&self.id);
+        }
+        self.ended = true;
+        self.lease = None;
+        self.publish_usage();
     }
 }
 

@@ -1,0 +1,126 @@
+//! Admin endpoints: `/admin/status` (the snapshot), `/admin/events` (the event bus as SSE:
+//! every prompt and output passes through it), `/metrics` (Prometheus text, or OpenMetrics
+//! when the scraper's `Accept` asks for it), node commands
+//! (`/v1/nodes/{node}/commands/{name}`), the usage ledger ([`usage`]) and node credentials
+//! ([`trust`]) — admin keys only — and the open probes `/healthz` and `/readyz` and the
+//! status page ([`ui`]).
+
+pub mod trust;
+pub mod ui;
+pub mod usage;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::stream;
+use serde_json::json;
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::canonical::ApiError;
+use crate::events::EdgeEvent;
+use crate::service::Edge;
+
+/// Routes for admin keys only (everyone on an edge without keys).
+pub fn admin_routes() -> Router<Arc<Edge>> {
+    Router::new()
+        .route("/admin/status", get(status))
+        .route("/admin/events", get(events))
+        .route("/metrics", get(metrics))
+        .route("/v1/nodes/{node}/commands/{name}", get(command))
+        .merge(trust::routes())
+        .merge(usage::routes())
+}
+
+/// Routes that are always open (the probes, the status page).
+pub fn open_routes() -> Router<Arc<Edge>> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(ui::routes())
+}
+
+async fn command(
+    State(edge): State<Arc<Edge>>,
+    Path((node, name)): Path<(String, String)>,
+    Query(mut args): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let adapter = args.remove("adapter").unwrap_or_default();
+    let result = edge.node_command(&node, &name, &adapter, args).await?;
+    Ok(axum::Json(result).into_response())
+}
+
+async fn status(State(edge): State<Arc<Edge>>) -> Response {
+    let mut body = serde_json::to_value(edge.snapshot()).unwrap_or_default();
+    let ledger = edge.ledger();
+    body["ledger"] = json!({
+        "enabled": ledger.is_enabled(),
+        "written_records": ledger.written(),
+        "dropped_records": ledger.dropped(),
+    });
+    axum::Json(body).into_response()
+}
+
+async fn healthz() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+/// Ready when at least one node is dispatch-ready.
+async fn readyz(State(edge): State<Arc<Edge>>) -> Response {
+    let ready = edge.ready_sessions().len();
+    let status = if ready > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"ready": ready > 0, "nodes_ready": ready})),
+    )
+        .into_response()
+}
+
+async fn metrics(State(edge): State<Arc<Edge>>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = crate::metrics::Format::negotiate(accept);
+    let text = edge.metrics.render(&edge.snapshot(), format);
+    ([(header::CONTENT_TYPE, format.content_type())], text).into_response()
+}
+
+async fn events(State(edge): State<Arc<Edge>>) -> Response {
+    let rx = edge.events.subscribe();
+    let shutdown = edge.shutdown_token().clone();
+    let body = stream::unfold((rx, shutdown), |(mut rx, shutdown)| async move {
+        let received = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            received = rx.recv() => received,
+        };
+        let bytes = match received {
+            Ok(event) => {
+                let name = match &*event {
+                    EdgeEvent::Node(_) => "node",
+                    EdgeEvent::Run(_) => "run",
+                    EdgeEvent::Usage(_) => "usage",
+                };
+                let data = serde_json::to_string(&*event).unwrap_or_default();
+                format!("event: {name}\ndata: {data}\n\n")
+            }
+            Err(RecvError::Lagged(n)) => format!("event: lagged\ndata: {{\"missed\":{n}}}\n\n"),
+            Err(RecvError::Closed) => return None,
+        };
+        Some((Ok::<_, std::io::Error>(Bytes::from(bytes)), (rx, shutdown)))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}

@@ -1,0 +1,111 @@
+//! Reading a request's body: its `Content-Type` must be JSON (a body without one is read
+//! as JSON), and a body that could not be read is a 413 (over `limits.max_body_bytes`),
+//! a 408 (too slow) or a 400.
+
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode, header};
+use iop_proto::ErrorCode;
+
+use super::deadlines;
+use crate::canonical::ApiError;
+use crate::service::Edge;
+
+/// Refuses a body whose `Content-Type` is not JSON (`application/json` or `…+json`) with
+/// 415. A request without a `Content-Type` is read as JSON.
+pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let essence = value
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    {
+        return Ok(());
+    }
+    Err(ApiError::of(
+        ErrorCode::UnsupportedMediaType,
+        format!(
+            "the request body must be JSON, sent with `Content-Type: application/json` (got {:?})",
+            value.to_str().unwrap_or("(not text)")
+        ),
+    ))
+}
+
+/// A body that could not be read: too large (413), too slow (408) or broken.
+pub fn body_error(rejection: BytesRejection, edge: &Edge) -> ApiError {
+    if let Some(timeout) = find_cause::<deadlines::BodyError>(&rejection)
+        .filter(|e| matches!(e, deadlines::BodyError::Timeout(_)))
+    {
+        return ApiError::of(ErrorCode::RequestTimeout, timeout.to_string());
+    }
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::of(
+            ErrorCode::RequestTooLarge,
+            format!(
+                "the request body is larger than this edge's limit of {} bytes (limits.max_body_bytes)",
+                edge.config().limits.max_body_bytes
+            ),
+        )
+    } else {
+        ApiError::bad_request(
+            "invalid_body",
+            format!("could not read the request body: {rejection}"),
+        )
+    }
+}
+
+/// The first error of type `E` in `error`'s chain of sources.
+fn find_cause<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(found) = e.downcast_ref::<E>() {
+            return Some(found);
+        }
+        current = e.source();
+    }
+    None
+}
+
+/// The body of a JSON request, read whole within the limits.
+pub fn json_body(
+    edge: &Edge,
+    headers: &HeaderMap,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<axum::body::Bytes, ApiError> {
+    require_json(headers)?;
+    body.map_err(|r| body_error(r, edge))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_json_content_types_are_accepted() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, v.parse().unwrap());
+            require_json(&h)
+        };
+        assert!(with("application/json").is_ok());
+        assert!(with("Application/JSON; charset=utf-8").is_ok());
+        assert!(with("application/vnd.api+json").is_ok());
+        assert!(require_json(&HeaderMap::new()).is_ok());
+        for bad in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ] {
+            assert_eq!(with(bad).unwrap_err().status, 415, "{bad}");
+        }
+    }
+}

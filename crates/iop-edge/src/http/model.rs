@@ -1,0 +1,159 @@
+//! The one handler of every endpoint that asks a model group for something — OpenAI's
+//! chat completions, completions and embeddings, the Responses and Messages APIs,
+//! Ollama's chat, generate and embeddings — whatever API it speaks:
+//!
+//! ```text
+//! body → surface decodes (canonical request + the client's own)
+//!      → service admits (group, allowlist, key limits) and serves it (route, dispatch)
+//!      → the provider's own bytes (native), or canonical events the surface renders
+//! ```
+//!
+//! Every request is recorded once (its record starts here and ends when the response
+//! does), and every error answers in the surface's own shape. Responses of dispatched
+//! requests carry `x-iop-attempts`.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+
+use super::error::{self, with_attempts};
+use super::{answer, body, forward, passthrough, request_id};
+use crate::auth::Caller;
+use crate::canonical::{ApiError, Canonical, ClientRequest, ModelRequest, Operation};
+use crate::ledger::RequestRecorder;
+use crate::service::Edge;
+use crate::service::dispatch::{Answer, RequestContext};
+use crate::service::pipeline::{AdmitTarget, TokenEstimate};
+use crate::surfaces::{AnswerMeta, Surface, ollama};
+
+/// The model endpoints of every API (behind authentication).
+pub fn routes() -> Router<Arc<Edge>> {
+    let endpoints = [
+        ("/v1/chat/completions", Surface::OpenAi(Operation::Chat)),
+        ("/v1/completions", Surface::OpenAi(Operation::Completion)),
+        ("/v1/embeddings", Surface::OpenAi(Operation::Embedding)),
+        ("/v1/responses", Surface::Responses),
+        ("/v1/messages", Surface::Messages),
+        ("/api/chat", Surface::Ollama(ollama::Endpoint::Chat)),
+        ("/api/generate", Surface::Ollama(ollama::Endpoint::Generate)),
+        ("/api/embed", Surface::Ollama(ollama::Endpoint::Embed)),
+        (
+            "/api/embeddings",
+            Surface::Ollama(ollama::Endpoint::Embeddings),
+        ),
+    ];
+    let mut router = Router::new();
+    for (path, surface) in endpoints {
+        router = router.route(
+            path,
+            post(
+                move |State(edge): State<Arc<Edge>>,
+                      Extension(caller): Extension<Caller>,
+                      headers: HeaderMap,
+                      body: Result<Bytes, BytesRejection>| {
+                    serve(edge, surface, caller, headers, body)
+                },
+            ),
+        );
+    }
+    router
+}
+
+/// Serves one request of `surface`, recording it whatever ends it.
+async fn serve(
+    edge: Arc<Edge>,
+    surface: Surface,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let recorder = edge.start_request(surface.api(), &caller);
+    match handle(&edge, surface, &caller, &headers, body, &recorder).await {
+        Ok(response) => {
+            recorder.responded(response.status().as_u16());
+            response
+        }
+        Err(e) => {
+            recorder.failed(e.reason, e.status.as_u16());
+            error::response(surface.error_shape(), e)
+        }
+    }
+}
+
+async fn handle(
+    edge: &Arc<Edge>,
+    surface: Surface,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    recorder: &RequestRecorder,
+) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let body = body::json_body(edge, headers, body)?;
+    let decoded = surface.decode(&body, headers)?;
+    let translated = match &decoded.canonical {
+        Canonical::Translated(bytes) => Some(ClientRequest::parse(bytes.as_slice())?),
+        _ => None,
+    };
+    let canonical = match &decoded.canonical {
+        Canonical::Client => Ok(&decoded.native.request),
+        Canonical::Translated(_) => Ok(translated.as_ref().expect("parsed above")),
+        Canonical::Refused(refusal) => Err(refusal),
+    };
+    let mut request = ModelRequest {
+        group: &decoded.model,
+        op: decoded.op,
+        stream: decoded.stream,
+        native: &decoded.native,
+        canonical,
+        max_output_tokens: decoded.max_output_tokens,
+    };
+    let estimate = TokenEstimate {
+        input: request.input_estimate(),
+        max_output: decoded.max_output_tokens,
+    };
+    let target = AdmitTarget::Model {
+        name: &decoded.model,
+        models_endpoint: surface.models_endpoint(),
+    };
+    let group = edge.admit(caller, target, estimate, recorder)?;
+    if let Some(immediate) = decoded.immediate {
+        let answer = surface.immediate(immediate, &group, SystemTime::now());
+        return Ok(axum::Json(answer).into_response());
+    }
+    request.group = &group;
+    let ctx = RequestContext {
+        api_key: caller.owner(),
+        client_request_id: request_id::of(headers).to_string(),
+        provider_headers: forward::provider_headers(headers, &edge.config().http),
+        recorder: recorder.clone(),
+    };
+    let served = edge.serve_model(&request, &ctx).await?;
+    let attempts = served.attempts;
+    let response = match served.answer {
+        Answer::Native { head, stream } => passthrough::respond_head(head, stream, surface),
+        Answer::Events(source) => {
+            let meta = AnswerMeta {
+                id: source.id().to_string(),
+                model: group.clone(),
+                received,
+                dispatched: served.dispatched,
+                created: SystemTime::now(),
+            };
+            let renderer = surface.renderer(&decoded, meta);
+            let limit = edge.config().limits.http.max_response_bytes;
+            answer::respond(source, renderer, decoded.stream, limit).await
+        }
+    };
+    Ok(with_attempts(
+        response.map_err(|e| e.with_attempts(attempts))?,
+        attempts,
+    ))
+}

@@ -1,0 +1,130 @@
+//! Ollama's catalog endpoints on the edge: `/api/version`, `/api/tags`, `/api/ps` and
+//! `/api/show` (the model groups as Ollama models, `surfaces::ollama::catalog`). Its
+//! model endpoints (chat, generate, embeddings) are served by the one model handler
+//! (`http::model`). Endpoints that manage Ollama's local model store (`/api/pull`,
+//! `/api/push`, `/api/create`, `/api/copy`, `/api/delete`, `/api/blobs/…`) answer 501.
+//! Errors take Ollama's shape.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, delete, get, post};
+use iop_proto::ErrorCode;
+use serde_json::{Value, json};
+
+use super::{body, error};
+use crate::auth::Caller;
+use crate::canonical::ApiError;
+use crate::config::{ModelGroupConfig, ProviderKind};
+use crate::service::Edge;
+use crate::surfaces::ErrorShape;
+use crate::surfaces::ollama::{catalog, request};
+
+/// How long `/api/show` waits for an Ollama member's own details.
+pub const SHOW_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub fn routes() -> Router<Arc<Edge>> {
+    Router::new()
+        .route("/api/version", get(version))
+        .route("/api/tags", get(tags))
+        .route("/api/ps", get(ps))
+        .route("/api/show", post(show))
+        .route("/api/pull", post(not_supported))
+        .route("/api/push", post(not_supported))
+        .route("/api/create", post(not_supported))
+        .route("/api/copy", post(not_supported))
+        .route("/api/delete", delete(not_supported))
+        .route("/api/blobs/{digest}", any(not_supported))
+}
+
+fn ollama_error(e: ApiError) -> Response {
+    error::response(ErrorShape::Ollama, e)
+}
+
+async fn version() -> Response {
+    axum::Json(json!({"version": catalog::OLLAMA_API_VERSION})).into_response()
+}
+
+async fn tags(State(edge): State<Arc<Edge>>, Extension(caller): Extension<Caller>) -> Response {
+    axum::Json(catalog::tags(&edge.config(), &caller)).into_response()
+}
+
+async fn ps(State(edge): State<Arc<Edge>>, Extension(caller): Extension<Caller>) -> Response {
+    let config = edge.config();
+    let served = |g: &ModelGroupConfig| {
+        g.members.iter().any(|m| {
+            edge.session(&m.node).is_some()
+                && crate::service::provider_of(&config, &m.node, &m.provider)
+                    .is_some_and(|p| p.enabled)
+        })
+    };
+    axum::Json(catalog::ps(&config, &caller, served, SystemTime::now())).into_response()
+}
+
+async fn not_supported(uri: Uri) -> Response {
+    ollama_error(ApiError::of(
+        ErrorCode::NotImplemented,
+        format!(
+            "{} is not served here: this Ollama API is served by iop, whose models are the \
+             model groups its nodes serve; manage models on the nodes' own servers",
+            uri.path()
+        ),
+    ))
+}
+
+async fn show(
+    State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let body = body::json_body(&edge, &headers, body)?;
+        let request: request::ShowRequest = request::parse(&body)?;
+        let name = request.model().ok_or_else(|| {
+            ApiError::bad_request("missing_model", "you must provide a `model`").with_param("model")
+        })?;
+        let config = edge.config();
+        let group = catalog::resolve(&config, &caller, name)
+            .ok_or_else(|| crate::surfaces::ollama::error::model_not_found(name))?;
+        Ok::<_, ApiError>(show_group(&edge, group).await)
+    };
+    match result.await {
+        Ok(body) => axum::Json(body).into_response(),
+        Err(e) => ollama_error(e),
+    }
+}
+
+/// `/api/show` for a group: from an Ollama member on a connected node when there is one
+/// (waiting at most [`SHOW_LOOKUP_TIMEOUT`]), else from the config.
+async fn show_group(edge: &Edge, group: &ModelGroupConfig) -> Value {
+    let config = edge.config();
+    let member = group.members.iter().find(|m| {
+        edge.session(&m.node).is_some()
+            && crate::service::provider_of(&config, &m.node, &m.provider)
+                .is_some_and(|p| p.enabled && p.kind == ProviderKind::Ollama)
+    });
+    let Some(member) = member else {
+        return catalog::show_from_config(group);
+    };
+    let model = member.model.clone().unwrap_or_else(|| group.name.clone());
+    let args = [("model".to_string(), model)].into();
+    let lookup = edge.node_command(&member.node, "ollama.show", &member.provider, args);
+    match tokio::time::timeout(SHOW_LOOKUP_TIMEOUT, lookup).await {
+        Ok(Ok(answer)) => catalog::show_from_member(group, &answer),
+        Ok(Err(err)) => {
+            tracing::debug!(model_group = %group.name, node_id = %member.node, %err, "ollama.show failed: answering from the config");
+            catalog::show_from_config(group)
+        }
+        Err(_) => {
+            tracing::debug!(model_group = %group.name, node_id = %member.node, "ollama.show timed out: answering from the config");
+            catalog::show_from_config(group)
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! The service's own errors as the errors clients get ([`ApiError`], built from the
+//! reason table): why admission gave a request no slot, why a run, tunnel or command
+//! could not start, why a node command failed.
+
+use iop_proto::ErrorCode;
+
+use super::admission::{AdmitError, RETRY_AFTER_SECS};
+use super::command::CommandError;
+use super::run::SubmitError;
+use crate::canonical::ApiError;
+
+impl From<AdmitError> for ApiError {
+    fn from(err: AdmitError) -> Self {
+        let code = err.code();
+        let e = ApiError::of(code, err.to_string());
+        match code {
+            ErrorCode::QueueFull | ErrorCode::QueueTimeout => e.with_retry_after(RETRY_AFTER_SECS),
+            _ => e,
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(err: SubmitError) -> Self {
+        let message = err.to_string();
+        match err {
+            SubmitError::Admission(e) => e.into(),
+            SubmitError::UnknownNode(_) => ApiError::not_found("node_not_found", message),
+            SubmitError::UnknownAdapter { .. } => {
+                ApiError::not_found("unknown_adapter", message).with_param("adapter")
+            }
+            SubmitError::AmbiguousNode(_) => ApiError::bad_request("node_required", message),
+            other => ApiError::of(other.code(), message),
+        }
+    }
+}
+
+impl From<CommandError> for ApiError {
+    fn from(err: CommandError) -> Self {
+        let message = err.to_string();
+        match err {
+            CommandError::Submit(e) => e.into(),
+            CommandError::UnknownRun(_) => ApiError::not_found("run_not_found", message),
+            CommandError::Timeout => ApiError::of(ErrorCode::NodeTimeout, message),
+            // A command the node knows but does not serve.
+            CommandError::Failed {
+                code: ErrorCode::NotSupported,
+                message,
+            } => ApiError::of(ErrorCode::NotImplemented, message).with_detail("not_supported"),
+            CommandError::Failed { code, message } => ApiError::of(code, message),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_errors_keep_their_reasons() {
+        let e = ApiError::from(AdmitError::QueueFull {
+            group: "g".into(),
+            max_waiting: 1,
+        });
+        assert_eq!((e.status.as_u16(), e.retry_after), (429, Some(1)));
+        let e = ApiError::from(SubmitError::UnknownAdapter {
+            node: "n".into(),
+            adapter: "a".into(),
+            known: "b".into(),
+        });
+        assert_eq!((e.status.as_u16(), e.code()), (404, "unknown_adapter"));
+        let e = ApiError::from(CommandError::Failed {
+            code: ErrorCode::NotSupported,
+            message: "no".into(),
+        });
+        assert_eq!(e.status, 501);
+    }
+}

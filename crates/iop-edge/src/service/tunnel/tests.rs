@@ -1,0 +1,186 @@
+use std::time::Duration;
+
+use super::*;
+use crate::service::test_support::{cancel_sent, edge_and_session, recorder};
+
+fn spec() -> TunnelSpec {
+    TunnelSpec::post_json(
+        "oa",
+        "/chat/completions",
+        Vec::new(),
+        crate::codec::EVENT_STREAM,
+    )
+}
+
+fn frame(stream: &TunnelStream, frame: Frame) -> pb::ProviderTunnelFrame {
+    pb::ProviderTunnelFrame {
+        request_id: stream.request_id().to_string(),
+        frame: Some(frame),
+    }
+}
+
+fn usage(output_tokens: u64) -> Frame {
+    Frame::Usage(pb::Usage {
+        input_tokens: 3,
+        output_tokens,
+        ..Default::default()
+    })
+}
+
+fn model(name: &str) -> Frame {
+    Frame::Metadata(pb::TunnelMetadata {
+        entries: [("model".to_string(), name.to_string())].into(),
+    })
+}
+
+fn headers(content_type: &str) -> Frame {
+    Frame::Headers(pb::TunnelHeaders {
+        headers: vec![crate::codec::header("content-type", content_type)],
+    })
+}
+
+#[tokio::test]
+async fn usage_is_recorded_once_at_the_end_with_the_served_model_in_either_order() {
+    let (edge, session, _sent) = edge_and_session();
+    let (recorder, sink) = recorder();
+    let mut stream = edge
+        .start_tunnel(
+            session.clone(),
+            spec(),
+            None,
+            Reports::default(),
+            StreamLimits::default(),
+        )
+        .await
+        .unwrap();
+    stream.serve(recorder.clone());
+    recorder.responded(200);
+    // Usage first, then the metadata naming the model.
+    for f in [
+        Frame::Status(200),
+        usage(16),
+        model("served-model"),
+        Frame::End(pb::TunnelEnd {}),
+    ] {
+        assert_eq!(
+            session.deliver_tunnel_frame(frame(&stream, f)),
+            crate::session::Delivery::Delivered
+        );
+    }
+    assert!(matches!(stream.next().await, Some(TunnelItem::Status(200))));
+    assert!(matches!(stream.next().await, Some(TunnelItem::End)));
+    drop(stream);
+    drop(recorder);
+    let finished = sink.0.lock();
+    assert_eq!(finished.len(), 1);
+    let f = &finished[0];
+    assert_eq!(
+        (f.record.output_tokens, f.record.outcome.as_str()),
+        (16, "ok")
+    );
+    assert_eq!(f.served_model.as_deref(), Some("served-model"));
+}
+
+#[tokio::test]
+async fn usage_that_arrived_is_recorded_when_the_client_leaves_before_the_end() {
+    let (edge, session, mut sent) = edge_and_session();
+    let (recorder, sink) = recorder();
+    let mut stream = edge
+        .start_tunnel(
+            session.clone(),
+            spec(),
+            None,
+            Reports::default(),
+            StreamLimits::default(),
+        )
+        .await
+        .unwrap();
+    stream.serve(recorder.clone());
+    recorder.responded(200);
+    for f in [Frame::Status(200), model("m"), usage(7)] {
+        session.deliver_tunnel_frame(frame(&stream, f));
+    }
+    assert!(matches!(stream.next().await, Some(TunnelItem::Status(200))));
+    // The frames after the status are taken in (observations only), then the client goes.
+    let pending = tokio::time::timeout(Duration::from_millis(50), stream.next()).await;
+    assert!(pending.is_err(), "no client-relevant frame was sent");
+    drop(stream);
+    drop(recorder);
+    let record = sink.0.lock()[0].record.clone();
+    assert_eq!(
+        (record.output_tokens, record.outcome.as_str()),
+        (7, "client_abort")
+    );
+    assert!(cancel_sent(&mut sent).await, "no cancel sent to the node");
+}
+
+#[tokio::test]
+async fn relayed_events_are_counted_for_a_client_that_leaves_without_usage() {
+    let (edge, session, _sent) = edge_and_session();
+    let (recorder, sink) = recorder();
+    let mut stream = edge
+        .start_tunnel(
+            session.clone(),
+            spec(),
+            None,
+            Reports::default(),
+            StreamLimits::default(),
+        )
+        .await
+        .unwrap();
+    stream.serve(recorder.clone());
+    recorder.dispatched("n1", "oa", "tunnel");
+    recorder.responded(200);
+    session.deliver_tunnel_frame(frame(&stream, Frame::Status(200)));
+    session.deliver_tunnel_frame(frame(&stream, headers("text/event-stream")));
+    for piece in ["data: {\"a\":1}\n", "\ndata: {\"b\"", ":2}\r\n\r", "\n"] {
+        session.deliver_tunnel_frame(frame(&stream, Frame::Body(Bytes::from(piece))));
+    }
+    for _ in 0..6 {
+        stream.next().await.unwrap();
+    }
+    drop(stream);
+    drop(recorder);
+    let r = &sink.0.lock()[0].record;
+    assert_eq!(
+        (r.outcome.as_str(), r.est_output_tokens),
+        ("client_abort", Some(2))
+    );
+}
+
+#[tokio::test]
+async fn a_node_lost_after_it_accepted_is_node_disconnected_and_acknowledged() {
+    let (edge, session, _sent) = edge_and_session();
+    let mut stream = edge
+        .start_tunnel(
+            session.clone(),
+            spec(),
+            None,
+            Reports::default(),
+            StreamLimits::default(),
+        )
+        .await
+        .unwrap();
+    assert!(!stream.acknowledged());
+    session.deliver_tunnel_frame(frame(&stream, Frame::Accepted(pb::TunnelAccepted {})));
+    session.close("node shut down");
+    let e = stream.head().await.unwrap_err();
+    assert_eq!(e.error_code(), ErrorCode::NodeDisconnected);
+    assert!(stream.acknowledged());
+}
+
+#[test]
+fn events_are_counted_wherever_the_bytes_split() {
+    let stream = b"data: a\n\ndata: b\r\n\r\n: comment\n\ndata: [DONE]\n\n";
+    for size in 1..stream.len() {
+        let mut counter = EventCounter::default();
+        let total: u64 = stream.chunks(size).map(|c| counter.push(c)).sum();
+        assert_eq!(total, 4, "split by {size}");
+    }
+    let mut counter = EventCounter::default();
+    assert_eq!(
+        counter.push(b"\n\n\n"),
+        0,
+        "empty lines alone make no event"
+    );
+}

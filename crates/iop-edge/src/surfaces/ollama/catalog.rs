@@ -1,0 +1,228 @@
+//! The model groups as Ollama models: `/api/tags` (every group the key may use),
+//! `/api/ps` (the groups a connected node serves now), `/api/show` (one group's details,
+//! `model_info` with its context length, capabilities) and `/api/version`.
+//!
+//! A group has no weights of its own, so `size` is 0, `digest` is the SHA-256 of its name
+//! and `modified_at` the stable stand-in time of `/v1/models`' `created`. `/api/show` of a
+//! group served by an Ollama member asks that member's Ollama (`ollama.show`, briefly) for
+//! the model's details, `model_info`, capabilities, template and parameters; otherwise it
+//! says what the config knows. A configured `context_length` wins either way.
+//!
+//! Pure: the config and the caller in, Ollama's JSON out.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value, json};
+
+use super::render::timestamp;
+use crate::auth::Caller;
+use crate::config::{EdgeConfig, ModelGroupConfig};
+use crate::surfaces::models::{created, digest};
+
+/// The Ollama API version whose surface this edge serves (`/api/version`).
+pub const OLLAMA_API_VERSION: &str = "0.12.0";
+
+/// The `model_info` architecture of groups iop describes itself.
+const ARCHITECTURE: &str = "iop";
+
+/// The group a client's model name means, if the key may use it: the group of that name,
+/// or of that name without Ollama's default `:latest` tag.
+pub fn resolve<'a>(
+    config: &'a EdgeConfig,
+    caller: &Caller,
+    name: &str,
+) -> Option<&'a ModelGroupConfig> {
+    crate::service::pipeline::resolve_group(config, name).filter(|g| caller.may_use_model(&g.name))
+}
+
+fn modified_at(group: &ModelGroupConfig) -> String {
+    timestamp(UNIX_EPOCH + Duration::from_secs(created(&group.name)))
+}
+
+fn details() -> Value {
+    json!({
+        "parent_model": "",
+        "format": "",
+        "family": "",
+        "families": null,
+        "parameter_size": "",
+        "quantization_level": "",
+    })
+}
+
+/// One group as an `/api/tags` entry.
+pub fn tag(group: &ModelGroupConfig) -> Value {
+    json!({
+        "name": group.name,
+        "model": group.name,
+        "modified_at": modified_at(group),
+        "size": 0,
+        "digest": digest(&group.name),
+        "details": details(),
+    })
+}
+
+/// `/api/tags`.
+pub fn tags(config: &EdgeConfig, caller: &Caller) -> Value {
+    let models: Vec<Value> = config
+        .model_groups
+        .iter()
+        .filter(|g| caller.may_use_model(&g.name))
+        .map(tag)
+        .collect();
+    json!({"models": models})
+}
+
+/// `/api/ps`: the groups `served` says have a member on a connected node (`expires_at`
+/// far ahead: a group stays served while its nodes are).
+pub fn ps(
+    config: &EdgeConfig,
+    caller: &Caller,
+    served: impl Fn(&ModelGroupConfig) -> bool,
+    now: SystemTime,
+) -> Value {
+    let far = timestamp(now + Duration::from_secs(365 * 24 * 3600));
+    let models: Vec<Value> = config
+        .model_groups
+        .iter()
+        .filter(|g| caller.may_use_model(&g.name))
+        .filter(|g| served(g))
+        .map(|g| {
+            let mut entry = tag(g);
+            entry["expires_at"] = json!(far);
+            entry["size_vram"] = json!(0);
+            if let Some(n) = g.context_length {
+                entry["context_length"] = json!(n);
+            }
+            entry
+        })
+        .collect();
+    json!({"models": models})
+}
+
+/// `/api/show` from the config alone.
+pub fn show_from_config(group: &ModelGroupConfig) -> Value {
+    let mut info = Map::new();
+    info.insert("general.architecture".into(), json!(ARCHITECTURE));
+    info.insert("general.name".into(), json!(group.name));
+    if let Some(n) = group.context_length {
+        info.insert(format!("{ARCHITECTURE}.context_length"), json!(n));
+    }
+    json!({
+        "license": "",
+        "modelfile": "",
+        "parameters": "",
+        "template": "",
+        "details": details(),
+        "model_info": info,
+        "capabilities": ["completion"],
+        "modified_at": modified_at(group),
+    })
+}
+
+/// `/api/show` from an Ollama member's own answer: its details, `model_info`,
+/// capabilities, template, parameters and license (not its modelfile, which names the
+/// node's files), under the group's name, with a configured context length put in.
+pub fn show_from_member(group: &ModelGroupConfig, member: &Value) -> Value {
+    let mut out = show_from_config(group);
+    for key in [
+        "details",
+        "capabilities",
+        "template",
+        "parameters",
+        "license",
+    ] {
+        if let Some(v) = member.get(key).filter(|v| !v.is_null()) {
+            out[key] = v.clone();
+        }
+    }
+    if let Some(info) = member.get("model_info").and_then(Value::as_object) {
+        let mut info = info.clone();
+        if let Some(n) = group.context_length {
+            let arch = info
+                .get("general.architecture")
+                .and_then(Value::as_str)
+                .unwrap_or(ARCHITECTURE)
+                .to_string();
+            info.insert(format!("{arch}.context_length"), json!(n));
+        }
+        out["model_info"] = Value::Object(info);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> EdgeConfig {
+        EdgeConfig::from_yaml(
+            r#"
+nodes:
+  - id: n1
+    token: node-token-0123456789
+    providers: [{id: p, kind: mock}]
+model_groups:
+  - {name: small, members: [{node: n1, provider: p}], context_length: 4096}
+  - {name: "big:70b", members: [{node: n1, provider: p}]}
+"#,
+            "test",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn tags_list_every_group_as_an_ollama_model() {
+        let c = config();
+        let t = tags(&c, &Caller::anonymous());
+        let models = t["models"].as_array().unwrap();
+        assert_eq!(models.len(), 2);
+        assert_eq!(models[0]["name"], "small");
+        assert_eq!(models[0]["model"], "small");
+        assert_eq!(models[0]["size"], 0);
+        assert_eq!(models[0]["digest"].as_str().unwrap().len(), 64);
+        assert!(
+            models[0]["modified_at"]
+                .as_str()
+                .unwrap()
+                .starts_with("2024-")
+        );
+        assert!(models[0]["details"].is_object());
+    }
+
+    #[test]
+    fn names_resolve_with_or_without_latest() {
+        let c = config();
+        let anyone = Caller::anonymous();
+        assert_eq!(resolve(&c, &anyone, "small").unwrap().name, "small");
+        assert_eq!(resolve(&c, &anyone, "small:latest").unwrap().name, "small");
+        assert_eq!(resolve(&c, &anyone, "big:70b").unwrap().name, "big:70b");
+        assert!(resolve(&c, &anyone, "big").is_none());
+        assert!(resolve(&c, &anyone, "nope:latest").is_none());
+    }
+
+    #[test]
+    fn show_reports_the_context_length_and_takes_a_members_details() {
+        let c = config();
+        let s = show_from_config(&c.model_groups[0]);
+        assert_eq!(s["model_info"]["iop.context_length"], 4096);
+        assert_eq!(s["capabilities"], json!(["completion"]));
+        let member = json!({
+            "modelfile": "FROM /home/node/.ollama/blobs/sha256-secret",
+            "details": {"family": "llama", "parameter_size": "8B"},
+            "model_info": {"general.architecture": "llama", "llama.context_length": 131072},
+            "capabilities": ["completion", "tools"],
+            "template": "{{ .Prompt }}",
+        });
+        let s = show_from_member(&c.model_groups[0], &member);
+        assert_eq!(s["details"]["family"], "llama");
+        assert_eq!(s["capabilities"], json!(["completion", "tools"]));
+        assert_eq!(
+            s["model_info"]["llama.context_length"], 4096,
+            "the config wins"
+        );
+        assert_eq!(s["modelfile"], "", "node paths stay on the node");
+        let s = show_from_member(&c.model_groups[1], &member);
+        assert_eq!(s["model_info"]["llama.context_length"], 131072);
+    }
+}

@@ -1,0 +1,732 @@
+//! A Responses API request as the chat request the edge dispatches: `instructions` and
+//! `input` (a string, or items: messages with text and image parts, function calls and
+//! their outputs) become `messages`; `max_output_tokens`, `temperature`, `top_p`,
+//! function `tools`, `tool_choice`, `parallel_tool_calls`, `text.format`,
+//! `reasoning.effort` and `user` become their chat counterparts.
+//!
+//! What iop cannot honour is refused with a 400 naming the field: `previous_response_id`
+//! and `conversation` (iop keeps no response store: send the whole conversation),
+//! `background`, built-in tools (web search, file search, …), file inputs, `prompt`
+//! templates and anything the API does not define. Fields that only ask for something to
+//! be kept or reported (`store`, `include`, `metadata`, `service_tier`, prompt-cache
+//! hints) are accepted; nothing is stored. Reasoning items from earlier turns are dropped
+//! (a chat request has no place for them).
+
+use serde_json::{Map, Value, json};
+
+use crate::canonical::fields::{
+    invalid, join, object, only_known, opt_array, opt_bool, opt_count, opt_number, opt_string,
+    present, string, unsupported,
+};
+use crate::canonical::{ApiError, ClientRequest, Decoded, NativeApi};
+use crate::config::ProviderApi;
+use crate::surfaces::openai::{MAX_TOKENS_LIMIT, requested_group};
+
+/// Every top-level field of the Responses API the edge accepts.
+const KNOWN: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "stream",
+    "stream_options",
+    "text",
+    "reasoning",
+    "user",
+    "store",
+    "include",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "truncation",
+    "top_logprobs",
+    "max_tool_calls",
+    "previous_response_id",
+    "conversation",
+    "background",
+    "prompt",
+];
+
+/// What the edge itself reads of a Responses request, checked for every member (a
+/// provider that serves the API itself gets the request as it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checked {
+    pub stream: bool,
+    pub max_output_tokens: Option<u64>,
+}
+
+pub fn check(request: &ClientRequest) -> Result<Checked, ApiError> {
+    let stream = request
+        .typed::<bool>("stream")
+        .map_err(|_| invalid("stream", "a boolean"))?
+        .unwrap_or(false);
+    let max_output_tokens = match request.typed::<u64>("max_output_tokens") {
+        Ok(n) if n.is_none_or(|n| n <= MAX_TOKENS_LIMIT) => n,
+        _ => {
+            return Err(invalid(
+                "max_output_tokens",
+                &format!("an integer from 0 to {MAX_TOKENS_LIMIT}"),
+            ));
+        }
+    };
+    match request.typed::<Value>("input") {
+        Ok(Some(Value::String(_) | Value::Array(_))) => {}
+        Ok(None) => {
+            return Err(ApiError::bad_request(
+                "missing_input",
+                "you must provide `input` (a string or an array of input items)",
+            )
+            .with_param("input"));
+        }
+        _ => return Err(invalid("input", "a string or an array of input items")),
+    }
+    Ok(Checked {
+        stream,
+        max_output_tokens,
+    })
+}
+
+/// Reads and checks a request and translates it into the canonical (chat) form; a
+/// translation that fails leaves the request to members that serve the API themselves.
+pub fn decode<'a>(body: &'a [u8], _headers: &http::HeaderMap) -> Result<Decoded<'a>, ApiError> {
+    let request = ClientRequest::parse(body)?;
+    let model = requested_group(&request)?;
+    let checked = check(&request)?;
+    let chat = to_chat(&request);
+    Ok(super::super::translated(
+        model,
+        checked.stream,
+        checked.max_output_tokens,
+        request,
+        NativeApi::Provider(ProviderApi::Responses),
+        Vec::new(),
+        chat,
+    ))
+}
+
+/// The chat request for `request` (whose `model` is kept: the dispatch rewrites it).
+pub fn to_chat(request: &ClientRequest) -> Result<Map<String, Value>, ApiError> {
+    let body = request.to_map();
+    only_known(&body, KNOWN, "")?;
+    refuse_unsupported(&body)?;
+    let mut chat = Map::new();
+    chat.insert(
+        "model".into(),
+        body.get("model").cloned().unwrap_or(Value::Null),
+    );
+    let mut messages = Vec::new();
+    if let Some(instructions) = opt_string(&body, "instructions", "")? {
+        messages.push(json!({"role": "system", "content": instructions}));
+    }
+    match body.get("input") {
+        Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                input_item(item, &format!("input[{i}]"), &mut messages)?;
+            }
+        }
+        _ => return Err(invalid("input", "a string or an array of input items")),
+    }
+    if messages.is_empty() {
+        return Err(invalid(
+            "input",
+            "a non-empty string or array of input items",
+        ));
+    }
+    chat.insert("messages".into(), Value::Array(messages));
+    if let Some(n) = opt_count(&body, "max_output_tokens", "", 0, MAX_TOKENS_LIMIT)? {
+        chat.insert("max_tokens".into(), n.into());
+    }
+    for key in ["temperature", "top_p"] {
+        if opt_number(&body, key, "")?.is_some() {
+            chat.insert(key.into(), body[key].clone());
+        }
+    }
+    if let Some(parallel) = opt_bool(&body, "parallel_tool_calls", "")? {
+        chat.insert("parallel_tool_calls".into(), parallel.into());
+    }
+    if let Some(stream) = opt_bool(&body, "stream", "")? {
+        chat.insert("stream".into(), stream.into());
+    }
+    if let Some(user) = opt_string(&body, "user", "")? {
+        chat.insert("user".into(), user.into());
+    }
+    if let Some(tools) = opt_array(&body, "tools", "")? {
+        let tools = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| tool(t, &format!("tools[{i}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !tools.is_empty() {
+            chat.insert("tools".into(), Value::Array(tools));
+        }
+    }
+    if let Some(choice) = present(&body, "tool_choice") {
+        chat.insert("tool_choice".into(), tool_choice(choice)?);
+    }
+    if let Some(text) = present(&body, "text")
+        && let Some(format) = response_format(text)?
+    {
+        chat.insert("response_format".into(), format);
+    }
+    if let Some(reasoning) = present(&body, "reasoning") {
+        let reasoning = object(reasoning, "reasoning")?;
+        only_known(
+            reasoning,
+            &["effort", "summary", "generate_summary"],
+            "reasoning",
+        )?;
+        if let Some(effort) = opt_string(reasoning, "effort", "reasoning")? {
+            chat.insert("reasoning_effort".into(), effort.into());
+        }
+    }
+    Ok(chat)
+}
+
+/// The fields whose meaning iop cannot provide.
+fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), ApiError> {
+    for key in ["previous_response_id", "conversation"] {
+        if present(body, key).is_some() {
+            return Err(unsupported(
+                key,
+                format!(
+                    "`{key}` is not supported: iop keeps no response store; send the whole \
+                     conversation in `input` (earlier outputs as input items)"
+                ),
+            ));
+        }
+    }
+    if opt_bool(body, "background", "")? == Some(true) {
+        return Err(unsupported(
+            "background",
+            "background responses are not supported: iop keeps no response store; \
+             stream the response instead",
+        ));
+    }
+    if present(body, "prompt").is_some() {
+        return Err(unsupported(
+            "prompt",
+            "prompt templates are not supported: send the prompt in `instructions` and `input`",
+        ));
+    }
+    match opt_string(body, "truncation", "")? {
+        None | Some("disabled") => {}
+        Some(other) => {
+            return Err(unsupported(
+                "truncation",
+                format!("`truncation: {other}` is not supported: iop never drops input items"),
+            ));
+        }
+    }
+    if opt_count(body, "top_logprobs", "", 0, 20)?.is_some_and(|n| n > 0) {
+        return Err(unsupported(
+            "top_logprobs",
+            "`top_logprobs` is not supported on this endpoint",
+        ));
+    }
+    if present(body, "max_tool_calls").is_some() {
+        return Err(unsupported(
+            "max_tool_calls",
+            "`max_tool_calls` is not supported: it limits built-in tools, which iop does not run",
+        ));
+    }
+    for key in ["store", "metadata", "include", "stream_options"] {
+        match (key, present(body, key)) {
+            (_, None) => {}
+            ("store", Some(v)) if !v.is_boolean() => return Err(invalid(key, "a boolean")),
+            ("metadata" | "stream_options", Some(v)) if !v.is_object() => {
+                return Err(invalid(key, "an object"));
+            }
+            ("include", Some(v)) if !v.is_array() => return Err(invalid(key, "an array")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// One input item, appended to `messages` as chat messages.
+fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), ApiError> {
+    let item = object(item, at)?;
+    let kind = opt_string(item, "type", at)?;
+    match kind {
+        None | Some("message") => {
+            only_known(
+                item,
+                &["type", "role", "content", "id", "status", "phase"],
+                at,
+            )?;
+            let role = match string(item, "role", at)? {
+                "user" => "user",
+                "assistant" => "assistant",
+                "system" | "developer" => "system",
+                other => {
+                    return Err(invalid(
+                        &join(at, "role"),
+                        &format!("one of user, assistant, system, developer (not {other:?})"),
+                    ));
+                }
+            };
+            let content = message_content(item.get("content"), &join(at, "content"), role)?;
+            messages.push(json!({"role": role, "content": content}));
+        }
+        Some("function_call") => {
+            only_known(
+                item,
+                &[
+                    "type",
+                    "call_id",
+                    "name",
+                    "arguments",
+                    "id",
+                    "status",
+                    "namespace",
+                ],
+                at,
+            )?;
+            let call = json!({
+                "id": string(item, "call_id", at)?,
+                "type": "function",
+                "function": {
+                    "name": string(item, "name", at)?,
+                    "arguments": opt_string(item, "arguments", at)?.unwrap_or("{}"),
+                },
+            });
+            // Calls right after an assistant message belong to it.
+            match messages.last_mut() {
+                Some(last) if last["role"] == "assistant" => {
+                    let calls = last
+                        .as_object_mut()
+                        .expect("messages are objects")
+                        .entry("tool_calls")
+                        .or_insert_with(|| Value::Array(Vec::new()));
+                    if let Value::Array(calls) = calls {
+                        calls.push(call);
+                    }
+                }
+                _ => messages
+                    .push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+            }
+        }
+        Some("function_call_output") => {
+            only_known(item, &["type", "call_id", "output", "id", "status"], at)?;
+            let call_id = string(item, "call_id", at)?;
+            let output = match item.get("output") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut text = String::new();
+                    for (j, part) in parts.iter().enumerate() {
+                        let path = format!("{at}.output[{j}]");
+                        let part = object(part, &path)?;
+                        match opt_string(part, "type", &path)? {
+                            Some("input_text" | "output_text") => {
+                                text.push_str(string(part, "text", &path)?);
+                            }
+                            other => {
+                                return Err(unsupported(
+                                    &join(&path, "type"),
+                                    format!(
+                                        "function call outputs can hold text parts only, not {}",
+                                        other.unwrap_or("untyped parts")
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+                _ => {
+                    return Err(invalid(
+                        &join(at, "output"),
+                        "a string or an array of text parts",
+                    ));
+                }
+            };
+            messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
+        }
+        // Earlier reasoning: a chat request has no place for it.
+        Some("reasoning") => {}
+        Some("item_reference") => {
+            return Err(unsupported(
+                &join(at, "type"),
+                "item references are not supported: iop keeps no response store; send the item itself",
+            ));
+        }
+        Some(other) => {
+            return Err(unsupported(
+                &join(at, "type"),
+                format!(
+                    "`{other}` input items are not supported: iop serves messages, function calls \
+                     and function call outputs"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A message's content as chat content: a string as it is; parts as chat parts (a single
+/// text part as a plain string, which every backend reads).
+fn message_content(content: Option<&Value>, at: &str, role: &str) -> Result<Value, ApiError> {
+    let parts = match content {
+        Some(Value::String(s)) => return Ok(Value::String(s.clone())),
+        Some(Value::Array(parts)) => parts,
+        _ => return Err(invalid(at, "a string or an array of content parts")),
+    };
+    let mut out = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        let path = format!("{at}[{j}]");
+        let part = object(part, &path)?;
+        match string(part, "type", &path)? {
+            "input_text" | "output_text" => {
+                out.push(json!({"type": "text", "text": string(part, "text", &path)?}));
+            }
+            "refusal" => {
+                out.push(json!({"type": "text", "text": string(part, "refusal", &path)?}));
+            }
+            "input_image" if role == "user" => {
+                if present(part, "file_id").is_some() {
+                    return Err(unsupported(
+                        &join(&path, "file_id"),
+                        "images by file id are not supported: iop keeps no files; send `image_url` (a data: URL or a URL)",
+                    ));
+                }
+                let url = string(part, "image_url", &path)?;
+                let mut image = json!({"url": url});
+                if let Some(detail) = opt_string(part, "detail", &path)? {
+                    image["detail"] = detail.into();
+                }
+                out.push(json!({"type": "image_url", "image_url": image}));
+            }
+            other => {
+                return Err(unsupported(
+                    &join(&path, "type"),
+                    format!(
+                        "`{other}` content parts are not supported here: iop takes text parts, and \
+                         images in user messages"
+                    ),
+                ));
+            }
+        }
+    }
+    if out.iter().all(|p| p["type"] == "text") {
+        let text: String = out
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("");
+        return Ok(Value::String(text));
+    }
+    Ok(Value::Array(out))
+}
+
+/// A Responses function tool as a chat tool; built-in tools are refused.
+fn tool(tool: &Value, at: &str) -> Result<Value, ApiError> {
+    let t = object(tool, at)?;
+    match string(t, "type", at)? {
+        "function" => {
+            only_known(
+                t,
+                &[
+                    "type",
+                    "name",
+                    "description",
+                    "parameters",
+                    "strict",
+                    "defer_loading",
+                ],
+                at,
+            )?;
+            let mut function = json!({"name": string(t, "name", at)?});
+            if let Some(d) = opt_string(t, "description", at)? {
+                function["description"] = d.into();
+            }
+            if let Some(p) = present(t, "parameters") {
+                object(p, &join(at, "parameters"))?;
+                function["parameters"] = p.clone();
+            }
+            if let Some(s) = opt_bool(t, "strict", at)? {
+                function["strict"] = s.into();
+            }
+            Ok(json!({"type": "function", "function": function}))
+        }
+        other => Err(unsupported(
+            &join(at, "type"),
+            format!(
+                "the built-in tool `{other}` is not available through iop: only function tools \
+                 (the client runs them) are"
+            ),
+        )),
+    }
+}
+
+fn tool_choice(choice: &Value) -> Result<Value, ApiError> {
+    match choice {
+        Value::String(s) if matches!(s.as_str(), "auto" | "none" | "required") => {
+            Ok(choice.clone())
+        }
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = string(o, "name", "tool_choice")?;
+            Ok(json!({"type": "function", "function": {"name": name}}))
+        }
+        Value::Object(_) => Err(unsupported(
+            "tool_choice",
+            "only `auto`, `none`, `required` and {\"type\": \"function\", \"name\": …} are supported",
+        )),
+        _ => Err(invalid(
+            "tool_choice",
+            "`auto`, `none`, `required` or a function choice object",
+        )),
+    }
+}
+
+/// `text.format` as a chat `response_format` (`None` for plain text).
+fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
+    let text = object(text, "text")?;
+    only_known(text, &["format", "verbosity"], "text")?;
+    let Some(format) = present(text, "format") else {
+        return Ok(None);
+    };
+    let format = object(format, "text.format")?;
+    match string(format, "type", "text.format")? {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(json!({"type": "json_object"}))),
+        "json_schema" => {
+            only_known(
+                format,
+                &["type", "name", "schema", "strict", "description"],
+                "text.format",
+            )?;
+            let mut schema = json!({
+                "name": string(format, "name", "text.format")?,
+                "schema": object(format.get("schema").unwrap_or(&Value::Null), "text.format.schema")?,
+            });
+            if let Some(s) = opt_bool(format, "strict", "text.format")? {
+                schema["strict"] = s.into();
+            }
+            if let Some(d) = opt_string(format, "description", "text.format")? {
+                schema["description"] = d.into();
+            }
+            Ok(Some(json!({"type": "json_schema", "json_schema": schema})))
+        }
+        other => Err(invalid(
+            "text.format.type",
+            &format!("one of text, json_object, json_schema (not {other:?})"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(v: Value) -> Result<Value, ApiError> {
+        let body = v.to_string();
+        let request = ClientRequest::parse(body.as_bytes()).unwrap();
+        to_chat(&request).map(Value::Object)
+    }
+
+    fn checked(v: Value) -> Result<Checked, ApiError> {
+        let body = v.to_string();
+        check(&ClientRequest::parse(body.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn a_string_input_with_instructions_and_options() {
+        let c = chat(json!({"model": "g", "input": "hi", "instructions": "be brief",
+            "max_output_tokens": 50, "temperature": 0.2, "top_p": 0.9, "stream": true,
+            "user": "u1", "store": true, "metadata": {"k": "v"}, "include": ["reasoning.encrypted_content"],
+            "reasoning": {"effort": "low", "summary": "auto"}, "parallel_tool_calls": false}))
+        .unwrap();
+        assert_eq!(
+            c,
+            json!({"model": "g", "messages": [
+                {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                "max_tokens": 50, "temperature": 0.2, "top_p": 0.9, "parallel_tool_calls": false,
+                "stream": true, "user": "u1", "reasoning_effort": "low"})
+        );
+    }
+
+    #[test]
+    fn items_become_messages_with_images_tool_calls_and_outputs() {
+        let c = chat(json!({"model": "g", "input": [
+            {"role": "developer", "content": "rules"},
+            {"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "what is "},
+                {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"},
+            ]},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "checking", "annotations": []}]},
+            {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": "{\"q\":1}"},
+            {"type": "function_call", "call_id": "call_2", "name": "now", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+            {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "noon"}]},
+            {"type": "function_call", "call_id": "call_3", "name": "again"},
+        ]}))
+        .unwrap();
+        assert_eq!(
+            c["messages"],
+            json!([
+                {"role": "system", "content": "rules"},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "what is "},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}}]},
+                {"role": "assistant", "content": "checking", "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\":1}"}},
+                    {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "noon"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_3", "type": "function", "function": {"name": "again", "arguments": "{}"}}]},
+            ])
+        );
+    }
+
+    #[test]
+    fn function_tools_choices_and_formats_map_to_chat() {
+        let c = chat(json!({"model": "g", "input": "x",
+            "tools": [{"type": "function", "name": "f", "description": "d",
+                       "parameters": {"type": "object"}, "strict": true}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "text": {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": true}}}))
+        .unwrap();
+        assert_eq!(
+            c["tools"],
+            json!([{"type": "function", "function": {"name": "f", "description": "d",
+                    "parameters": {"type": "object"}, "strict": true}}])
+        );
+        assert_eq!(
+            c["tool_choice"],
+            json!({"type": "function", "function": {"name": "f"}})
+        );
+        assert_eq!(
+            c["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object"}, "strict": true}})
+        );
+        let c = chat(
+            json!({"model": "g", "input": "x", "tool_choice": "required",
+            "text": {"format": {"type": "json_object"}}}),
+        )
+        .unwrap();
+        assert_eq!(c["tool_choice"], "required");
+        assert_eq!(c["response_format"], json!({"type": "json_object"}));
+        let c = chat(json!({"model": "g", "input": "x", "text": {"format": {"type": "text"}}}))
+            .unwrap();
+        assert!(c.get("response_format").is_none());
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_a_400_naming_the_field() {
+        for (body, param) in [
+            (
+                json!({"input": "x", "previous_response_id": "resp_1"}),
+                "previous_response_id",
+            ),
+            (
+                json!({"input": "x", "conversation": "conv_1"}),
+                "conversation",
+            ),
+            (json!({"input": "x", "background": true}), "background"),
+            (json!({"input": "x", "prompt": {"id": "p"}}), "prompt"),
+            (json!({"input": "x", "truncation": "auto"}), "truncation"),
+            (
+                json!({"input": "x", "tools": [{"type": "web_search"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"input": "x", "tool_choice": {"type": "web_search"}}),
+                "tool_choice",
+            ),
+            (json!({"input": "x", "frobnicate": 1}), "frobnicate"),
+            (
+                json!({"input": [{"type": "item_reference", "id": "msg_1"}]}),
+                "input[0].type",
+            ),
+            (
+                json!({"input": [{"type": "web_search_call", "id": "w"}]}),
+                "input[0].type",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}),
+                "input[0].content[0].type",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}),
+                "input[0].content[0].file_id",
+            ),
+            (
+                json!({"input": [{"role": "robot", "content": "x"}]}),
+                "input[0].role",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": 5}]}),
+                "input[0].content",
+            ),
+            (
+                json!({"input": [{"type": "function_call", "name": "f"}]}),
+                "input[0].call_id",
+            ),
+            (
+                json!({"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}),
+                "input[0].output",
+            ),
+            (json!({"input": [3]}), "input[0]"),
+            (json!({"input": []}), "input"),
+            (json!({"input": "x", "temperature": "hot"}), "temperature"),
+            (
+                json!({"input": "x", "text": {"format": {"type": "yaml"}}}),
+                "text.format.type",
+            ),
+            (
+                json!({"input": "x", "tools": [{"type": "function"}]}),
+                "tools[0].name",
+            ),
+        ] {
+            let e = chat(body.clone()).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+        let e = chat(json!({"input": "x", "previous_response_id": "r"})).unwrap_err();
+        assert!(e.message.contains("no response store"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_checked_fields_hold_for_every_member() {
+        assert_eq!(
+            checked(json!({"input": "x", "stream": true, "max_output_tokens": 5})).unwrap(),
+            Checked {
+                stream: true,
+                max_output_tokens: Some(5)
+            }
+        );
+        assert_eq!(
+            checked(json!({"input": "x", "max_output_tokens": null})).unwrap(),
+            Checked {
+                stream: false,
+                max_output_tokens: None
+            }
+        );
+        for (body, param) in [
+            (json!({"input": "x", "stream": "yes"}), "stream"),
+            (
+                json!({"input": "x", "max_output_tokens": -1}),
+                "max_output_tokens",
+            ),
+            (
+                json!({"input": "x", "max_output_tokens": u64::MAX}),
+                "max_output_tokens",
+            ),
+            (json!({"model": "m"}), "input"),
+            (json!({"input": 5}), "input"),
+        ] {
+            let e = checked(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+        }
+    }
+}
