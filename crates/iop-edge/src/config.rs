@@ -488,6 +488,10 @@ pub struct CliConfig {
     /// Seconds a session process may sit idle before the node ends it (node default 900).
     #[serde(default)]
     pub session_idle_sec: Option<u32>,
+    /// Live session processes one API key keeps at most (default a quarter of
+    /// `max_sessions`, at least 1), so one key cannot take every session from the others.
+    #[serde(default)]
+    pub max_sessions_per_key: Option<u32>,
 }
 
 /// Upper bounds of the CLI session settings.
@@ -503,13 +507,18 @@ impl CliConfig {
                 "needs at least the program to run".into(),
             ));
         }
-        if let Some(n) = self.max_sessions
-            && !(1..=MAX_CLI_SESSIONS).contains(&n)
-        {
-            return Err((
-                "cli.max_sessions".into(),
-                format!("{n} is out of range: give 1 to {MAX_CLI_SESSIONS}"),
-            ));
+        for (field, value) in [
+            ("max_sessions", self.max_sessions),
+            ("max_sessions_per_key", self.max_sessions_per_key),
+        ] {
+            if let Some(n) = value
+                && !(1..=MAX_CLI_SESSIONS).contains(&n)
+            {
+                return Err((
+                    format!("cli.{field}"),
+                    format!("{n} is out of range: give 1 to {MAX_CLI_SESSIONS}"),
+                ));
+            }
         }
         if let Some(n) = self.session_idle_sec
             && !(1..=MAX_CLI_SESSION_IDLE_SEC).contains(&n)

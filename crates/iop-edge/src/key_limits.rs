@@ -89,6 +89,19 @@ impl Admitted {
     }
 }
 
+/// Where a key stands against its limits (the admin status shows it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KeyUsage {
+    /// Requests admitted in the last 60 s (counted for keys with `requests_per_minute`).
+    pub requests_last_minute: usize,
+    /// Requests in flight (counted for keys with `max_concurrent`).
+    pub in_flight: u32,
+    /// Tokens today (UTC), as `tokens_per_day` counts them.
+    pub tokens_today: u64,
+    /// Tokens reserved by its requests in flight (keys with `tokens_per_day`).
+    pub tokens_reserved: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct KeyLimiter {
     /// Admission times in the last minute, per key with `requests_per_minute`.
@@ -206,6 +219,22 @@ impl KeyLimiter {
     /// Tokens `key`'s requests in flight reserved.
     pub fn reserved(&self, key: &str) -> u64 {
         self.reserved.get(key).copied().unwrap_or(0)
+    }
+
+    /// Where `key` stands against its limits at `now`.
+    pub fn view(&mut self, key: &str, now: Instant, now_ms: i64) -> KeyUsage {
+        let requests_last_minute = self.recent.get(key).map_or(0, |window| {
+            window
+                .iter()
+                .filter(|t| now.saturating_duration_since(**t) < MINUTE)
+                .count()
+        });
+        KeyUsage {
+            requests_last_minute,
+            in_flight: self.in_flight.get(key).copied().unwrap_or(0),
+            tokens_today: self.tokens.used(key, now_ms),
+            tokens_reserved: self.reserved(key),
+        }
     }
 
     /// `key`'s tokens today.

@@ -43,6 +43,7 @@ fn provider_spec(p: &ProviderConfig, health: &HealthConfig) -> pb::ProviderSpec 
             end_marker: c.end_marker.clone().unwrap_or_default(),
             max_sessions: c.max_sessions.unwrap_or(0),
             session_idle_sec: c.session_idle_sec.unwrap_or(0),
+            max_sessions_per_owner: c.max_sessions_per_key.unwrap_or(0),
         }),
         mock: p.mock.as_ref().map(|m| pb::MockSpec {
             tokens: m.tokens.unwrap_or(0),

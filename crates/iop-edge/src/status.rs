@@ -76,8 +76,19 @@ pub struct ProviderStatus {
     /// Set while the provider is ejected after failed requests.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ejected: Option<EjectedStatus>,
+    /// Set while the provider cools down after it answered 429 (for its `Retry-After`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cooling_down: Option<CoolingStatus>,
     pub capacity: LaneCounts,
     pub in_flight: LaneCounts,
+}
+
+/// A cool-down in progress.
+#[derive(Debug, Clone, Serialize)]
+pub struct CoolingStatus {
+    /// When it ends (unix ms, the edge's clock).
+    pub until_unix_ms: u64,
+    pub remaining_sec: f64,
 }
 
 /// An ejection in progress.
@@ -289,13 +300,28 @@ fn provider_status(
         ("unavailable", LaneCounts::default(), LaneCounts::default())
     };
     let probed = online && p.enabled;
-    let ejected = health.ejected_until.map(|until| {
+    // (unix ms, seconds to a tenth) of a moment ahead.
+    let ahead = |until: Instant| {
         let remaining = until.saturating_duration_since(input.now);
+        (
+            input.now_unix_ms + remaining.as_millis() as u64,
+            (remaining.as_secs_f64() * 10.0).ceil() / 10.0,
+        )
+    };
+    let ejected = health.ejected_until.map(|until| {
+        let (until_unix_ms, remaining_sec) = ahead(until);
         EjectedStatus {
-            until_unix_ms: input.now_unix_ms + remaining.as_millis() as u64,
-            remaining_sec: (remaining.as_secs_f64() * 10.0).ceil() / 10.0,
+            until_unix_ms,
+            remaining_sec,
             times: health.times_ejected,
             reason: health.ejection_reason.clone().unwrap_or_default(),
+        }
+    });
+    let cooling_down = health.cooling_until.map(|until| {
+        let (until_unix_ms, remaining_sec) = ahead(until);
+        CoolingStatus {
+            until_unix_ms,
+            remaining_sec,
         }
     });
     ProviderStatus {
@@ -313,6 +339,7 @@ fn provider_status(
         last_error: health.last_error.as_ref().map(|(e, _)| e.clone()),
         last_error_unix_ms: health.last_error.as_ref().map(|(_, at)| *at),
         ejected,
+        cooling_down,
         capacity,
         in_flight,
     }

@@ -5,14 +5,15 @@
 //! `/api/tags`, `/api/ps`, `/api/show`). For tests, benchmarks and `iop demo`.
 //!
 //! It misbehaves on purpose by model name, for fault tests:
-//! - `fail-500`: answers 500 with an OpenAI error body;
+//! - `fail-500`: answers 500 with an OpenAI error body (embeddings too);
 //! - `error-mid-stream`: fails halfway through (an SSE error event / a broken NDJSON line);
 //! - `torn-mid-stream`: streams half its events and half of the next one (cut inside its
 //!   JSON), then breaks the connection (OpenAI API, streaming);
 //! - `hang`: never answers until the client goes away;
 //! - `stall-after-head`: streams its head and first events, then nothing until the client
 //!   goes away (OpenAI API, streaming);
-//! - `rate-limit-429`: answers 429 with an OpenAI error body (OpenAI API);
+//! - `rate-limit-429`: answers 429 with `Retry-After: 30` and an OpenAI error body (OpenAI
+//!   API);
 //! - `lingering`: ends its event stream 100 ms after `data: [DONE]` (OpenAI API);
 //! - `slow`: at least 400 tokens, 25 ms apart;
 //! - `reasoning`: emits reasoning deltas (also on for every model with `--reasoning`);

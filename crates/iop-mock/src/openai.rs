@@ -90,10 +90,14 @@ async fn openai_answer(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
     }
     if plan.model.contains("rate-limit-429") {
         tracked.finish();
-        return openai_error(
+        let mut response = openai_error(
             StatusCode::TOO_MANY_REQUESTS,
             "mock provider rate limit (model rate-limit-429)",
         );
+        response
+            .headers_mut()
+            .insert("retry-after", axum::http::HeaderValue::from_static("30"));
+        return response;
     }
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body
@@ -319,6 +323,14 @@ pub(crate) async fn embeddings(State(mock): State<Mock>, body: Bytes) -> Respons
         Err(e) => return bad_request(e),
     };
     let mut tracked = Tracked::new(&mock.stats);
+    let model = body.get("model").and_then(Value::as_str).unwrap_or("mock");
+    if model.contains("fail-500") || mock.faults.requests_fail() {
+        tracked.finish();
+        return openai_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "mock provider failure (model fail-500)",
+        );
+    }
     let inputs: Vec<String> = match body.get("input") {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) => a

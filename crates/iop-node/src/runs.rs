@@ -7,8 +7,11 @@
 //! knows the node took it; a full gate answers `node_capacity` instead, which the edge
 //! takes as "try again elsewhere". The gate's slot is freed before the terminal leaves.
 
-use iop_proto::ErrorCode;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+
+use futures::FutureExt;
+use iop_proto::ErrorCode;
 
 use iop_proto::pb::{self, RunEventKind};
 use parking_lot::Mutex;
@@ -22,6 +25,20 @@ use crate::store::RunStatus;
 enum Outcome {
     Returned(Result<(), crate::adapters::AdapterError>),
     Cancelled,
+}
+
+/// Why the edge cancelled the run, if it did.
+fn cancel_reason(reason: &Mutex<Option<String>>) -> Option<String> {
+    reason.lock().clone()
+}
+
+/// What a panic said, if it said it as text.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
 }
 
 impl NodeRuntime {
@@ -88,6 +105,7 @@ impl NodeRuntime {
             messages: request.messages,
             options: request.options.unwrap_or_default(),
             session_id: request.session_id,
+            owner: request.owner,
         };
         let slot = tokio::select! {
             biased;
@@ -99,23 +117,41 @@ impl NodeRuntime {
             Ok(permit) => {
                 sink.hold(permit);
                 let _ = sink.accepted().await;
+                // A panic in the adapter ends the run with an error terminal like any
+                // other failure, instead of leaving it without one.
+                let execute = AssertUnwindSafe(instance.adapter.execute(input, &mut sink));
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => Outcome::Cancelled,
-                    result = instance.adapter.execute(input, &mut sink) => Outcome::Returned(result),
+                    result = execute.catch_unwind() => Outcome::Returned(result.unwrap_or_else(|panic| {
+                        Err(crate::adapters::AdapterError::new(
+                            ErrorCode::Internal,
+                            format!(
+                                "the node's {} adapter failed unexpectedly (it panicked: {}); this is a bug in iop",
+                                instance.kind(),
+                                panic_message(&panic)
+                            ),
+                        ))
+                    })),
                 }
             }
         };
         let (status, error) = match outcome {
-            Outcome::Cancelled => {
-                let why = reason
-                    .lock()
-                    .clone()
-                    .unwrap_or_else(|| "the connection to the edge closed".into());
-                tracing::info!(reason = %why, "run cancelled");
-                let _ = sink.cancelled(&why).await;
-                (RunStatus::Cancelled, Some(why))
-            }
+            Outcome::Cancelled => match (cancel_reason(&reason), conn.stopped()) {
+                // The edge cancelled it.
+                (Some(why), _) => {
+                    tracing::info!(reason = %why, "run cancelled");
+                    let _ = sink.cancelled(&why).await;
+                    (RunStatus::Cancelled, Some(why))
+                }
+                // The node stopped it (it shuts down, its connection ended).
+                (None, stopped) => {
+                    let why = stopped.unwrap_or_else(|| "the connection to the edge closed".into());
+                    tracing::info!(reason = %why, "run stopped by the node");
+                    let _ = sink.error(ErrorCode::NodeDisconnected, &why).await;
+                    (RunStatus::Interrupted, Some(why))
+                }
+            },
             Outcome::Returned(Err(err)) => {
                 tracing::warn!(code = err.code.as_str(), error = %err.message, "run failed");
                 let _ = sink.error(err.code, &err.message).await;

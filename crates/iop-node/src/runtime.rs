@@ -157,6 +157,33 @@ pub struct Connection {
     /// Cancelled when the connection ends: every run and tunnel on it stops.
     pub cancel: CancellationToken,
     pub tasks: TaskTracker,
+    /// Why the node stopped the connection's work ([`Connection::stop`]).
+    stopped: Arc<Mutex<Option<String>>>,
+}
+
+impl Connection {
+    pub fn new(outbound: Outbound) -> Self {
+        Self {
+            outbound,
+            credits: Arc::new(StreamCredits::default()),
+            cancel: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            stopped: Arc::default(),
+        }
+    }
+
+    /// The node stops every run and tunnel of the connection, for `reason` (it shuts
+    /// down, or the connection ended).
+    pub fn stop(&self, reason: String) {
+        self.stopped.lock().get_or_insert(reason);
+        self.cancel.cancel();
+    }
+
+    /// Why the node stopped the connection's work, if it did: a run or tunnel cancelled
+    /// for this was not cancelled by the edge, and ends as `node_disconnected`.
+    pub fn stopped(&self) -> Option<String> {
+        self.stopped.lock().clone()
+    }
 }
 
 #[derive(Debug)]

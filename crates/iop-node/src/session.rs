@@ -15,12 +15,10 @@ use iop_proto::{ByteStream, FrameError, FrameReader, Heartbeat, Outbound, split_
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::link::{EdgeLink, Security};
 use crate::runtime::{Connection, NodeRuntime};
 use crate::store::now_ms;
-use crate::stream::StreamCredits;
 
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bounds the TLS handshake, and each step of registration.
@@ -160,12 +158,7 @@ async fn run_connection<S: ByteStream>(
 ) -> SessionEnd {
     let (reader, outbound, writer) = split_stream(stream, target.max_frame_bytes);
     let mut writer = tokio::spawn(writer.run());
-    let conn = Connection {
-        outbound: outbound.clone(),
-        credits: Arc::new(StreamCredits::default()),
-        cancel: CancellationToken::new(),
-        tasks: TaskTracker::new(),
-    };
+    let conn = Connection::new(outbound.clone());
     let mut session = Session {
         runtime: runtime.clone(),
         reader,
@@ -175,7 +168,13 @@ async fn run_connection<S: ByteStream>(
     };
     let end = session.run(target, shutdown).await;
     // Stop everything started on this connection and give it a moment to say so.
-    session.conn.cancel.cancel();
+    let why = match &end {
+        SessionEnd::Shutdown => "the node is shutting down".to_string(),
+        SessionEnd::Fatal(error) | SessionEnd::Retry { error, .. } => {
+            format!("the node's connection to the edge ended: {error}")
+        }
+    };
+    session.conn.stop(why);
     session.conn.tasks.close();
     let _ = timeout(DRAIN_GRACE, session.conn.tasks.wait()).await;
     drop(session);

@@ -19,6 +19,7 @@
 //! slot is freed before the tunnel's last frame (end, or error — `cancelled` when the edge
 //! cancelled it) leaves, so the edge, seeing that frame, may hand the slot on.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,15 +107,17 @@ impl TunnelOut<'_> {
             .await;
     }
 
-    /// Acknowledges the edge's cancel once the provider request is dropped: the last frame.
+    /// The last frame of a tunnel stopped before its end, once the provider request is
+    /// dropped: the acknowledgement of the edge's cancel, or — when the node itself
+    /// stopped it (it shuts down) — `node_disconnected` with why.
     async fn cancelled(&mut self) {
         self.permit = None;
         self.head = None;
-        self.frame(Frame::Error(pb::TunnelError::new(
-            ErrorCode::Cancelled,
-            "cancelled by the edge",
-        )))
-        .await;
+        let error = match self.conn.stopped() {
+            Some(why) => pb::TunnelError::new(ErrorCode::NodeDisconnected, why),
+            None => pb::TunnelError::new(ErrorCode::Cancelled, "cancelled by the edge"),
+        };
+        self.frame(Frame::Error(error)).await;
     }
 
     /// Ends the tunnel normally (after freeing the slot).
@@ -131,9 +134,26 @@ impl NodeRuntime {
         // No span on this hot path: its few log lines carry the request id themselves.
         // Boxed: the tunnel's state (provider exchange, body, observer) is a few KiB that
         // the task would otherwise copy when it is spawned and when it completes.
-        conn.tasks.spawn(Box::pin(
-            async move { runtime.tunnel(request, conn2).await },
-        ));
+        conn.tasks.spawn(Box::pin(async move {
+            let id = request.request_id.clone();
+            let tunnel = AssertUnwindSafe(runtime.clone().tunnel(request, conn2.clone()));
+            // A panic ends the tunnel with an error frame like any other failure (its
+            // capacity slot was freed as it unwound), instead of leaving it open.
+            if let Err(panic) = tunnel.catch_unwind().await {
+                let message = format!(
+                    "the node's tunnel failed unexpectedly (it panicked: {}); this is a bug in iop",
+                    crate::runs::panic_message(&panic)
+                );
+                tracing::error!(tunnel_id = %id, %message);
+                runtime.end_tunnel(&id);
+                let error = pb::TunnelError::new(ErrorCode::Internal, message);
+                let frame = pb::ProviderTunnelFrame {
+                    request_id: id,
+                    frame: Some(Frame::Error(error)),
+                };
+                let _ = conn2.outbound.send(frame).await;
+            }
+        }));
     }
 
     async fn tunnel(self: Arc<Self>, request: pb::ProviderTunnelRequest, conn: Connection) {
@@ -447,12 +467,7 @@ mod tests {
             })
             .unwrap();
         let (outbound, mut rx) = iop_proto::Outbound::channel(64);
-        let conn = Connection {
-            outbound,
-            credits: Default::default(),
-            cancel: Default::default(),
-            tasks: Default::default(),
-        };
+        let conn = Connection::new(outbound);
         let request = pb::ProviderTunnelRequest {
             request_id: "t1".into(),
             adapter: "p".into(),

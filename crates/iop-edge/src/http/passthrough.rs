@@ -110,6 +110,13 @@ pub fn respond_head(
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = head.status;
     *response.headers_mut() = head.headers;
+    // A provider's error answer names its reason, as the edge's own errors do.
+    if let Some(reason) = ErrorCode::from_provider_status(head.status.as_u16()) {
+        response.headers_mut().insert(
+            super::error::ERROR_HEADER,
+            axum::http::HeaderValue::from_static(reason.as_str()),
+        );
+    }
     Ok(response)
 }
 

@@ -668,3 +668,59 @@ proptest! {
         }
     }
 }
+
+/// A retry takes another member without moving the rotation: the next first attempt
+/// still goes where the rotation pointed.
+#[test]
+fn a_retry_never_moves_the_rotation() {
+    let members = vec![
+        member("n", "a", 4, 0),
+        member("n", "b", 4, 0),
+        member("n", "c", 4, 0),
+    ];
+    let mut s: Scheduler<()> = Scheduler::new([], [group("g", members)]);
+    s.node_ready("n", Generation(1), now());
+    let first = granted(s.admit("g", Lane::Normal, (), now()));
+    assert_eq!(&*first.provider, "a");
+    s.release(first.lease, &mut Vec::new(), now());
+    // A retry of a request that failed on `b` goes to `c`...
+    let exclude = [Exclusion {
+        key: key("n", "b"),
+        generation: Generation(1),
+    }];
+    let retry = granted(s.admit_excluding("g", Lane::Normal, (), &exclude, now()));
+    s.release(retry.lease, &mut Vec::new(), now());
+    // ...and the next first attempt still goes to `b`, then `c`.
+    let next: Vec<String> = (0..2)
+        .map(|_| {
+            let g = granted(s.admit("g", Lane::Normal, (), now()));
+            s.release(g.lease, &mut Vec::new(), now());
+            g.provider.to_string()
+        })
+        .collect();
+    assert_eq!(next, ["b", "c"]);
+}
+
+/// A member cooling down after a 429 gets no first attempts while the group has another,
+/// and all of them again once the cool-down ends.
+#[test]
+fn a_member_cooling_down_is_skipped_until_it_ends() {
+    let members = vec![member("n", "a", 4, 0), member("n", "b", 4, 0)];
+    let mut s: Scheduler<()> = Scheduler::new([], [group("g", members)]);
+    s.node_ready("n", Generation(1), now());
+    s.cool_down(&key("n", "a"), now() + Duration::from_secs(30));
+    for _ in 0..4 {
+        let g = granted(s.admit("g", Lane::Normal, (), now()));
+        assert_eq!(&*g.provider, "b");
+        s.release(g.lease, &mut Vec::new(), now());
+    }
+    let later = now() + Duration::from_secs(30);
+    let providers: HashSet<String> = (0..2)
+        .map(|_| {
+            granted(s.admit("g", Lane::Normal, (), later))
+                .provider
+                .to_string()
+        })
+        .collect();
+    assert!(providers.contains("a"), "{providers:?}");
+}

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use super::Edge;
 use crate::auth::Caller;
 use crate::events::{EdgeEvent, UsageEvent};
-use crate::key_limits::{Admitted, KeyLimiter, LimitExceeded};
+use crate::key_limits::{Admitted, KeyLimiter, KeyUsage, LimitExceeded};
 use crate::ledger::live::GroupLive;
 use crate::ledger::recorder::{FinishedRequest, RecordSink};
 use crate::ledger::{ClientApi, Ledger, RequestRecorder, unix_ms_now};
@@ -143,9 +143,15 @@ impl Edge {
         }))
     }
 
-    /// `key`'s input + output tokens today (UTC), as `tokens_per_day` counts them.
-    pub fn tokens_today(&self, key: &str) -> u64 {
-        self.limiter.lock().tokens_today(key, unix_ms_now())
+    /// Where every configured key stands against its limits, by name.
+    pub fn key_usage(&self) -> Vec<(String, KeyUsage)> {
+        let keys = self.keys();
+        let mut limiter = self.limiter.lock();
+        let now = Instant::now();
+        let now_ms = unix_ms_now();
+        keys.names()
+            .map(|name| (name.to_string(), limiter.view(name, now, now_ms)))
+            .collect()
     }
 
     /// The last minute per model group.

@@ -150,3 +150,54 @@ impl Edge {
         report
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use iop_proto::Outbound;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::service::Rejection;
+    use crate::service::credentials::ConnectionControl;
+    use crate::trust::Link;
+
+    fn register(edge: &Edge) -> Result<crate::service::Registered, Rejection> {
+        let (outbound, _sent) = Outbound::channel(8);
+        let request = pb::RegisterRequest {
+            token: "token-n1-0123456789".into(),
+            ..Default::default()
+        };
+        let control = ConnectionControl {
+            outbound,
+            kick: CancellationToken::new(),
+        };
+        edge.register(
+            &request,
+            &Link::Plaintext,
+            edge.next_generation(),
+            "peer",
+            control,
+        )
+    }
+
+    #[test]
+    fn a_registration_in_the_middle_of_a_reload_that_removed_its_node_is_refused() {
+        let config = |nodes: &str| {
+            EdgeConfig::from_yaml(&format!("nodes: {nodes}\nmodel_groups: []\n"), "test").unwrap()
+        };
+        let edge = Edge::new(config(
+            "[{id: n1, token: token-n1-0123456789, providers: [{id: p, kind: mock}]}]",
+        ));
+        // The reload has swapped the config (without n1) and not yet the registry, which
+        // still knows n1's token: refused as an unknown node, and nothing is left claimed.
+        *edge.config.write() = Arc::new(config("[]"));
+        assert!(matches!(
+            register(&edge),
+            Err(Rejection::UnknownNode { node_id }) if node_id == "n1"
+        ));
+        assert_eq!(edge.owner_state("n1"), OwnerState::Offline);
+        // The whole reload: n1 is gone for good.
+        edge.reload(config("[]"));
+        assert!(matches!(register(&edge), Err(Rejection::UnknownToken)));
+    }
+}

@@ -250,8 +250,12 @@ impl RunStream {
             }
         };
         let mut event = match event {
-            Ok(event) => event,
-            // Node loss ends the run below, as a terminal from the node would.
+            Ok(event) => {
+                core.deadlines.acknowledged();
+                event
+            }
+            // Node loss ends the run below, as a terminal from the node would (it
+            // acknowledges nothing: the node may never have seen the run).
             Err((code, message, false)) => self.synthesized(code, message),
             Err((code, message, true)) => {
                 let event = self.synthesized(code, message);
@@ -260,7 +264,6 @@ impl RunStream {
             }
         };
         let core = self.inner.as_mut().expect("live stream");
-        core.deadlines.acknowledged();
         self.last_seq = self.last_seq.max(event.seq);
         match event.kind() {
             pb::RunEventKind::Delta

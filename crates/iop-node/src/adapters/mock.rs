@@ -6,7 +6,10 @@
 //! - a target containing `mock-error` fails with an error terminal halfway;
 //! - `mock-no-terminal` returns after its tokens without a terminal (the run manager must
 //!   synthesize one);
-//! - `mock-hang` starts and then waits until cancelled.
+//! - `mock-hang` starts and then waits until cancelled;
+//! - `mock-panic` panics once started (the run manager must end the run with an error).
+//!
+//! A configured `text` without words answers with the default text.
 //!
 //! It honours `max_tokens` and `stop` (the answer ends before the first stop sequence,
 //! finish reason `stop`), and refuses with `bad_request` what it cannot do: `tools`, a
@@ -137,10 +140,16 @@ impl Adapter for MockAdapter {
         } else {
             &self.spec.text
         };
-        let words: Vec<&str> = text.split_whitespace().collect();
+        let mut words: Vec<&str> = text.split_whitespace().collect();
+        if words.is_empty() {
+            words = DEFAULT_TEXT.split_whitespace().collect();
+        }
         sink.start(&input.target).await?;
         if input.target.contains("mock-hang") {
             std::future::pending::<()>().await;
+        }
+        if input.target.contains("mock-panic") {
+            panic!("mock-panic asked for (target {})", input.target);
         }
         if self.spec.reasoning {
             for i in 0..REASONING_DELTAS {

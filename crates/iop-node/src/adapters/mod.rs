@@ -34,6 +34,8 @@ pub struct RunInput {
     pub session_id: String,
     /// Headers for the provider request (`RunRequest.provider_headers`).
     pub provider_headers: Vec<pb::Header>,
+    /// The API key the run is for (`RunRequest.owner`; empty for none).
+    pub owner: String,
 }
 
 impl RunInput {

@@ -1,4 +1,5 @@
-//! Admin endpoints: `/admin/status` (the snapshot), `/admin/events` (the event bus as SSE:
+//! Admin endpoints: `/admin/status` (the snapshot, with the ledger's counters and where
+//! each API key stands against its limits), `/admin/events` (the event bus as SSE:
 //! every prompt and output passes through it), `/metrics` (Prometheus text, or OpenMetrics
 //! when the scraper's `Accept` asks for it), node commands
 //! (`/v1/nodes/{node}/commands/{name}`), the usage ledger ([`usage`]) and node credentials
@@ -63,6 +64,15 @@ async fn status(State(edge): State<Arc<Edge>>) -> Response {
         "written_records": ledger.written(),
         "dropped_records": ledger.dropped(),
     });
+    body["keys"] = edge
+        .key_usage()
+        .into_iter()
+        .map(|(name, usage)| {
+            let mut key = json!(usage);
+            key["name"] = json!(name);
+            key
+        })
+        .collect();
     axum::Json(body).into_response()
 }
 

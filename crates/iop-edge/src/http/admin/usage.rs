@@ -256,6 +256,8 @@ fn row_json(row: &UsageRow, per: &[Per]) -> Value {
         ("output_tokens", row.output_tokens),
         ("reasoning_tokens", row.reasoning_tokens),
         ("cached_tokens", row.cached_tokens),
+        ("est_input_tokens", row.est_input_tokens),
+        ("est_output_tokens", row.est_output_tokens),
     ] {
         out.insert(name.into(), n.into());
     }
@@ -338,6 +340,8 @@ pub fn record_json(r: &UsageRecord) -> Value {
         "output_tokens": r.output_tokens,
         "reasoning_tokens": r.reasoning_tokens,
         "cached_tokens": r.cached_tokens,
+        "est_input_tokens": r.est_input_tokens,
+        "est_output_tokens": r.est_output_tokens,
         "latency_ms": r.latency_ms,
         "ttft_ms": r.ttft_ms,
         "outcome": r.outcome,

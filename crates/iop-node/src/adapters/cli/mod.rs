@@ -6,7 +6,8 @@
 //! input is written followed by the end-marker line, and the answer is the stdout lines up
 //! to the program's own end-marker line. An input holding the end-marker line is refused
 //! (it would end the turn early and desync the session). At most `max_sessions` session
-//! processes live per adapter (a new session over the cap is refused, see [`sessions`]);
+//! processes live per adapter, and `max_sessions_per_owner` per API key (a new session
+//! over a cap is refused, see [`sessions`]);
 //! one idle for `session_idle_sec` is ended by the adapter's reaper. Terminating a session
 //! kills its process.
 //!
@@ -107,8 +108,10 @@ fn end_soon(process: SessionProcess, shared: Arc<Shared>) {
 /// The session limits a spec asks for, 0 meaning the defaults.
 pub fn session_limits(spec: &pb::CliSpec) -> SessionLimits {
     let or = |v: u32, default: u32| if v == 0 { default } else { v };
+    let max_sessions = or(spec.max_sessions, DEFAULT_MAX_SESSIONS);
     SessionLimits {
-        max_sessions: or(spec.max_sessions, DEFAULT_MAX_SESSIONS) as usize,
+        max_sessions: max_sessions as usize,
+        max_per_owner: or(spec.max_sessions_per_owner, max_sessions.div_ceil(4)) as usize,
         idle: Duration::from_secs(or(spec.session_idle_sec, DEFAULT_SESSION_IDLE_SEC).into()),
     }
 }
@@ -247,8 +250,7 @@ impl CliAdapter {
         })?;
         guard.0 = None;
         if status.success() {
-            sink.complete(Some(usage.unwrap_or_default()), "stop")
-                .await?;
+            sink.complete(usage, "stop").await?;
             Ok(())
         } else {
             Err(AdapterError::new(
@@ -320,8 +322,7 @@ impl CliAdapter {
             }
         }
         turn.finish();
-        sink.complete(Some(usage.unwrap_or_default()), "stop")
-            .await?;
+        sink.complete(usage, "stop").await?;
         Ok(())
     }
 
@@ -334,7 +335,9 @@ impl CliAdapter {
     ) -> Result<CheckedOut<SessionProcess>, AdapterError> {
         let mut table = self.shared.table.lock();
         let limits = table.limits();
-        let result = table.checkout(key, Instant::now(), || self.spawn_session(input));
+        let result = table.checkout(key, &input.owner, Instant::now(), || {
+            self.spawn_session(input)
+        });
         let live = table.live();
         drop(table);
         match result {
@@ -355,6 +358,16 @@ impl CliAdapter {
                     ErrorCode::SessionLimit,
                     format!(
                         "this adapter already runs its maximum of {max_sessions} session processes (cli.max_sessions); end a session (DELETE /v1/sessions/...) or retry once idle ones are ended after {}s (cli.session_idle_sec)",
+                        limits.idle.as_secs()
+                    ),
+                ))
+            }
+            Err(CheckoutError::OwnerFull { max_per_owner }) => {
+                tracing::warn!(target = %key.0, session_id = %key.1, owner = %input.owner, max_per_owner, "new cli session refused: the key holds its share of sessions");
+                Err(AdapterError::new(
+                    ErrorCode::SessionLimit,
+                    format!(
+                        "this API key already runs its maximum of {max_per_owner} session processes on this adapter (cli.max_sessions_per_key); end one of its sessions (DELETE /v1/sessions/...) or retry once idle ones are ended after {}s (cli.session_idle_sec)",
                         limits.idle.as_secs()
                     ),
                 ))

@@ -1,6 +1,8 @@
 //! The CLI adapter's session table: which (target, session id) has a live process, which
-//! of them is busy with a turn, when each was last used — and the two limits on them: at
-//! most `max_sessions` live processes, and none idle for longer than `idle`.
+//! of them is busy with a turn, who owns it, when each was last used — and the limits on
+//! them: at most `max_sessions` live processes, at most `max_per_owner` sessions of one
+//! owner (an API key; unowned runs are not counted per owner), and none idle for longer
+//! than `idle`.
 //!
 //! Pure state: no processes, no clock. The adapter checks a process out for a turn and
 //! checks it back in after; the reaper asks for the expired ones. A session taken out of
@@ -21,6 +23,8 @@ pub type SessionKey = (String, String);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionLimits {
     pub max_sessions: usize,
+    /// Sessions one owner keeps at most.
+    pub max_per_owner: usize,
     pub idle: Duration,
 }
 
@@ -31,6 +35,8 @@ pub enum CheckoutError<E> {
     Busy,
     /// Starting a new session would exceed `max_sessions`.
     Full { max_sessions: usize },
+    /// Starting a new session would exceed what its owner may keep.
+    OwnerFull { max_per_owner: usize },
     /// The process could not be started.
     Spawn(E),
 }
@@ -67,6 +73,7 @@ pub struct SessionView {
 struct Slot<P> {
     id: u64,
     pid: u32,
+    owner: String,
     started: Instant,
     last_used: Instant,
     /// `None` while checked out.
@@ -115,11 +122,18 @@ impl<P> SessionTable<P> {
         self.slots.is_empty()
     }
 
-    /// The session's process for one turn: the idle one, or a new one from `spawn`
-    /// (which returns the pid and the process) if the cap allows.
+    /// Sessions `owner` keeps.
+    pub fn owned_by(&self, owner: &str) -> usize {
+        self.slots.values().filter(|s| s.owner == owner).count()
+    }
+
+    /// The session's process for one turn: the idle one, or — for a new session of
+    /// `owner` — a new one from `spawn` (which returns the pid and the process) if the
+    /// caps allow.
     pub fn checkout<E>(
         &mut self,
         key: &SessionKey,
+        owner: &str,
         now: Instant,
         spawn: impl FnOnce() -> Result<(u32, P), E>,
     ) -> Result<CheckedOut<P>, CheckoutError<E>> {
@@ -137,6 +151,11 @@ impl<P> SessionTable<P> {
                 max_sessions: self.limits.max_sessions,
             });
         }
+        if !owner.is_empty() && self.owned_by(owner) >= self.limits.max_per_owner {
+            return Err(CheckoutError::OwnerFull {
+                max_per_owner: self.limits.max_per_owner,
+            });
+        }
         let (pid, process) = spawn().map_err(CheckoutError::Spawn)?;
         self.next_id += 1;
         let id = self.next_id;
@@ -145,6 +164,7 @@ impl<P> SessionTable<P> {
             Slot {
                 id,
                 pid,
+                owner: owner.to_string(),
                 started: now,
                 last_used: now,
                 process: None,
@@ -261,6 +281,7 @@ mod tests {
     fn table(max: usize, idle_sec: u64) -> SessionTable<&'static str> {
         SessionTable::new(SessionLimits {
             max_sessions: max,
+            max_per_owner: max,
             idle: Duration::from_secs(idle_sec),
         })
     }
@@ -270,17 +291,43 @@ mod tests {
     }
 
     #[test]
+    fn one_owner_cannot_take_every_session_from_the_others() {
+        let mut t = SessionTable::new(SessionLimits {
+            max_sessions: 4,
+            max_per_owner: 2,
+            idle: Duration::from_secs(60),
+        });
+        let now = Instant::now();
+        for s in ["a1", "a2"] {
+            t.checkout(&key(s), "alice", now, spawn("p")).unwrap();
+        }
+        assert_eq!(
+            t.checkout(&key("a3"), "alice", now, spawn("p"))
+                .unwrap_err(),
+            CheckoutError::OwnerFull { max_per_owner: 2 }
+        );
+        // Another key still gets its sessions; unowned runs count only against the cap.
+        t.checkout(&key("b1"), "bob", now, spawn("p")).unwrap();
+        t.checkout(&key("x"), "", now, spawn("p")).unwrap();
+        assert_eq!(
+            t.checkout(&key("b2"), "bob", now, spawn("p")).unwrap_err(),
+            CheckoutError::Full { max_sessions: 4 }
+        );
+        assert_eq!((t.owned_by("alice"), t.owned_by("bob")), (2, 1));
+    }
+
+    #[test]
     fn a_session_is_busy_while_checked_out_and_reused_after() {
         let mut t = table(4, 60);
         let now = Instant::now();
-        let a = t.checkout(&key("a"), now, spawn("pa")).unwrap();
+        let a = t.checkout(&key("a"), "", now, spawn("pa")).unwrap();
         assert!(a.fresh);
         assert_eq!(
-            t.checkout(&key("a"), now, spawn("other")).unwrap_err(),
+            t.checkout(&key("a"), "", now, spawn("other")).unwrap_err(),
             CheckoutError::Busy
         );
         t.check_in(&key("a"), a.id, a.process, now).unwrap();
-        let again = t.checkout(&key("a"), now, spawn("other")).unwrap();
+        let again = t.checkout(&key("a"), "", now, spawn("other")).unwrap();
         assert_eq!((again.process, again.fresh, again.id), ("pa", false, a.id));
     }
 
@@ -289,10 +336,10 @@ mod tests {
         let mut t = table(2, 60);
         let now = Instant::now();
         for s in ["a", "b"] {
-            let c = t.checkout(&key(s), now, spawn("p")).unwrap();
+            let c = t.checkout(&key(s), "", now, spawn("p")).unwrap();
             t.check_in(&key(s), c.id, c.process, now).unwrap();
         }
-        let refused = t.checkout(&key("c"), now, || -> Result<(u32, &str), String> {
+        let refused = t.checkout(&key("c"), "", now, || -> Result<(u32, &str), String> {
             panic!("no process may start over the cap")
         });
         assert_eq!(
@@ -301,32 +348,38 @@ mod tests {
         );
         // Existing sessions still work; a freed slot admits a new one once the removed
         // session's process has ended.
-        assert!(t.checkout(&key("a"), now, spawn("x")).is_ok());
+        assert!(t.checkout(&key("a"), "", now, spawn("x")).is_ok());
         assert!(t.remove(&key("b"), now).is_some());
         assert_eq!(
-            t.checkout(&key("c"), now, spawn("pc")).unwrap_err(),
+            t.checkout(&key("c"), "", now, spawn("pc")).unwrap_err(),
             CheckoutError::Full { max_sessions: 2 }
         );
         t.ended();
-        assert!(t.checkout(&key("c"), now, spawn("pc")).unwrap().fresh);
+        assert!(t.checkout(&key("c"), "", now, spawn("pc")).unwrap().fresh);
     }
 
     #[tokio::test(start_paused = true)]
     async fn reaped_sessions_hold_their_place_until_their_process_is_waited_for() {
         let mut t = table(2, 10);
         for s in ["a", "b"] {
-            let c = t.checkout(&key(s), Instant::now(), spawn("p")).unwrap();
+            let c = t.checkout(&key(s), "", Instant::now(), spawn("p")).unwrap();
             t.check_in(&key(s), c.id, c.process, Instant::now())
                 .unwrap();
         }
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(t.reap(Instant::now()).len(), 2);
         assert_eq!((t.len(), t.live()), (0, 2));
-        let full = t.checkout(&key("c"), Instant::now(), spawn("pc"));
+        let full = t.checkout(&key("c"), "", Instant::now(), spawn("pc"));
         assert_eq!(full.unwrap_err(), CheckoutError::Full { max_sessions: 2 });
         t.ended();
-        assert!(t.checkout(&key("c"), Instant::now(), spawn("pc")).is_ok());
-        assert!(t.checkout(&key("d"), Instant::now(), spawn("pd")).is_err());
+        assert!(
+            t.checkout(&key("c"), "", Instant::now(), spawn("pc"))
+                .is_ok()
+        );
+        assert!(
+            t.checkout(&key("d"), "", Instant::now(), spawn("pd"))
+                .is_err()
+        );
         t.ended();
         t.ended();
         assert_eq!(t.live(), 1, "ending never goes below zero");
@@ -336,18 +389,20 @@ mod tests {
     fn a_failed_spawn_takes_no_slot() {
         let mut t = table(1, 60);
         let now = Instant::now();
-        let e = t.checkout(&key("a"), now, || Err::<(u32, &str), _>("nope".to_string()));
+        let e = t.checkout(&key("a"), "", now, || {
+            Err::<(u32, &str), _>("nope".to_string())
+        });
         assert_eq!(e.unwrap_err(), CheckoutError::Spawn("nope".into()));
         assert!(t.is_empty());
-        assert!(t.checkout(&key("a"), now, spawn("p")).is_ok());
+        assert!(t.checkout(&key("a"), "", now, spawn("p")).is_ok());
     }
 
     #[tokio::test(start_paused = true)]
     async fn idle_sessions_expire_and_busy_ones_never_do() {
         let mut t = table(4, 10);
         let start = Instant::now();
-        let a = t.checkout(&key("a"), start, spawn("pa")).unwrap();
-        let b = t.checkout(&key("b"), start, spawn("pb")).unwrap();
+        let a = t.checkout(&key("a"), "", start, spawn("pa")).unwrap();
+        let b = t.checkout(&key("b"), "", start, spawn("pb")).unwrap();
         t.check_in(&key("a"), a.id, a.process, start).unwrap();
         assert_eq!(t.next_expiry(), Some(start + Duration::from_secs(10)));
         tokio::time::advance(Duration::from_secs(9)).await;
@@ -376,13 +431,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_turn_resets_the_idle_clock() {
         let mut t = table(4, 10);
-        let c = t.checkout(&key("a"), Instant::now(), spawn("p")).unwrap();
+        let c = t
+            .checkout(&key("a"), "", Instant::now(), spawn("p"))
+            .unwrap();
         t.check_in(&key("a"), c.id, c.process, Instant::now())
             .unwrap();
         for _ in 0..5 {
             tokio::time::advance(Duration::from_secs(8)).await;
             assert!(t.reap(Instant::now()).is_empty());
-            let c = t.checkout(&key("a"), Instant::now(), spawn("new")).unwrap();
+            let c = t
+                .checkout(&key("a"), "", Instant::now(), spawn("new"))
+                .unwrap();
             assert!(!c.fresh);
             t.check_in(&key("a"), c.id, c.process, Instant::now())
                 .unwrap();
@@ -395,17 +454,17 @@ mod tests {
     fn a_terminated_session_does_not_take_back_its_old_process() {
         let mut t = table(4, 60);
         let now = Instant::now();
-        let old = t.checkout(&key("a"), now, spawn("old")).unwrap();
+        let old = t.checkout(&key("a"), "", now, spawn("old")).unwrap();
         let removed = t.remove(&key("a"), now).unwrap();
         assert_eq!((removed.pid, removed.process), (7, None));
-        let new = t.checkout(&key("a"), now, spawn("new")).unwrap();
+        let new = t.checkout(&key("a"), "", now, spawn("new")).unwrap();
         // The old turn finishing late neither replaces nor discards the new session.
         assert_eq!(t.check_in(&key("a"), old.id, old.process, now), Err("old"));
         t.discard(&key("a"), old.id);
         assert_eq!((t.len(), t.live()), (1, 2), "the old process counts once");
         t.check_in(&key("a"), new.id, new.process, now).unwrap();
         assert_eq!(
-            t.checkout(&key("a"), now, spawn("x")).unwrap().process,
+            t.checkout(&key("a"), "", now, spawn("x")).unwrap().process,
             "new"
         );
     }
@@ -414,24 +473,24 @@ mod tests {
     fn a_failed_turn_frees_its_slot() {
         let mut t = table(1, 60);
         let now = Instant::now();
-        let c = t.checkout(&key("a"), now, spawn("p")).unwrap();
+        let c = t.checkout(&key("a"), "", now, spawn("p")).unwrap();
         t.discard(&key("a"), c.id);
         assert!(t.is_empty());
         assert!(
-            t.checkout(&key("b"), now, spawn("q")).is_err(),
+            t.checkout(&key("b"), "", now, spawn("q")).is_err(),
             "still ending"
         );
         t.ended();
-        assert!(t.checkout(&key("b"), now, spawn("q")).is_ok());
+        assert!(t.checkout(&key("b"), "", now, spawn("q")).is_ok());
     }
 
     #[test]
     fn drain_takes_everything_busy_or_not() {
         let mut t = table(4, 60);
         let now = Instant::now();
-        let a = t.checkout(&key("a"), now, spawn("pa")).unwrap();
+        let a = t.checkout(&key("a"), "", now, spawn("pa")).unwrap();
         t.check_in(&key("a"), a.id, a.process, now).unwrap();
-        let _b = t.checkout(&key("b"), now, spawn("pb")).unwrap();
+        let _b = t.checkout(&key("b"), "", now, spawn("pb")).unwrap();
         let mut drained: Vec<_> = t.drain(now).into_iter().map(|r| r.process).collect();
         drained.sort();
         assert_eq!(drained, [None, Some("pa")]);

@@ -43,7 +43,11 @@ fn adapter(script: &str, limits: SessionLimits) -> CliAdapter {
 }
 
 fn limits(max_sessions: usize, idle: Duration) -> SessionLimits {
-    SessionLimits { max_sessions, idle }
+    SessionLimits {
+        max_sessions,
+        max_per_owner: max_sessions,
+        idle,
+    }
 }
 
 /// What one run produced: its text and its terminal.
