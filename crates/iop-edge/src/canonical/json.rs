@@ -43,7 +43,7 @@ pub fn check_depth(body: &[u8], max: usize) -> Result<(), ApiError> {
                 // Skip to the closing quote, over escapes.
                 i += 1;
                 loop {
-                    match memchr::memchr2(b'"', b'\\', &body[i..]) {
+                    match memchr::memchr2(b'"', b'\\', &body[i.min(body.len())..]) {
                         Some(at) if body[i + at] == b'\\' => i += at + 2,
                         Some(at) => {
                             i += at;
@@ -353,6 +353,9 @@ mod tests {
         assert!(e.message.contains("nested deeper"), "{}", e.message);
         let ok = format!("{{\"x\":{}{}}}", "[".repeat(63), "]".repeat(63));
         ClientRequest::parse(ok.as_bytes()).unwrap();
+        // A body that ends in an escape inside a string is the parser's to refuse.
+        assert!(check_depth(b"\"\\", MAX_JSON_DEPTH).is_ok());
+        assert!(parse_typed::<serde_json::Value>(b"{\"a\":\"\\").is_err());
         // Brackets inside strings do not count, escaped quotes do not end the string.
         let s = format!("{{\"x\":\"\\\"{}\"}}", "[".repeat(1000));
         ClientRequest::parse(s.as_bytes()).unwrap();

@@ -560,4 +560,79 @@ mod tests {
         let e = provider_error(429, br#"{"error":"slow down"}"#);
         assert_eq!((e.status.as_u16(), e.message.as_str()), (429, "slow down"));
     }
+
+    mod split {
+        use futures::StreamExt;
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// A provider's chat stream: deltas of text, reasoning and tool-call fragments, a
+        /// finish, usage and `[DONE]`, as SSE with LF or CRLF line ends.
+        fn stream() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                "[a-zA-Z ]{0,12}".prop_map(|t| json!({"choices": [{"index": 0, "delta": {"content": t}}]})),
+                "[a-z]{1,8}".prop_map(|t| json!({"choices": [{"index": 0, "delta": {"reasoning_content": t}}]})),
+                (0u64..3, "[a-z]{0,4}", "[{}:a-z0-9\\\"]{0,10}").prop_map(|(i, name, args)| json!({"choices": [{"index": 0,
+                    "delta": {"tool_calls": [{"index": i, "id": format!("call_{i}"), "function": {"name": name, "arguments": args}}]}}]})),
+            ];
+            (prop::collection::vec(piece, 0..20), any::<bool>(), any::<bool>()).prop_map(
+                |(pieces, crlf, usage)| {
+                    let end = if crlf { "\r\n" } else { "\n" };
+                    let mut out = String::new();
+                    let mut event = |data: &str| out.push_str(&format!("data: {data}{end}{end}"));
+                    for p in &pieces {
+                        event(&p.to_string());
+                    }
+                    event(&json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).to_string());
+                    if usage {
+                        event(&json!({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}).to_string());
+                    }
+                    event("[DONE]");
+                    out
+                },
+            )
+        }
+
+        /// The answer events of `body` delivered in `chunks`.
+        fn read(chunks: Vec<Vec<u8>>) -> Vec<AnswerEvent> {
+            futures::executor::block_on(async move {
+                let body = futures::stream::iter(
+                    chunks
+                        .into_iter()
+                        .map(|c| Ok::<_, std::convert::Infallible>(bytes::Bytes::from(c))),
+                );
+                let mut events = eventsource_stream::Eventsource::eventsource(body);
+                let mut reader = StreamReader::default();
+                let mut out = Vec::new();
+                while let Some(Ok(event)) = events.next().await {
+                    reader.data(&event.data, &mut out);
+                }
+                reader.end(&mut out);
+                out
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(200))]
+            /// However the provider's bytes are split into reads, the answer is the same.
+            #[test]
+            fn a_stream_split_anywhere_reads_the_same(body in stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12)) {
+                let bytes = body.into_bytes();
+                let whole = read(vec![bytes.clone()]);
+                prop_assert!(matches!(whole.last(), Some(AnswerEvent::Finished(_))), "{whole:?}");
+                let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+                points.sort_unstable();
+                points.dedup();
+                let mut chunks = Vec::new();
+                let mut from = 0;
+                for p in points {
+                    chunks.push(bytes[from..p].to_vec());
+                    from = p;
+                }
+                chunks.push(bytes[from..].to_vec());
+                prop_assert_eq!(read(chunks), whole);
+            }
+        }
+    }
 }

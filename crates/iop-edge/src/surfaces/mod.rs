@@ -302,3 +302,6 @@ impl Renderer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

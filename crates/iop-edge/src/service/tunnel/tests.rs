@@ -184,3 +184,31 @@ fn events_are_counted_wherever_the_bytes_split() {
         "empty lines alone make no event"
     );
 }
+
+proptest::proptest! {
+    /// Whatever the events and however their bytes are split, every event is counted once.
+    #[test]
+    fn events_are_counted_once_for_any_split(
+        events in proptest::collection::vec(("[a-z :]{1,20}", proptest::bool::ANY), 0..30),
+        cuts in proptest::collection::vec(proptest::prelude::any::<proptest::sample::Index>(), 0..10),
+    ) {
+        let mut body = Vec::new();
+        for (text, crlf) in &events {
+            let end: &[u8] = if *crlf { b"\r\n" } else { b"\n" };
+            body.extend_from_slice(b"data: ");
+            body.extend_from_slice(text.as_bytes());
+            body.extend_from_slice(end);
+            body.extend_from_slice(end);
+        }
+        let mut points: Vec<usize> = cuts.iter().map(|i| i.index(body.len() + 1)).collect();
+        points.sort_unstable();
+        let mut counter = EventCounter::default();
+        let mut from = 0;
+        let mut counted = 0;
+        for p in points.into_iter().chain([body.len()]) {
+            counted += counter.push(&body[from..p]);
+            from = p;
+        }
+        proptest::prop_assert_eq!(counted, events.len() as u64);
+    }
+}
