@@ -4,7 +4,7 @@
 //!
 //! `supervisor` owns the connection life; `session` is one connection, `link` how it reaches
 //! and authenticates to the edge (`tls`, `identity`: the state file); `runtime` is the
-//! state that outlives connections (adapters, active runs, store); `runs`, `tunnel` and
+//! state that outlives connections (adapter `instance`s, active runs, store); `runs`, `tunnel` and
 //! `commands` handle the three kinds of work the edge sends; `probe` checks each provider's
 //! health (`health` is the state machine) and the session reports changes to the edge.
 
@@ -13,6 +13,7 @@ pub mod commands;
 pub mod config;
 pub mod health;
 pub mod identity;
+pub mod instance;
 pub mod link;
 pub mod probe;
 pub mod runs;

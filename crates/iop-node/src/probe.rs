@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use crate::adapters::HttpProvider;
 use crate::health::{Health, ProbeTracker};
-use crate::runtime::AdapterInstance;
+use crate::instance::AdapterInstance;
 use crate::store::now_ms;
 
 /// How a provider is probed.
@@ -248,7 +248,7 @@ mod tests {
             max_concurrency: 1,
             ..Default::default()
         };
-        let clients = crate::runtime::http_clients();
+        let clients = crate::adapters::http_clients();
         Arc::new(AdapterInstance {
             adapter: crate::adapters::build(&spec, &clients).unwrap(),
             gate: Arc::new(tokio::sync::Semaphore::new(1)),
@@ -260,7 +260,7 @@ mod tests {
     }
 
     async fn set_faults(addr: std::net::SocketAddr, faults: serde_json::Value) {
-        crate::runtime::http_clients()
+        crate::adapters::http_clients()
             .reqwest
             .post(format!("http://{addr}/mock/faults"))
             .json(&faults)

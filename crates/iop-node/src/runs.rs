@@ -32,15 +32,6 @@ fn cancel_reason(reason: &Mutex<Option<String>>) -> Option<String> {
     reason.lock().clone()
 }
 
-/// What a panic said, if it said it as text.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("no message")
-}
-
 impl NodeRuntime {
     /// Starts a run on its own task; events go out on `conn`.
     pub fn start_run(self: &Arc<Self>, request: pb::RunRequest, conn: &Connection) {
@@ -129,7 +120,7 @@ impl NodeRuntime {
                             format!(
                                 "the node's {} adapter failed unexpectedly (it panicked: {}); this is a bug in iop",
                                 instance.kind(),
-                                panic_message(&panic)
+                                crate::runtime::panic_message(&panic)
                             ),
                         ))
                     })),

@@ -15,122 +15,15 @@ use iop_proto::Outbound;
 use iop_proto::pb;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::adapters::{self, Adapter};
-use crate::health::{HealthSettings, ProbeTracker};
+use crate::adapters;
+use crate::health::HealthSettings;
+use crate::instance::{AdapterInstance, UsageTotals};
 use crate::store::RunStore;
 use crate::stream::StreamCredits;
-
-/// How long a run or tunnel waits for a slot of its adapter's capacity gate before it is
-/// refused. The edge admits against the same capacity and counts a slot free as soon as it
-/// has sent the cancel of the stream that held it; that stream lets go of the slot a moment
-/// later, once the node has handled the cancel, possibly after it read the next request.
-/// Work beyond what the edge admitted is still refused, after this grace.
-pub const SLOT_GRACE: Duration = Duration::from_millis(250);
-
-/// One provider's adapter with its node-local capacity gate, shared by runs and tunnels.
-#[derive(Debug)]
-pub struct AdapterInstance {
-    pub spec: pb::ProviderSpec,
-    pub adapter: Arc<dyn Adapter>,
-    pub gate: Arc<Semaphore>,
-    pub usage: Mutex<UsageTotals>,
-    /// What the provider's probes found.
-    pub health: Mutex<ProbeTracker>,
-    /// Stops the probe task when the instance is dropped.
-    pub probe_stop: CancellationToken,
-}
-
-impl Drop for AdapterInstance {
-    fn drop(&mut self) {
-        self.probe_stop.cancel();
-    }
-}
-
-impl AdapterInstance {
-    pub fn max_concurrency(&self) -> u32 {
-        self.spec.max_concurrency.max(1)
-    }
-
-    pub fn in_flight(&self) -> u32 {
-        self.max_concurrency()
-            .saturating_sub(self.gate.available_permits() as u32)
-    }
-
-    pub fn kind(&self) -> &'static str {
-        adapters::kind_name(self.spec.kind())
-    }
-
-    /// Takes one slot of the capacity gate, waiting at most [`SLOT_GRACE`] for one to be
-    /// let go; `None` when the adapter is still at its max concurrency.
-    pub async fn acquire_slot(&self) -> Option<OwnedSemaphorePermit> {
-        acquire_within(&self.gate, SLOT_GRACE).await
-    }
-
-    /// The error of a run or tunnel refused for capacity.
-    pub fn at_capacity(&self) -> crate::adapters::AdapterError {
-        crate::adapters::AdapterError::new(
-            iop_proto::ErrorCode::NodeCapacity,
-            format!(
-                "adapter {} is at its max concurrency ({})",
-                self.spec.id,
-                self.max_concurrency()
-            ),
-        )
-    }
-
-    pub fn record_usage(&self, usage: Option<&pb::Usage>, tunnel: bool) {
-        self.usage.lock().record(usage, tunnel);
-    }
-}
-
-/// One permit of `gate`, at once or once one is let go within `grace`.
-async fn acquire_within(gate: &Arc<Semaphore>, grace: Duration) -> Option<OwnedSemaphorePermit> {
-    if let Ok(permit) = gate.clone().try_acquire_owned() {
-        return Some(permit);
-    }
-    tokio::time::timeout(grace, gate.clone().acquire_owned())
-        .await
-        .ok()?
-        .ok()
-}
-
-/// Token totals of one adapter since the node started.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct UsageTotals {
-    pub runs: u64,
-    pub tunnels: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub reasoning_tokens: u64,
-    pub cached_input_tokens: u64,
-}
-
-impl UsageTotals {
-    /// Counts one run or tunnel and its usage. Every sum saturates: a backend reporting
-    /// `u64::MAX` pins a total at the maximum instead of wrapping it to a small number.
-    pub fn record(&mut self, usage: Option<&pb::Usage>, tunnel: bool) {
-        let count = if tunnel {
-            &mut self.tunnels
-        } else {
-            &mut self.runs
-        };
-        *count = count.saturating_add(1);
-        if let Some(u) = usage {
-            let add = |total: &mut u64, n: u64| *total = total.saturating_add(n);
-            add(&mut self.input_tokens, u.input_tokens);
-            add(&mut self.output_tokens, u.output_tokens);
-            add(&mut self.reasoning_tokens, u.reasoning_tokens.unwrap_or(0));
-            add(
-                &mut self.cached_input_tokens,
-                u.cached_input_tokens.unwrap_or(0),
-            );
-        }
-    }
-}
 
 /// What the `transport` command reports.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -199,8 +92,21 @@ pub struct NodeRuntime {
     /// Bumped whenever a provider's settled health changes (or the adapters change).
     health_changed: watch::Sender<u64>,
     /// How long a tunnel waits for the provider's answer before it is acknowledged with
-    /// an `accepted` frame ([`crate::tunnel::ACCEPT_GRACE`]).
+    /// an `accepted` frame ([`ACCEPT_GRACE`]).
     pub(crate) accept_grace: Duration,
+}
+
+/// How long a tunnel that passed its gate waits for the provider's answer to acknowledge
+/// it (the answer's first frame does); past this, a separate `accepted` frame goes out.
+pub const ACCEPT_GRACE: Duration = Duration::from_millis(10);
+
+/// What a panic said, if it said it as text (a run or tunnel that panicked ends with it).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
 }
 
 /// A provider spec without its probe settings.
@@ -211,24 +117,10 @@ fn without_health(spec: &pb::ProviderSpec) -> pb::ProviderSpec {
     }
 }
 
-/// Builds the HTTP clients all adapters share: pooled, `TCP_NODELAY`, no proxy from the
-/// environment (providers sit next to the node).
-pub fn http_clients() -> adapters::HttpClients {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let reqwest = reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .no_proxy()
-        .connect_timeout(Duration::from_secs(10))
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build()
-        .expect("a TLS backend is available");
-    adapters::HttpClients { reqwest }
-}
-
 impl NodeRuntime {
     pub fn new(store: Option<RunStore>) -> Arc<Self> {
         Arc::new(Self {
-            http: http_clients(),
+            http: adapters::http_clients(),
             store,
             adapters: RwLock::new(HashMap::default()),
             node_id: RwLock::new(String::new()),
@@ -237,7 +129,7 @@ impl NodeRuntime {
             transport: Mutex::new(TransportStatus::default()),
             started: Instant::now(),
             health_changed: watch::Sender::new(0),
-            accept_grace: crate::tunnel::ACCEPT_GRACE,
+            accept_grace: ACCEPT_GRACE,
         })
     }
 
@@ -352,81 +244,6 @@ impl NodeRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn a_slot_let_go_within_the_grace_is_taken_and_a_held_one_is_refused() {
-        let gate = Arc::new(Semaphore::new(1));
-        let held = gate.clone().try_acquire_owned().unwrap();
-        tokio::spawn(async move {
-            tokio::time::sleep(SLOT_GRACE / 2).await;
-            drop(held);
-        });
-        let permit = acquire_within(&gate, SLOT_GRACE).await;
-        assert!(permit.is_some(), "a slot freed during the grace is taken");
-        let started = tokio::time::Instant::now();
-        assert!(acquire_within(&gate, SLOT_GRACE).await.is_none());
-        assert_eq!(
-            started.elapsed(),
-            SLOT_GRACE,
-            "refused once the grace is over"
-        );
-    }
-
-    #[test]
-    fn usage_totals_saturate_instead_of_wrapping() {
-        let mut totals = UsageTotals::default();
-        let huge = pb::Usage {
-            input_tokens: u64::MAX,
-            output_tokens: u64::MAX - 1,
-            reasoning_tokens: Some(u64::MAX),
-            cached_input_tokens: Some(3),
-        };
-        totals.record(Some(&huge), false);
-        totals.record(
-            Some(&pb::Usage {
-                input_tokens: 5,
-                output_tokens: 5,
-                reasoning_tokens: Some(5),
-                cached_input_tokens: Some(u64::MAX),
-            }),
-            false,
-        );
-        assert_eq!(totals.input_tokens, u64::MAX, "MAX + 5 stays MAX");
-        assert_eq!(totals.output_tokens, u64::MAX);
-        assert_eq!(totals.reasoning_tokens, u64::MAX);
-        assert_eq!(totals.cached_input_tokens, u64::MAX);
-        assert_eq!(totals.runs, 2);
-        totals.tunnels = u64::MAX;
-        totals.record(None, true);
-        assert_eq!(totals.tunnels, u64::MAX);
-        // Ordinary sums are exact.
-        let mut small = UsageTotals::default();
-        small.record(
-            Some(&pb::Usage {
-                input_tokens: 2,
-                output_tokens: 3,
-                ..Default::default()
-            }),
-            false,
-        );
-        small.record(
-            Some(&pb::Usage {
-                input_tokens: 4,
-                output_tokens: 1,
-                ..Default::default()
-            }),
-            true,
-        );
-        assert_eq!(
-            (
-                small.input_tokens,
-                small.output_tokens,
-                small.runs,
-                small.tunnels
-            ),
-            (6, 4, 1, 1)
-        );
-    }
 
     fn payload(interval_ms: u32, max_concurrency: u32) -> pb::NodeConfigPayload {
         pb::NodeConfigPayload {

@@ -11,8 +11,8 @@
 //! connection.
 //!
 //! A tunnel that passes its adapter's capacity gate (waiting up to
-//! [`crate::runtime::SLOT_GRACE`] for a slot) is acknowledged by the provider's answer when
-//! that comes within [`ACCEPT_GRACE`] (the status frame, or an error), else by an
+//! [`crate::instance::SLOT_GRACE`] for a slot) is acknowledged by the provider's answer when
+//! that comes within [`crate::runtime::ACCEPT_GRACE`] (the status frame, or an error), else by an
 //! `accepted` frame then: a fast provider costs no extra frame per request, a slow one
 //! (a non-streaming completion) is acknowledged long before any acknowledgement deadline.
 //! A gate still full answers `node_capacity` instead. The gate's
@@ -21,7 +21,6 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
@@ -31,10 +30,6 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::runtime::{Connection, NodeRuntime};
 use crate::usage::{UsageDialect, UsageObserver};
-
-/// How long a tunnel that passed the gate waits for the provider's answer to acknowledge
-/// it before it sends an `accepted` frame.
-pub const ACCEPT_GRACE: Duration = Duration::from_millis(10);
 
 /// Largest body frame; bigger provider chunks are split.
 pub const MAX_BODY_FRAME: usize = 16 * 1024;
@@ -142,7 +137,7 @@ impl NodeRuntime {
             if let Err(panic) = tunnel.catch_unwind().await {
                 let message = format!(
                     "the node's tunnel failed unexpectedly (it panicked: {}); this is a bug in iop",
-                    crate::runs::panic_message(&panic)
+                    crate::runtime::panic_message(&panic)
                 );
                 tracing::error!(tunnel_id = %id, %message);
                 runtime.end_tunnel(&id);
@@ -433,6 +428,8 @@ async fn send_body(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use iop_proto::pb::envelope::Message;
 
