@@ -621,6 +621,13 @@ pub fn hash_token(token: &str) -> TokenHash {
 }
 
 impl EdgeConfig {
+    /// The model group a client's name means: the group of that name, or of that name
+    /// without Ollama's default `:latest` tag.
+    pub fn resolve_group(&self, name: &str) -> Option<&ModelGroupConfig> {
+        let find = |n: &str| self.model_groups.iter().find(|g| g.name == n);
+        find(name).or_else(|| name.strip_suffix(":latest").and_then(find))
+    }
+
     /// Reads, parses and validates a config file. Relative paths in it (state, TLS files)
     /// are taken relative to the file's directory; `state_dir` defaults to
     /// [`DEFAULT_STATE_DIR`] there.

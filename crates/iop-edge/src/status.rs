@@ -3,7 +3,7 @@
 //! connected node's link is secured and authenticated, and the waiting count of every model
 //! group.
 //!
-//! [`Edge::snapshot`] reads the state it needs under each lock once ([`StatusInput`]);
+//! The edge reads the state it needs under each lock once ([`StatusInput`]);
 //! [`StatusSnapshot::of`] is a pure function of that reading and `now`.
 
 use std::collections::HashMap;
@@ -17,8 +17,25 @@ use crate::health::ProbeHealth;
 use crate::lease::{AccountView, LaneCounts, LeaseTotals, ProviderKey};
 use crate::queue::HealthView;
 use crate::registry::OwnerState;
-use crate::service::Edge;
-use crate::service::credentials::LinkStatus;
+
+/// How a node's current connection is secured and authenticated, for the status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LinkStatus {
+    /// `tls` or `plaintext`.
+    pub transport: &'static str,
+    /// `client_certificate`, `join_token` (this connection joined; later ones present the
+    /// certificate it received) or `static_token`.
+    pub credential: &'static str,
+    /// When the credential stops working (certificates), Unix milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential_expires_unix_ms: Option<u64>,
+    /// The iop version the node registered with (empty if it sent none).
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub version: String,
+    /// The host name the node registered with (empty if it sent none).
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub hostname: String,
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusSnapshot {
@@ -144,63 +161,6 @@ pub struct NodeReading {
     pub session: Option<SessionReading>,
     /// How the registered (or registering) connection is secured and authenticated.
     pub link: Option<LinkStatus>,
-}
-
-impl Edge {
-    /// The status snapshot now.
-    pub fn snapshot(&self) -> StatusSnapshot {
-        let now = crate::service::admission::clock();
-        let config = self.config();
-        // Counters from one moment, under one lock.
-        let (accounts, waiting, leases) = self.admission.inspect(|s| {
-            let l = s.leases();
-            let accounts = l
-                .accounts()
-                .map(|id| (l.key(id).clone(), (l.view(id), s.health_view(id, now))))
-                .collect();
-            let waiting = s
-                .groups_waiting()
-                .map(|(name, counts)| (name.to_string(), counts))
-                .collect();
-            (accounts, waiting, l.totals())
-        });
-        let nodes = config
-            .nodes
-            .iter()
-            .map(|node| {
-                let owner = self.owner_state(&node.id);
-                let session = matches!(owner, OwnerState::Ready(_))
-                    .then(|| self.session(&node.id))
-                    .flatten()
-                    .map(|s| SessionReading {
-                        peer: s.peer.clone(),
-                        connected_at: s.connected_at,
-                        last_heartbeat: s.last_heartbeat(),
-                    });
-                let link = match owner {
-                    OwnerState::Pending(g) | OwnerState::Ready(g) => self.link_status(&node.id, g),
-                    OwnerState::Offline => None,
-                };
-                (
-                    node.id.clone(),
-                    NodeReading {
-                        owner,
-                        session,
-                        link,
-                    },
-                )
-            })
-            .collect();
-        StatusSnapshot::of(&StatusInput {
-            config,
-            accounts,
-            waiting,
-            leases,
-            nodes,
-            now,
-            now_unix_ms: crate::events::unix_ms(),
-        })
-    }
 }
 
 impl StatusSnapshot {

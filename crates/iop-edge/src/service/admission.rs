@@ -16,6 +16,7 @@ use iop_proto::{ErrorCode, pb};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 
+pub use super::plan::{GroupPolicies, GroupPolicy};
 use crate::ejection::{ProviderOutcome, Verdict};
 use crate::health::ProbeChange;
 use crate::lease::{Lane, LeaseId, ProviderKey};
@@ -128,18 +129,6 @@ pub struct Admitted {
 
 type WaiterTx = oneshot::Sender<Result<Admitted, String>>;
 
-/// The settings of every model group, by name.
-pub type GroupPolicies = foldhash::HashMap<String, GroupPolicy>;
-
-/// Per-group settings the async shell needs.
-#[derive(Debug, Clone, Copy)]
-pub struct GroupPolicy {
-    pub timeout: Duration,
-    pub long_context_tokens: Option<u64>,
-    /// How long a request waits for a member to reconnect when none is online.
-    pub wait_for_reconnect: Duration,
-}
-
 #[derive(Debug)]
 pub struct AdmissionControl {
     scheduler: Mutex<Scheduler<(WaiterTx, Instant)>>,
@@ -186,7 +175,7 @@ impl AdmissionControl {
     /// removed groups end with an error; waiters the new capacity lets through run now.
     pub fn reconfigure(
         self: &Arc<Self>,
-        plan: crate::service::plan::AdmissionPlan,
+        plan: super::plan::AdmissionPlan,
         online: &std::collections::HashMap<String, Generation>,
     ) {
         let (orphaned, woken) = {

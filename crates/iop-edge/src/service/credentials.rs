@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Edge, Registered, Rejection};
 use crate::config::{NodeTlsMode, hash_token};
 use crate::registry::Generation;
+pub use crate::status::LinkStatus;
 use crate::trust::join::{JoinError, JoinTokenRecord};
 use crate::trust::{Link, PersistError, RedeemError, TrustStore, unix_ms};
 
@@ -28,25 +29,6 @@ use crate::trust::{Link, PersistError, RedeemError, TrustStore, unix_ms};
 pub struct ConnectionControl {
     pub outbound: Outbound,
     pub kick: CancellationToken,
-}
-
-/// How a node's current connection is secured and authenticated, for the status.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct LinkStatus {
-    /// `tls` or `plaintext`.
-    pub transport: &'static str,
-    /// `client_certificate`, `join_token` (this connection joined; later ones present the
-    /// certificate it received) or `static_token`.
-    pub credential: &'static str,
-    /// When the credential stops working (certificates), Unix milliseconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub credential_expires_unix_ms: Option<u64>,
-    /// The iop version the node registered with (empty if it sent none).
-    #[serde(skip_serializing_if = "str::is_empty")]
-    pub version: String,
-    /// The host name the node registered with (empty if it sent none).
-    #[serde(skip_serializing_if = "str::is_empty")]
-    pub hostname: String,
 }
 
 /// Longest node-sent label (version, host name) the status keeps.

@@ -20,6 +20,7 @@ pub mod plan;
 pub mod reload;
 pub mod route;
 pub mod run;
+mod snapshot;
 pub mod stream;
 #[cfg(test)]
 pub(crate) mod test_support;

@@ -23,7 +23,6 @@ use super::stream::{Reports, StreamLimits};
 use crate::auth::Caller;
 use crate::canonical::{ApiError, ModelRequest};
 use crate::codec::RunSpec;
-use crate::config::{EdgeConfig, ModelGroupConfig};
 use crate::key_limits::LimitExceeded;
 use crate::lease::{Lane, ProviderKey};
 use crate::ledger::RequestRecorder;
@@ -53,13 +52,6 @@ pub struct TokenEstimate {
     pub input: u64,
     /// The most output tokens it asks for, if it says.
     pub max_output: Option<u64>,
-}
-
-/// The model group a client's name means: the group of that name, or of that name
-/// without Ollama's default `:latest` tag.
-pub fn resolve_group<'a>(config: &'a EdgeConfig, name: &str) -> Option<&'a ModelGroupConfig> {
-    let find = |n: &str| config.model_groups.iter().find(|g| g.name == n);
-    find(name).or_else(|| name.strip_suffix(":latest").and_then(find))
 }
 
 /// The 429 for a request over one of its key's limits, naming the limit.
@@ -100,8 +92,9 @@ impl Edge {
                 models_endpoint,
             } => {
                 let config = self.config();
-                let Some(group) =
-                    resolve_group(&config, name).filter(|g| caller.may_use_model(&g.name))
+                let Some(group) = config
+                    .resolve_group(name)
+                    .filter(|g| caller.may_use_model(&g.name))
                 else {
                     recorder.set_group(&unknown_model_label(name));
                     return Err(ApiError::model_not_found(format!(

@@ -5,10 +5,21 @@
 
 use std::time::Duration;
 
-use super::admission::{GroupPolicies, GroupPolicy};
 use crate::config::{CapacityConfig, EdgeConfig, ProviderConfig};
 use crate::lease::{AccountSpec, LaneCounts, ProviderKey};
 use crate::queue::{ApiSet, GroupSpec, MemberSpec, MemberTraits, ProviderSpec};
+
+/// The settings of every model group, by name.
+pub type GroupPolicies = foldhash::HashMap<String, GroupPolicy>;
+
+/// Per-group settings the async shell needs.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupPolicy {
+    pub timeout: Duration,
+    pub long_context_tokens: Option<u64>,
+    /// How long a request waits for a member to reconnect when none is online.
+    pub wait_for_reconnect: Duration,
+}
 
 #[derive(Debug)]
 pub struct AdmissionPlan {

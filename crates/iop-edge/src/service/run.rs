@@ -307,7 +307,7 @@ impl StreamCore<pb::RunEvent> {
                 crate::events::RunEventNotice {
                     node_id: self.session.node_id.clone(),
                     run_id: self.id.clone(),
-                    kind: crate::surfaces::runs::kind_name(event.kind()),
+                    kind: event.kind().name(),
                     text: event.text.clone(),
                 },
             ));

@@ -106,24 +106,9 @@ pub fn decode(body: &[u8]) -> Result<RunRequest, ApiError> {
     })
 }
 
-/// The name of a run event's kind.
-pub fn kind_name(kind: pb::RunEventKind) -> &'static str {
-    match kind {
-        pb::RunEventKind::Unspecified => "unspecified",
-        pb::RunEventKind::Start => "start",
-        pb::RunEventKind::Delta => "delta",
-        pb::RunEventKind::ReasoningDelta => "reasoning_delta",
-        pb::RunEventKind::Complete => "complete",
-        pb::RunEventKind::Error => "error",
-        pb::RunEventKind::Cancelled => "cancelled",
-        pb::RunEventKind::ToolCall => "tool_call",
-        pb::RunEventKind::Accepted => "accepted",
-    }
-}
-
 /// A RunEvent as JSON.
 pub fn event_json(e: &pb::RunEvent) -> Value {
-    let mut v = json!({"run_id": e.run_id, "seq": e.seq, "kind": kind_name(e.kind())});
+    let mut v = json!({"run_id": e.run_id, "seq": e.seq, "kind": e.kind().name()});
     if !e.text.is_empty() {
         v["text"] = json!(e.text);
     }
@@ -158,12 +143,7 @@ pub fn event_json(e: &pb::RunEvent) -> Value {
 
 /// One run event as a server-sent event.
 pub fn sse_event(e: &pb::RunEvent) -> Vec<u8> {
-    format!(
-        "event: {}\ndata: {}\n\n",
-        kind_name(e.kind()),
-        event_json(e)
-    )
-    .into_bytes()
+    format!("event: {}\ndata: {}\n\n", e.kind().name(), event_json(e)).into_bytes()
 }
 
 #[cfg(test)]

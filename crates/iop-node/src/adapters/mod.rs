@@ -219,6 +219,20 @@ pub fn kind_name(kind: pb::ProviderKind) -> &'static str {
     }
 }
 
+/// Builds the HTTP clients all adapters share: pooled, `TCP_NODELAY`, no proxy from the
+/// environment (providers sit next to the node).
+pub fn http_clients() -> HttpClients {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let reqwest = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .no_proxy()
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .pool_idle_timeout(std::time::Duration::from_secs(90))
+        .build()
+        .expect("a TLS backend is available");
+    HttpClients { reqwest }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,18 +257,4 @@ mod tests {
             vec![serde_json::json!({"role": "user", "content": "hi"})]
         );
     }
-}
-
-/// Builds the HTTP clients all adapters share: pooled, `TCP_NODELAY`, no proxy from the
-/// environment (providers sit next to the node).
-pub fn http_clients() -> HttpClients {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let reqwest = reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .no_proxy()
-        .connect_timeout(std::time::Duration::from_secs(10))
-        .pool_idle_timeout(std::time::Duration::from_secs(90))
-        .build()
-        .expect("a TLS backend is available");
-    HttpClients { reqwest }
 }

@@ -32,7 +32,9 @@ pub fn resolve<'a>(
     caller: &Caller,
     name: &str,
 ) -> Option<&'a ModelGroupConfig> {
-    crate::service::pipeline::resolve_group(config, name).filter(|g| caller.may_use_model(&g.name))
+    config
+        .resolve_group(name)
+        .filter(|g| caller.may_use_model(&g.name))
 }
 
 fn modified_at(group: &ModelGroupConfig) -> String {
