@@ -17,19 +17,104 @@ use iop_proto::pb::{self, RunEventKind};
 use parking_lot::Mutex;
 use tracing::Instrument;
 
-use crate::adapters::RunInput;
+use tokio_util::sync::CancellationToken;
+
+use crate::adapters::{AdapterError, RunInput};
+use crate::instance::AdapterInstance;
 use crate::runtime::{ActiveRun, Connection, NodeRuntime};
 use crate::sink::RunSink;
 use crate::store::RunStatus;
 
 enum Outcome {
-    Returned(Result<(), crate::adapters::AdapterError>),
+    Returned(Result<(), AdapterError>),
     Cancelled,
 }
 
 /// Why the edge cancelled the run, if it did.
 fn cancel_reason(reason: &Mutex<Option<String>>) -> Option<String> {
     reason.lock().clone()
+}
+
+/// Runs `input` on the adapter once its gate has a slot (the run is acknowledged then);
+/// until the end, or the cancel.
+async fn execute(
+    instance: &AdapterInstance,
+    input: RunInput,
+    sink: &mut RunSink,
+    cancel: &CancellationToken,
+) -> Outcome {
+    let slot = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => return Outcome::Cancelled,
+        slot = instance.acquire_slot() => slot,
+    };
+    let Some(permit) = slot else {
+        return Outcome::Returned(Err(instance.at_capacity()));
+    };
+    sink.hold(permit);
+    let _ = sink.accepted().await;
+    // A panic in the adapter ends the run with an error terminal like any other failure,
+    // instead of leaving it without one.
+    let execute = AssertUnwindSafe(instance.adapter.execute(input, sink));
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Outcome::Cancelled,
+        result = execute.catch_unwind() => Outcome::Returned(result.unwrap_or_else(|panic| {
+            Err(AdapterError::new(
+                ErrorCode::Internal,
+                format!(
+                    "the node's {} adapter failed unexpectedly (it panicked: {}); this is a bug in iop",
+                    instance.kind(),
+                    crate::runtime::panic_message(&panic)
+                ),
+            ))
+        })),
+    }
+}
+
+/// Sends the run's terminal unless the adapter sent one; the status and error its record
+/// ends with.
+async fn terminal(
+    outcome: Outcome,
+    sink: &mut RunSink,
+    reason: &Mutex<Option<String>>,
+    conn: &Connection,
+) -> (RunStatus, Option<String>) {
+    match outcome {
+        Outcome::Cancelled => match (cancel_reason(reason), conn.stopped()) {
+            // The edge cancelled it.
+            (Some(why), _) => {
+                tracing::info!(reason = %why, "run cancelled");
+                let _ = sink.cancelled(&why).await;
+                (RunStatus::Cancelled, Some(why))
+            }
+            // The node stopped it (it shuts down, its connection ended).
+            (None, stopped) => {
+                let why = stopped.unwrap_or_else(|| "the connection to the edge closed".into());
+                tracing::info!(reason = %why, "run stopped by the node");
+                let _ = sink.error(ErrorCode::NodeDisconnected, &why).await;
+                (RunStatus::Interrupted, Some(why))
+            }
+        },
+        Outcome::Returned(Err(err)) => {
+            tracing::warn!(code = err.code.as_str(), error = %err.message, "run failed");
+            let _ = sink.error(err.code, &err.message).await;
+            (RunStatus::Failed, Some(err.message))
+        }
+        Outcome::Returned(Ok(())) => match sink.terminal() {
+            Some(RunEventKind::Complete) => (RunStatus::Completed, None),
+            Some(RunEventKind::Cancelled) => (RunStatus::Cancelled, None),
+            Some(_) => (
+                RunStatus::Failed,
+                Some("the adapter reported an error".into()),
+            ),
+            None => {
+                tracing::warn!("adapter returned without a terminal event: completing the run");
+                let _ = sink.complete(None, "stop").await;
+                (RunStatus::Completed, None)
+            }
+        },
+    }
 }
 
 impl NodeRuntime {
@@ -98,70 +183,8 @@ impl NodeRuntime {
             session_id: request.session_id,
             owner: request.owner,
         };
-        let slot = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => Err(Outcome::Cancelled),
-            slot = instance.acquire_slot() => slot.ok_or_else(|| Outcome::Returned(Err(instance.at_capacity()))),
-        };
-        let outcome = match slot {
-            Err(outcome) => outcome,
-            Ok(permit) => {
-                sink.hold(permit);
-                let _ = sink.accepted().await;
-                // A panic in the adapter ends the run with an error terminal like any
-                // other failure, instead of leaving it without one.
-                let execute = AssertUnwindSafe(instance.adapter.execute(input, &mut sink));
-                tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => Outcome::Cancelled,
-                    result = execute.catch_unwind() => Outcome::Returned(result.unwrap_or_else(|panic| {
-                        Err(crate::adapters::AdapterError::new(
-                            ErrorCode::Internal,
-                            format!(
-                                "the node's {} adapter failed unexpectedly (it panicked: {}); this is a bug in iop",
-                                instance.kind(),
-                                crate::runtime::panic_message(&panic)
-                            ),
-                        ))
-                    })),
-                }
-            }
-        };
-        let (status, error) = match outcome {
-            Outcome::Cancelled => match (cancel_reason(&reason), conn.stopped()) {
-                // The edge cancelled it.
-                (Some(why), _) => {
-                    tracing::info!(reason = %why, "run cancelled");
-                    let _ = sink.cancelled(&why).await;
-                    (RunStatus::Cancelled, Some(why))
-                }
-                // The node stopped it (it shuts down, its connection ended).
-                (None, stopped) => {
-                    let why = stopped.unwrap_or_else(|| "the connection to the edge closed".into());
-                    tracing::info!(reason = %why, "run stopped by the node");
-                    let _ = sink.error(ErrorCode::NodeDisconnected, &why).await;
-                    (RunStatus::Interrupted, Some(why))
-                }
-            },
-            Outcome::Returned(Err(err)) => {
-                tracing::warn!(code = err.code.as_str(), error = %err.message, "run failed");
-                let _ = sink.error(err.code, &err.message).await;
-                (RunStatus::Failed, Some(err.message))
-            }
-            Outcome::Returned(Ok(())) => match sink.terminal() {
-                Some(RunEventKind::Complete) => (RunStatus::Completed, None),
-                Some(RunEventKind::Cancelled) => (RunStatus::Cancelled, None),
-                Some(_) => (
-                    RunStatus::Failed,
-                    Some("the adapter reported an error".into()),
-                ),
-                None => {
-                    tracing::warn!("adapter returned without a terminal event: completing the run");
-                    let _ = sink.complete(None, "stop").await;
-                    (RunStatus::Completed, None)
-                }
-            },
-        };
+        let outcome = execute(&instance, input, &mut sink, &cancel).await;
+        let (status, error) = terminal(outcome, &mut sink, &reason, &conn).await;
         instance.record_usage(sink.usage(), false);
         if let (Some(store), Some(row)) = (&self.store, stored) {
             store.finished(row, status, error);

@@ -28,6 +28,11 @@ use iop_proto::ErrorCode;
 use iop_proto::pb::{self, provider_tunnel_frame::Frame};
 use tokio::sync::OwnedSemaphorePermit;
 
+use tokio_util::sync::CancellationToken;
+
+use crate::adapters::AdapterError;
+use crate::adapters::http::{HttpProvider, RawResponse};
+use crate::instance::AdapterInstance;
 use crate::runtime::{Connection, NodeRuntime};
 use crate::usage::{UsageDialect, UsageObserver};
 
@@ -167,32 +172,16 @@ impl NodeRuntime {
             "tunnel request"
         );
         let Some(instance) = self.adapter(&request.adapter) else {
-            out.error(
-                ErrorCode::UnknownAdapter,
-                format!(
-                    "node {} has no adapter {:?}",
-                    self.node_id(),
-                    request.adapter
-                ),
-            )
-            .await;
-            return;
+            let message = format!(
+                "node {} has no adapter {:?}",
+                self.node_id(),
+                request.adapter
+            );
+            return out.error(ErrorCode::UnknownAdapter, message).await;
         };
-        let (provider, dialect) = match (instance.adapter.tunnel(), instance.adapter.ollama()) {
-            (Some(endpoint), _) => (&endpoint.provider, endpoint.dialect),
-            (None, Some(ollama)) => (&ollama.provider, UsageDialect::Ollama),
-            (None, None) => {
-                out.error(
-                    ErrorCode::NotSupported,
-                    format!(
-                        "adapter {} (kind {}) has no HTTP API and takes no raw tunnel",
-                        instance.spec.id,
-                        instance.kind()
-                    ),
-                )
-                .await;
-                return;
-            }
+        let (provider, dialect) = match tunnel_provider(&instance) {
+            Ok(target) => target,
+            Err(message) => return out.error(ErrorCode::NotSupported, message).await,
         };
         let cancel = conn.cancel.child_token();
         self.tunnels
@@ -215,6 +204,46 @@ impl NodeRuntime {
         let credit = conn
             .credits
             .open(&request.request_id, request.initial_credit);
+        let usage_seen = match self.answer(provider, &request, &cancel, &mut out).await {
+            None => {
+                tracing::info!(tunnel_id = %request.request_id, request_id = %request.client_request_id, "tunnel cancelled before the provider answered");
+                out.cancelled().await;
+                None
+            }
+            Some(Err(err)) => {
+                out.error(err.code, err.message).await;
+                None
+            }
+            Some(Ok(response)) => {
+                let mut relay = Relay {
+                    out: &mut out,
+                    credit: &credit,
+                    cancel: &cancel,
+                };
+                match relay.answer(response, dialect, &request).await {
+                    Relayed::Ended(usage) => usage,
+                    Relayed::Broken => None,
+                    Relayed::Cancelled => {
+                        out.cancelled().await;
+                        return self.end_tunnel(&request.request_id);
+                    }
+                }
+            }
+        };
+        instance.record_usage(usage_seen.as_ref(), true);
+        self.end_tunnel(&request.request_id);
+    }
+
+    /// Sends the request to the provider and waits for its answer (`None`: cancelled
+    /// first), acknowledging the request with an `accepted` frame if the answer takes
+    /// longer than the accept grace.
+    async fn answer(
+        &self,
+        provider: &HttpProvider,
+        request: &pb::ProviderTunnelRequest,
+        cancel: &CancellationToken,
+        out: &mut TunnelOut<'_>,
+    ) -> Option<Result<RawResponse, AdapterError>> {
         let headers = request
             .headers
             .iter()
@@ -230,117 +259,16 @@ impl NodeRuntime {
         let accept_after = tokio::time::sleep(self.accept_grace);
         tokio::pin!(accept_after);
         let mut accepted = false;
-        let response = loop {
+        loop {
             tokio::select! {
-                _ = cancel.cancelled() => break None,
-                r = &mut exchange => break Some(r),
+                _ = cancel.cancelled() => return None,
+                r = &mut exchange => return Some(r),
                 _ = &mut accept_after, if !accepted => {
                     accepted = true;
                     out.frame(Frame::Accepted(pb::TunnelAccepted {})).await;
                 }
             }
-        };
-        let mut usage_seen = None;
-        match response {
-            None => {
-                tracing::info!(tunnel_id = %request.request_id, request_id = %request.client_request_id, "tunnel cancelled before the provider answered");
-                out.cancelled().await;
-            }
-            Some(Err(err)) => out.error(err.code, err.message).await,
-            Some(Ok(mut response)) => {
-                let mut observer =
-                    UsageObserver::new(response.sse, dialect).for_path(&request.path);
-                if request.usage_injected && response.sse && (200..300).contains(&response.status) {
-                    observer = observer.removing_injected_usage();
-                    // The body gets shorter than a declared length.
-                    response
-                        .headers
-                        .retain(|h| !h.name.eq_ignore_ascii_case("content-length"));
-                }
-                let yield_for_more = response.sse && !response.read_in_task;
-                let mut body = response.body;
-                // The head leaves together with the body bytes that came with it (a JSON
-                // answer, an event stream's first events) in one write; when the body is not
-                // there yet, the head goes out alone at once. A body read on another task
-                // is handed over only once asked, so that one gets a scheduler round.
-                let mut early = body.next().now_or_never();
-                if early.is_none() && !response.read_in_task {
-                    iop_proto::yield_once().await;
-                    early = body.next().now_or_never();
-                }
-                out.head = Some((response.status as u32, response.headers));
-                if early.is_none() && !out.flush_head().await {
-                    out.cancelled().await;
-                    return self.end_tunnel(&request.request_id);
-                }
-                let ok = loop {
-                    let chunk = match early.take() {
-                        Some(chunk) => chunk,
-                        None => tokio::select! {
-                            _ = cancel.cancelled() => {
-                                tracing::info!(tunnel_id = %request.request_id, request_id = %request.client_request_id, "tunnel cancelled mid-body: provider connection dropped");
-                                out.cancelled().await;
-                                return self.end_tunnel(&request.request_id);
-                            }
-                            chunk = body.next() => chunk,
-                        },
-                    };
-                    match chunk {
-                        None => break true,
-                        Some(Err(err)) => {
-                            out.error(ErrorCode::BrokenStream, err.message).await;
-                            break false;
-                        }
-                        Some(Ok(bytes)) => {
-                            // Chunks the provider already sent are relayed together: one
-                            // frame instead of many when it bursts, no wait when it does not.
-                            let (bytes, next) = coalesce(bytes, &mut body, yield_for_more).await;
-                            let bytes = observer.relay(bytes);
-                            // A relay that held everything back still lets the head go.
-                            let sent = if bytes.is_empty() {
-                                out.flush_head().await
-                            } else {
-                                send_body(&mut out, &credit, &cancel, bytes).await
-                            };
-                            if !sent {
-                                out.cancelled().await;
-                                return self.end_tunnel(&request.request_id);
-                            }
-                            match next {
-                                Pending::Nothing => {}
-                                Pending::End => break true,
-                                Pending::Error(err) => {
-                                    out.error(ErrorCode::BrokenStream, err.message).await;
-                                    break false;
-                                }
-                            }
-                        }
-                    }
-                };
-                // What the stripping held back (an unfinished last line) goes out as the
-                // provider sent it. (After an error it is an unfinished event, which the edge
-                // drops anyway.)
-                if ok && !send_body(&mut out, &credit, &cancel, observer.take_held()).await {
-                    out.cancelled().await;
-                    return self.end_tunnel(&request.request_id);
-                }
-                if ok {
-                    usage_seen = observer.finish();
-                    if let Some(model) = observer.model() {
-                        out.send(Frame::Metadata(pb::TunnelMetadata {
-                            entries: [("model".to_string(), model.to_string())].into(),
-                        }))
-                        .await;
-                    }
-                    if let Some(usage) = &usage_seen {
-                        out.send(Frame::Usage(*usage)).await;
-                    }
-                    out.end().await;
-                }
-            }
         }
-        instance.record_usage(usage_seen.as_ref(), true);
-        self.end_tunnel(&request.request_id);
     }
 
     fn end_tunnel(&self, request_id: &str) {
@@ -348,11 +276,147 @@ impl NodeRuntime {
     }
 }
 
+/// The HTTP provider of an adapter and the dialect its usage is read in; or why it takes
+/// no tunnel.
+fn tunnel_provider(instance: &AdapterInstance) -> Result<(&HttpProvider, UsageDialect), String> {
+    match (instance.adapter.tunnel(), instance.adapter.ollama()) {
+        (Some(endpoint), _) => Ok((&endpoint.provider, endpoint.dialect)),
+        (None, Some(ollama)) => Ok((&ollama.provider, UsageDialect::Ollama)),
+        (None, None) => Err(format!(
+            "adapter {} (kind {}) has no HTTP API and takes no raw tunnel",
+            instance.spec.id,
+            instance.kind()
+        )),
+    }
+}
+
+/// How relaying a provider's answer ended.
+enum Relayed {
+    /// The body ended and its end went out; with the usage the provider reported.
+    Ended(Option<pb::Usage>),
+    /// The body broke; its error went out.
+    Broken,
+    /// The edge cancelled it (or the link went) before the end.
+    Cancelled,
+}
+
+/// Relays one provider answer to the edge, within the tunnel's credit.
+struct Relay<'r, 'a> {
+    out: &'r mut TunnelOut<'a>,
+    credit: &'r crate::stream::Credit,
+    cancel: &'r CancellationToken,
+}
+
+impl Relay<'_, '_> {
+    /// Relays `response`'s head and body; then, after a body that ended, the model and
+    /// usage read from it and the end.
+    async fn answer(
+        &mut self,
+        mut response: RawResponse,
+        dialect: UsageDialect,
+        request: &pb::ProviderTunnelRequest,
+    ) -> Relayed {
+        let mut observer = UsageObserver::new(response.sse, dialect).for_path(&request.path);
+        if request.usage_injected && response.sse && (200..300).contains(&response.status) {
+            observer = observer.removing_injected_usage();
+            // The body gets shorter than a declared length.
+            response
+                .headers
+                .retain(|h| !h.name.eq_ignore_ascii_case("content-length"));
+        }
+        let yield_for_more = response.sse && !response.read_in_task;
+        let mut body = response.body;
+        // The head leaves together with the body bytes that came with it (a JSON answer,
+        // an event stream's first events) in one write; when the body is not there yet,
+        // the head goes out alone at once. A body read on another task is handed over
+        // only once asked, so that one gets a scheduler round.
+        let mut early = body.next().now_or_never();
+        if early.is_none() && !response.read_in_task {
+            iop_proto::yield_once().await;
+            early = body.next().now_or_never();
+        }
+        self.out.head = Some((response.status as u32, response.headers));
+        if early.is_none() && !self.out.flush_head().await {
+            return Relayed::Cancelled;
+        }
+        loop {
+            let chunk = match early.take() {
+                Some(chunk) => chunk,
+                None => tokio::select! {
+                    _ = self.cancel.cancelled() => {
+                        tracing::info!(tunnel_id = %request.request_id, request_id = %request.client_request_id, "tunnel cancelled mid-body: provider connection dropped");
+                        return Relayed::Cancelled;
+                    }
+                    chunk = body.next() => chunk,
+                },
+            };
+            let next = match chunk {
+                None => break,
+                Some(Err(err)) => Pending::Error(err),
+                Some(Ok(bytes)) => {
+                    // Chunks the provider already sent are relayed together: one frame
+                    // instead of many when it bursts, no wait when it does not.
+                    let (bytes, next) = coalesce(bytes, &mut body, yield_for_more).await;
+                    let bytes = observer.relay(bytes);
+                    // A relay that held everything back still lets the head go.
+                    let sent = if bytes.is_empty() {
+                        self.out.flush_head().await
+                    } else {
+                        self.body(bytes).await
+                    };
+                    if !sent {
+                        return Relayed::Cancelled;
+                    }
+                    next
+                }
+            };
+            match next {
+                Pending::Nothing => {}
+                Pending::End => break,
+                Pending::Error(err) => {
+                    self.out.error(ErrorCode::BrokenStream, err.message).await;
+                    return Relayed::Broken;
+                }
+            }
+        }
+        // What the stripping held back (an unfinished last line) goes out as the provider
+        // sent it.
+        if !self.body(observer.take_held()).await {
+            return Relayed::Cancelled;
+        }
+        let usage = observer.finish();
+        if let Some(model) = observer.model() {
+            self.out
+                .send(Frame::Metadata(pb::TunnelMetadata {
+                    entries: [("model".to_string(), model.to_string())].into(),
+                }))
+                .await;
+        }
+        if let Some(usage) = &usage {
+            self.out.send(Frame::Usage(*usage)).await;
+        }
+        self.out.end().await;
+        Relayed::Ended(usage)
+    }
+
+    /// Sends one provider chunk as body frames of at most [`MAX_BODY_FRAME`] bytes, each
+    /// spending one frame of credit.
+    async fn body(&mut self, mut bytes: Bytes) -> bool {
+        while !bytes.is_empty() {
+            let piece = bytes.split_to(bytes.len().min(MAX_BODY_FRAME));
+            if !self.credit.take(self.cancel).await || !self.out.send(Frame::Body(piece)).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
 /// What polling ahead found after the coalesced chunks.
 enum Pending {
     Nothing,
     End,
-    Error(crate::adapters::AdapterError),
+    Error(AdapterError),
 }
 
 /// Appends every chunk the provider already sent (up to one frame's worth) to `first`.
@@ -366,7 +430,7 @@ enum Pending {
 /// yield: there is rarely a second chunk.
 async fn coalesce<S>(first: Bytes, body: &mut S, yield_for_more: bool) -> (Bytes, Pending)
 where
-    S: futures::Stream<Item = Result<Bytes, crate::adapters::AdapterError>> + Unpin,
+    S: futures::Stream<Item = Result<Bytes, AdapterError>> + Unpin,
 {
     let mut merged: Option<bytes::BytesMut> = None;
     let mut len = first.len();
@@ -407,23 +471,6 @@ where
         }
     }
     (merged.map_or(first, |m| m.freeze()), pending)
-}
-
-/// Sends one provider chunk as body frames of at most [`MAX_BODY_FRAME`] bytes, each
-/// spending one frame of credit.
-async fn send_body(
-    out: &mut TunnelOut<'_>,
-    credit: &crate::stream::Credit,
-    cancel: &tokio_util::sync::CancellationToken,
-    mut bytes: Bytes,
-) -> bool {
-    while !bytes.is_empty() {
-        let piece = bytes.split_to(bytes.len().min(MAX_BODY_FRAME));
-        if !credit.take(cancel).await || !out.send(Frame::Body(piece)).await {
-            return false;
-        }
-    }
-    true
 }
 
 #[cfg(test)]

@@ -149,6 +149,20 @@ enum Attempt {
     Failed { error: ApiError, accepted: bool },
 }
 
+/// Where one request's attempts stand.
+struct Tries {
+    /// When waiting in the queue ends (the group's timeout, from the first attempt).
+    queue_until: Instant,
+    lane: Lane,
+    /// Members (under their generation) that failed it.
+    exclude: Vec<Exclusion>,
+    attempts: u32,
+    /// The last attempt's failure.
+    last: Option<ApiError>,
+    /// Grants whose node reconnected before the request was sent.
+    stale: usize,
+}
+
 /// One attempt's member.
 struct Member {
     admitted: Admitted,
@@ -195,139 +209,166 @@ impl Edge {
         let lane = lane_for(policy.long_context_tokens, || request.lane_inputs());
         let settings = self.config().dispatch.clone();
         let started = clock();
-        // Retries wait in the queue only for what is left of the group's timeout.
-        let queue_until = started + policy.timeout;
         self.retry_budget.lock().record_request(started);
-        let mut exclude: Vec<Exclusion> = Vec::new();
-        let mut attempts = 0u32;
-        let mut last: Option<ApiError> = None;
-        let mut stale = 0;
+        let mut tries = Tries {
+            // Retries wait in the queue only for what is left of the group's timeout.
+            queue_until: started + policy.timeout,
+            lane,
+            exclude: Vec::new(),
+            attempts: 0,
+            last: None,
+            stale: 0,
+        };
         loop {
-            let admitted = match self
-                .admission
-                .acquire(Target::Group(group), lane, &exclude, Some(queue_until))
+            let member = self
+                .next_member(request, ctx, &mut tries)
+                .await
+                .map_err(|e| e.with_attempts(tries.attempts))?;
+            let exclusion = member.admitted.grant.exclusion();
+            let dispatched = Instant::now();
+            let served = |mut answer: Answer, attempts| {
+                answer.serve(&ctx.recorder);
+                Ok(Served {
+                    answer,
+                    attempts,
+                    dispatched,
+                })
+            };
+            let (code, accepted, refused) = match self
+                .attempt(member, request, ctx, settings.ack_timeout())
                 .await
             {
-                Ok(admitted) => admitted,
-                Err(err) => {
-                    let error = match (err, last.take()) {
-                        // Every member failed this request, or no other became free in
-                        // time: its last failure says why.
-                        (
-                            AdmitError::Exhausted { .. } | AdmitError::Timeout { .. },
-                            Some(previous),
-                        ) => previous,
-                        (err, _) => err.into(),
-                    };
-                    return Err(error.with_attempts(attempts));
+                Attempt::Served(answer) => return served(answer, tries.attempts),
+                Attempt::Refused {
+                    answer,
+                    code,
+                    retry_after,
+                } => {
+                    self.cool_down_after_429(&exclusion.key, code, retry_after);
+                    (code, true, Some(answer))
                 }
+                Attempt::Failed { error, accepted } => {
+                    let code = error.reason;
+                    tries.last = Some(error);
+                    (code, accepted, None)
+                }
+            };
+            match (
+                self.next_step(group, code, accepted, &tries, &settings),
+                refused,
+            ) {
+                (Decision::Return, Some(answer)) => return served(answer, tries.attempts),
+                (Decision::Return, None) => {
+                    let error = tries.last.take().expect("a failed attempt");
+                    return Err(error.with_attempts(tries.attempts));
+                }
+                (Decision::Retry { exclude }, refused) => {
+                    if let Some(answer) = refused {
+                        answer.give_up(code);
+                        tries.last = Some(ApiError::of(
+                            code,
+                            format!(
+                                "the provider of node {} answered {}",
+                                exclusion.key.node,
+                                code.status()
+                            ),
+                        ));
+                    }
+                    tracing::info!(model_group = group, node_id = %exclusion.key.node, provider = %exclusion.key.provider, code = code.as_str(), attempt = tries.attempts, "attempt failed before the response began: retrying");
+                    if exclude {
+                        tries.exclude.push(exclusion);
+                    }
+                    tokio::time::sleep(backoff(tries.attempts, rand::random::<f64>())).await;
+                }
+            }
+        }
+    }
+
+    /// Waits for the next member that may take the request — not one `tries` excludes —
+    /// and decides its route; counts the attempt. The error is what the client gets.
+    async fn next_member(
+        &self,
+        request: &ModelRequest<'_>,
+        ctx: &RequestContext,
+        tries: &mut Tries,
+    ) -> Result<Member, ApiError> {
+        let group = request.group;
+        loop {
+            let target = Target::Group(group);
+            let acquired = self
+                .admission
+                .acquire(target, tries.lane, &tries.exclude, Some(tries.queue_until))
+                .await;
+            let admitted = match (acquired, tries.last.take()) {
+                (Ok(admitted), last) => {
+                    tries.last = last;
+                    admitted
+                }
+                // Every member failed this request, or no other became free in time: its
+                // last failure says why.
+                (
+                    Err(AdmitError::Exhausted { .. } | AdmitError::Timeout { .. }),
+                    Some(previous),
+                ) => return Err(previous),
+                (Err(err), _) => return Err(err.into()),
             };
             ctx.recorder.queue_wait(admitted.waited);
             let session = match self.session(&admitted.grant.node) {
                 Some(s) if s.generation == admitted.grant.generation => s,
                 // The node's connection changed under the grant: its lease was fenced
                 // already, so dropping it is a no-op. Try again.
-                _ if stale < STALE_GRANT_RETRIES => {
-                    stale += 1;
+                _ if tries.stale < STALE_GRANT_RETRIES => {
+                    tries.stale += 1;
                     continue;
                 }
                 _ => {
-                    let error = ApiError::from(AdmitError::Unavailable {
+                    return Err(ApiError::from(AdmitError::Unavailable {
                         group: group.to_string(),
                         reason: "its nodes keep reconnecting".into(),
-                    });
-                    return Err(error.with_attempts(attempts));
+                    }));
                 }
             };
-            attempts += 1;
-            let route = match route::decide(&admitted.grant.traits, request, group) {
-                Ok(route) => route,
-                // This member cannot serve the request: nothing was sent.
-                Err(refusal) => return Err(refusal.with_attempts(attempts)),
-            };
-            let exclusion = admitted.grant.exclusion();
-            let key = ProviderKey {
-                node: exclusion.key.node.clone(),
-                provider: exclusion.key.provider.clone(),
-            };
-            let member = Member {
+            tries.attempts += 1;
+            // A member that cannot serve the request: nothing was sent.
+            let route = route::decide(&admitted.grant.traits, request, group)?;
+            return Ok(Member {
                 admitted,
                 session,
                 route,
-            };
-            let dispatched = Instant::now();
-            let (code, accepted, refused, retry_after) = match self
-                .attempt(member, request, ctx, settings.ack_timeout())
-                .await
-            {
-                Attempt::Served(mut answer) => {
-                    answer.serve(&ctx.recorder);
-                    return Ok(Served {
-                        answer,
-                        attempts,
-                        dispatched,
-                    });
-                }
-                Attempt::Refused {
-                    answer,
-                    code,
-                    retry_after,
-                } => (code, true, Some(answer), retry_after),
-                Attempt::Failed { error, accepted } => {
-                    let code = error.reason;
-                    last = Some(error);
-                    (code, accepted, None, None)
-                }
-            };
-            if code == ErrorCode::ProviderRateLimited {
-                let wait = retry_after
-                    .map_or(DEFAULT_COOL_DOWN, Duration::from_secs)
-                    .min(MAX_COOL_DOWN);
-                self.admission.cool_down(&key, wait, clock());
+            });
+        }
+    }
+
+    /// A member whose provider answered 429 cools down for its `Retry-After` (bounded), or
+    /// [`DEFAULT_COOL_DOWN`] without one.
+    fn cool_down_after_429(&self, key: &ProviderKey, code: ErrorCode, retry_after: Option<u64>) {
+        if code == ErrorCode::ProviderRateLimited {
+            let wait = retry_after
+                .map_or(DEFAULT_COOL_DOWN, Duration::from_secs)
+                .min(MAX_COOL_DOWN);
+            self.admission.cool_down(key, wait, clock());
+        }
+    }
+
+    /// [`decide`], then the retry budget: a retry it has no room for is not made.
+    fn next_step(
+        &self,
+        group: &str,
+        code: ErrorCode,
+        accepted: bool,
+        tries: &Tries,
+        settings: &crate::config::DispatchConfig,
+    ) -> Decision {
+        match decide(code, accepted, tries.attempts, settings.max_attempts) {
+            Decision::Retry { .. } if !self.retry_budget.lock().try_retry(clock()) => {
+                tracing::warn!(
+                    model_group = group,
+                    code = code.as_str(),
+                    "retry budget spent: not retrying"
+                );
+                Decision::Return
             }
-            let decision = match decide(code, accepted, attempts, settings.max_attempts) {
-                Decision::Retry { .. } if !self.retry_budget.lock().try_retry(clock()) => {
-                    tracing::warn!(
-                        model_group = group,
-                        code = code.as_str(),
-                        "retry budget spent: not retrying"
-                    );
-                    Decision::Return
-                }
-                decision => decision,
-            };
-            match (decision, refused) {
-                (Decision::Return, Some(mut answer)) => {
-                    answer.serve(&ctx.recorder);
-                    return Ok(Served {
-                        answer,
-                        attempts,
-                        dispatched,
-                    });
-                }
-                (Decision::Return, None) => {
-                    let error = last.take().expect("a failed attempt");
-                    return Err(error.with_attempts(attempts));
-                }
-                (Decision::Retry { exclude: excluding }, refused) => {
-                    if let Some(answer) = refused {
-                        answer.give_up(code);
-                        last = Some(ApiError::of(
-                            code,
-                            format!(
-                                "the provider of node {} answered {}",
-                                key.node,
-                                code.status()
-                            ),
-                        ));
-                    }
-                    tracing::info!(model_group = group, node_id = %key.node, provider = %key.provider, code = code.as_str(), attempt = attempts, "attempt failed before the response began: retrying");
-                    if excluding {
-                        exclude.push(exclusion);
-                    }
-                    tokio::time::sleep(backoff(attempts, rand::random::<f64>())).await;
-                }
-            }
+            decision => decision,
         }
     }
 

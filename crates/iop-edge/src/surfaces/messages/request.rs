@@ -147,22 +147,8 @@ pub fn to_chat(request: &ClientRequest) -> Result<Map<String, Value>, ApiError> 
         body.get("model").cloned().unwrap_or(Value::Null),
     );
     let mut messages = Vec::new();
-    match present(&body, "system") {
-        None => {}
-        Some(Value::String(s)) => messages.push(json!({"role": "system", "content": s})),
-        Some(Value::Array(blocks)) => {
-            let mut text = Vec::new();
-            for (i, block) in blocks.iter().enumerate() {
-                let at = format!("system[{i}]");
-                let block = object(block, &at)?;
-                if string(block, "type", &at)? != "text" {
-                    return Err(invalid(&join(&at, "type"), "`text`"));
-                }
-                text.push(string(block, "text", &at)?);
-            }
-            messages.push(json!({"role": "system", "content": text.join("\n")}));
-        }
-        Some(_) => return Err(invalid("system", "a string or an array of text blocks")),
+    if let Some(system) = system(&body)? {
+        messages.push(json!({"role": "system", "content": system}));
     }
     let Some(Value::Array(input)) = body.get("messages") else {
         return Err(invalid("messages", "a non-empty array of messages"));
@@ -171,64 +157,8 @@ pub fn to_chat(request: &ClientRequest) -> Result<Map<String, Value>, ApiError> 
         self::message(message, &format!("messages[{i}]"), &mut messages)?;
     }
     chat.insert("messages".into(), Value::Array(messages));
-    if let Some(n) = opt_count(&body, "max_tokens", "", 1, MAX_TOKENS_LIMIT)? {
-        chat.insert("max_tokens".into(), n.into());
-    }
-    for key in ["temperature", "top_p"] {
-        if opt_number(&body, key, "")?.is_some() {
-            chat.insert(key.into(), body[key].clone());
-        }
-    }
-    if let Some(k) = opt_count(&body, "top_k", "", 0, MAX_TOP_K)? {
-        chat.insert("top_k".into(), k.into());
-    }
-    if let Some(stops) = opt_array(&body, "stop_sequences", "")? {
-        if stops.iter().any(|s| !s.is_string()) {
-            return Err(invalid("stop_sequences", "an array of strings"));
-        }
-        if !stops.is_empty() {
-            chat.insert("stop".into(), Value::Array(stops.clone()));
-        }
-    }
-    if let Some(stream) = opt_bool(&body, "stream", "")? {
-        chat.insert("stream".into(), stream.into());
-    }
-    if let Some(tools) = opt_array(&body, "tools", "")? {
-        let tools = tools
-            .iter()
-            .enumerate()
-            .map(|(i, t)| tool(t, &format!("tools[{i}]")))
-            .collect::<Result<Vec<_>, _>>()?;
-        if !tools.is_empty() {
-            chat.insert("tools".into(), Value::Array(tools));
-        }
-    }
-    if let Some(choice) = present(&body, "tool_choice") {
-        let choice = object(choice, "tool_choice")?;
-        only_known(
-            choice,
-            &["type", "name", "disable_parallel_tool_use"],
-            "tool_choice",
-        )?;
-        let mapped = match string(choice, "type", "tool_choice")? {
-            "auto" => json!("auto"),
-            "any" => json!("required"),
-            "none" => json!("none"),
-            "tool" => {
-                json!({"type": "function", "function": {"name": string(choice, "name", "tool_choice")?}})
-            }
-            other => {
-                return Err(invalid(
-                    "tool_choice.type",
-                    &format!("one of auto, any, tool, none (not {other:?})"),
-                ));
-            }
-        };
-        chat.insert("tool_choice".into(), mapped);
-        if opt_bool(choice, "disable_parallel_tool_use", "tool_choice")? == Some(true) {
-            chat.insert("parallel_tool_calls".into(), json!(false));
-        }
-    }
+    sampling(&body, &mut chat)?;
+    tools(&body, &mut chat)?;
     if let Some(metadata) = present(&body, "metadata") {
         let metadata = object(metadata, "metadata")?;
         only_known(metadata, &["user_id"], "metadata")?;
@@ -241,29 +171,139 @@ pub fn to_chat(request: &ClientRequest) -> Result<Map<String, Value>, ApiError> 
         only_known(thinking, &["type", "budget_tokens", "display"], "thinking")?;
         string(thinking, "type", "thinking")?;
     }
-    if let Some(config) = present(&body, "output_config") {
-        let config = object(config, "output_config")?;
-        only_known(config, &["format", "effort"], "output_config")?;
-        if let Some(format) = present(config, "format") {
-            let format = object(format, "output_config.format")?;
-            if string(format, "type", "output_config.format")? != "json_schema" {
-                return Err(invalid("output_config.format.type", "`json_schema`"));
-            }
-            let schema = object(
-                format.get("schema").unwrap_or(&Value::Null),
-                "output_config.format.schema",
-            )?;
-            chat.insert(
-                "response_format".into(),
-                json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}}),
-            );
-        }
-        if let Some(effort) = opt_string(config, "effort", "output_config")? {
-            chat.insert("reasoning_effort".into(), effort.into());
-        }
-    }
+    output_config(&body, &mut chat)?;
     opt_string(&body, "service_tier", "")?;
     Ok(chat)
+}
+
+/// The system prompt's text, if there is one: a string, or text blocks joined by lines.
+fn system(body: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    match present(body, "system") {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(blocks)) => {
+            let mut text = Vec::new();
+            for (i, block) in blocks.iter().enumerate() {
+                let at = format!("system[{i}]");
+                let block = object(block, &at)?;
+                if string(block, "type", &at)? != "text" {
+                    return Err(invalid(&join(&at, "type"), "`text`"));
+                }
+                text.push(string(block, "text", &at)?);
+            }
+            Ok(Some(text.join("\n")))
+        }
+        Some(_) => Err(invalid("system", "a string or an array of text blocks")),
+    }
+}
+
+/// `max_tokens`, `temperature`, `top_p`, `top_k`, `stop_sequences` and `stream`, checked.
+fn sampling(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
+    if let Some(n) = opt_count(body, "max_tokens", "", 1, MAX_TOKENS_LIMIT)? {
+        chat.insert("max_tokens".into(), n.into());
+    }
+    for key in ["temperature", "top_p"] {
+        if opt_number(body, key, "")?.is_some() {
+            chat.insert(key.into(), body[key].clone());
+        }
+    }
+    if let Some(k) = opt_count(body, "top_k", "", 0, MAX_TOP_K)? {
+        chat.insert("top_k".into(), k.into());
+    }
+    if let Some(stops) = opt_array(body, "stop_sequences", "")? {
+        if stops.iter().any(|s| !s.is_string()) {
+            return Err(invalid("stop_sequences", "an array of strings"));
+        }
+        if !stops.is_empty() {
+            chat.insert("stop".into(), Value::Array(stops.clone()));
+        }
+    }
+    if let Some(stream) = opt_bool(body, "stream", "")? {
+        chat.insert("stream".into(), stream.into());
+    }
+    Ok(())
+}
+
+/// `tools` and `tool_choice` as chat's functions and choice.
+fn tools(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
+    if let Some(tools) = opt_array(body, "tools", "")? {
+        let tools = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| tool(t, &format!("tools[{i}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !tools.is_empty() {
+            chat.insert("tools".into(), Value::Array(tools));
+        }
+    }
+    let Some(choice) = present(body, "tool_choice") else {
+        return Ok(());
+    };
+    let choice = object(choice, "tool_choice")?;
+    only_known(
+        choice,
+        &["type", "name", "disable_parallel_tool_use"],
+        "tool_choice",
+    )?;
+    let mapped = match string(choice, "type", "tool_choice")? {
+        "auto" => json!("auto"),
+        "any" => json!("required"),
+        "none" => json!("none"),
+        "tool" => {
+            json!({"type": "function", "function": {"name": string(choice, "name", "tool_choice")?}})
+        }
+        other => {
+            return Err(invalid(
+                "tool_choice.type",
+                &format!("one of auto, any, tool, none (not {other:?})"),
+            ));
+        }
+    };
+    chat.insert("tool_choice".into(), mapped);
+    if opt_bool(choice, "disable_parallel_tool_use", "tool_choice")? == Some(true) {
+        chat.insert("parallel_tool_calls".into(), json!(false));
+    }
+    Ok(())
+}
+
+/// `output_config`: a JSON schema becomes chat's `response_format`, the effort its
+/// `reasoning_effort`.
+fn output_config(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let Some(config) = present(body, "output_config") else {
+        return Ok(());
+    };
+    let config = object(config, "output_config")?;
+    only_known(config, &["format", "effort"], "output_config")?;
+    if let Some(format) = present(config, "format") {
+        let format = object(format, "output_config.format")?;
+        if string(format, "type", "output_config.format")? != "json_schema" {
+            return Err(invalid("output_config.format.type", "`json_schema`"));
+        }
+        let schema = object(
+            format.get("schema").unwrap_or(&Value::Null),
+            "output_config.format.schema",
+        )?;
+        chat.insert(
+            "response_format".into(),
+            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}}),
+        );
+    }
+    if let Some(effort) = opt_string(config, "effort", "output_config")? {
+        chat.insert("reasoning_effort".into(), effort.into());
+    }
+    Ok(())
+}
+
+/// What one content block of a message becomes.
+enum Block {
+    /// A part of the chat message being built.
+    Part(Value),
+    /// One of the assistant's tool calls.
+    Call(Value),
+    /// A tool result: a `tool` message of its own.
+    ToolMessage(Value),
+    /// Nothing (earlier reasoning: a chat request has no place for it).
+    Skip,
 }
 
 /// One message, appended to `messages` as chat messages: a user message's tool results
@@ -313,72 +353,76 @@ fn message(message: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), A
         messages.push(m);
     };
     for (j, block) in blocks.iter().enumerate() {
-        let path = format!("{at}.content[{j}]");
-        let block = object(block, &path)?;
-        match string(block, "type", &path)? {
-            "text" => {
-                only_known(
-                    block,
-                    &["type", "text", "cache_control", "citations"],
-                    &path,
-                )?;
-                parts.push(json!({"type": "text", "text": string(block, "text", &path)?}));
-            }
-            "image" if role == "user" => {
-                only_known(block, &["type", "source", "cache_control"], &path)?;
-                parts.push(
-                    json!({"type": "image_url", "image_url": {"url": image_url(block, &path)?}}),
-                );
-            }
-            "tool_use" if role == "assistant" => {
-                only_known(
-                    block,
-                    &["type", "id", "name", "input", "cache_control", "caller"],
-                    &path,
-                )?;
-                let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
-                object(&input, &join(&path, "input"))?;
-                calls.push(json!({
-                    "id": string(block, "id", &path)?,
-                    "type": "function",
-                    "function": {"name": string(block, "name", &path)?, "arguments": input.to_string()},
-                }));
-            }
-            "tool_result" if role == "user" => {
-                only_known(
-                    block,
-                    &[
-                        "type",
-                        "tool_use_id",
-                        "content",
-                        "is_error",
-                        "cache_control",
-                    ],
-                    &path,
-                )?;
+        match self::block(block, role, &format!("{at}.content[{j}]"))? {
+            Block::Part(part) => parts.push(part),
+            Block::Call(call) => calls.push(call),
+            Block::ToolMessage(m) => {
                 flush(&mut parts, &mut calls, messages);
-                let id = string(block, "tool_use_id", &path)?;
-                let mut text = tool_result_text(block.get("content"), &join(&path, "content"))?;
-                if opt_bool(block, "is_error", &path)? == Some(true) {
-                    text = format!("Error: {text}");
-                }
-                messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+                messages.push(m);
             }
-            // Earlier reasoning: a chat request has no place for it.
-            "thinking" | "redacted_thinking" if role == "assistant" => {}
-            other => {
-                return Err(unsupported(
-                    &join(&path, "type"),
-                    format!(
-                        "`{other}` blocks are not supported in {role} messages: iop takes text, \
-                         images and tool results from the user, text and tool use from the assistant"
-                    ),
-                ));
-            }
+            Block::Skip => {}
         }
     }
     flush(&mut parts, &mut calls, messages);
     Ok(())
+}
+
+/// One content block of a `role` message at `path`.
+fn block(block: &Value, role: &str, path: &str) -> Result<Block, ApiError> {
+    let block = object(block, path)?;
+    Ok(match string(block, "type", path)? {
+        "text" => {
+            only_known(block, &["type", "text", "cache_control", "citations"], path)?;
+            Block::Part(json!({"type": "text", "text": string(block, "text", path)?}))
+        }
+        "image" if role == "user" => {
+            only_known(block, &["type", "source", "cache_control"], path)?;
+            Block::Part(json!({"type": "image_url", "image_url": {"url": image_url(block, path)?}}))
+        }
+        "tool_use" if role == "assistant" => {
+            only_known(
+                block,
+                &["type", "id", "name", "input", "cache_control", "caller"],
+                path,
+            )?;
+            let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
+            object(&input, &join(path, "input"))?;
+            Block::Call(json!({
+                "id": string(block, "id", path)?,
+                "type": "function",
+                "function": {"name": string(block, "name", path)?, "arguments": input.to_string()},
+            }))
+        }
+        "tool_result" if role == "user" => {
+            only_known(
+                block,
+                &[
+                    "type",
+                    "tool_use_id",
+                    "content",
+                    "is_error",
+                    "cache_control",
+                ],
+                path,
+            )?;
+            let id = string(block, "tool_use_id", path)?;
+            let mut text = tool_result_text(block.get("content"), &join(path, "content"))?;
+            if opt_bool(block, "is_error", path)? == Some(true) {
+                text = format!("Error: {text}");
+            }
+            Block::ToolMessage(json!({"role": "tool", "tool_call_id": id, "content": text}))
+        }
+        "thinking" | "redacted_thinking" if role == "assistant" => Block::Skip,
+        other => {
+            return Err(unsupported(
+                &join(path, "type"),
+                format!(
+                    "`{other}` blocks are not supported in {role} messages: iop takes text, \
+                     images and tool results from the user, text and tool use from the assistant"
+                ),
+            ));
+        }
+    })
 }
 
 /// Chat content for parts: text alone as one string, else the parts.

@@ -254,100 +254,13 @@ fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), ApiError> {
 /// One input item, appended to `messages` as chat messages.
 fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), ApiError> {
     let item = object(item, at)?;
-    let kind = opt_string(item, "type", at)?;
-    match kind {
-        None | Some("message") => {
-            only_known(
-                item,
-                &["type", "role", "content", "id", "status", "phase"],
-                at,
-            )?;
-            let role = match string(item, "role", at)? {
-                "user" => "user",
-                "assistant" => "assistant",
-                "system" | "developer" => "system",
-                other => {
-                    return Err(invalid(
-                        &join(at, "role"),
-                        &format!("one of user, assistant, system, developer (not {other:?})"),
-                    ));
-                }
-            };
-            let content = message_content(item.get("content"), &join(at, "content"), role)?;
-            messages.push(json!({"role": role, "content": content}));
-        }
-        Some("function_call") => {
-            only_known(
-                item,
-                &[
-                    "type",
-                    "call_id",
-                    "name",
-                    "arguments",
-                    "id",
-                    "status",
-                    "namespace",
-                ],
-                at,
-            )?;
-            let call = json!({
-                "id": string(item, "call_id", at)?,
-                "type": "function",
-                "function": {
-                    "name": string(item, "name", at)?,
-                    "arguments": opt_string(item, "arguments", at)?.unwrap_or("{}"),
-                },
-            });
-            // Calls right after an assistant message belong to it.
-            match messages.last_mut() {
-                Some(last) if last["role"] == "assistant" => {
-                    let calls = last
-                        .as_object_mut()
-                        .expect("messages are objects")
-                        .entry("tool_calls")
-                        .or_insert_with(|| Value::Array(Vec::new()));
-                    if let Value::Array(calls) = calls {
-                        calls.push(call);
-                    }
-                }
-                _ => messages
-                    .push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
-            }
-        }
+    match opt_string(item, "type", at)? {
+        None | Some("message") => messages.push(message_item(item, at)?),
+        Some("function_call") => function_call(item, at, messages)?,
         Some("function_call_output") => {
             only_known(item, &["type", "call_id", "output", "id", "status"], at)?;
             let call_id = string(item, "call_id", at)?;
-            let output = match item.get("output") {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => {
-                    let mut text = String::new();
-                    for (j, part) in parts.iter().enumerate() {
-                        let path = format!("{at}.output[{j}]");
-                        let part = object(part, &path)?;
-                        match opt_string(part, "type", &path)? {
-                            Some("input_text" | "output_text") => {
-                                text.push_str(string(part, "text", &path)?);
-                            }
-                            other => {
-                                return Err(unsupported(
-                                    &join(&path, "type"),
-                                    format!(
-                                        "function call outputs can hold text parts only, not {}",
-                                        other.unwrap_or("untyped parts")
-                                    ),
-                                ));
-                            }
-                        }
-                    }
-                    text
-                }
-                _ => {
-                    return Err(invalid(
-                        &join(at, "output"),
-                        "a string or an array of text parts",
-                    ));
-                }
-            };
+            let output = call_output(item.get("output"), at)?;
             messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
         }
         // Earlier reasoning: a chat request has no place for it.
@@ -369,6 +282,105 @@ fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), A
         }
     }
     Ok(())
+}
+
+/// A `message` item as a chat message.
+fn message_item(item: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
+    only_known(
+        item,
+        &["type", "role", "content", "id", "status", "phase"],
+        at,
+    )?;
+    let role = match string(item, "role", at)? {
+        "user" => "user",
+        "assistant" => "assistant",
+        "system" | "developer" => "system",
+        other => {
+            return Err(invalid(
+                &join(at, "role"),
+                &format!("one of user, assistant, system, developer (not {other:?})"),
+            ));
+        }
+    };
+    let content = message_content(item.get("content"), &join(at, "content"), role)?;
+    Ok(json!({"role": role, "content": content}))
+}
+
+/// A `function_call` item: a tool call of the assistant message right before it, or of
+/// a new one.
+fn function_call(
+    item: &Map<String, Value>,
+    at: &str,
+    messages: &mut Vec<Value>,
+) -> Result<(), ApiError> {
+    only_known(
+        item,
+        &[
+            "type",
+            "call_id",
+            "name",
+            "arguments",
+            "id",
+            "status",
+            "namespace",
+        ],
+        at,
+    )?;
+    let call = json!({
+        "id": string(item, "call_id", at)?,
+        "type": "function",
+        "function": {
+            "name": string(item, "name", at)?,
+            "arguments": opt_string(item, "arguments", at)?.unwrap_or("{}"),
+        },
+    });
+    match messages.last_mut() {
+        Some(last) if last["role"] == "assistant" => {
+            let calls = last
+                .as_object_mut()
+                .expect("messages are objects")
+                .entry("tool_calls")
+                .or_insert_with(|| Value::Array(Vec::new()));
+            if let Value::Array(calls) = calls {
+                calls.push(call);
+            }
+        }
+        _ => messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+    }
+    Ok(())
+}
+
+/// A `function_call_output` item's output as text: a string, or its text parts joined.
+fn call_output(output: Option<&Value>, at: &str) -> Result<String, ApiError> {
+    match output {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let path = format!("{at}.output[{j}]");
+                let part = object(part, &path)?;
+                match opt_string(part, "type", &path)? {
+                    Some("input_text" | "output_text") => {
+                        text.push_str(string(part, "text", &path)?);
+                    }
+                    other => {
+                        return Err(unsupported(
+                            &join(&path, "type"),
+                            format!(
+                                "function call outputs can hold text parts only, not {}",
+                                other.unwrap_or("untyped parts")
+                            ),
+                        ));
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(invalid(
+            &join(at, "output"),
+            "a string or an array of text parts",
+        )),
+    }
 }
 
 /// A message's content as chat content: a string as it is; parts as chat parts (a single
