@@ -33,6 +33,11 @@ pub enum AnswerEvent {
 }
 
 impl AnswerEvent {
+    /// The normal end, for `reason`, with the usage the provider reported.
+    pub fn finished(reason: FinishReason, usage: Option<pb::Usage>) -> Self {
+        AnswerEvent::Finished(Finish { reason, usage })
+    }
+
     pub fn is_terminal(&self) -> bool {
         matches!(self, AnswerEvent::Finished(_) | AnswerEvent::Failed(_))
     }

@@ -38,7 +38,7 @@ pub fn respond_head(
         tunnel.relays_set_cookie(),
     )
     .map_err(|message| {
-        tracing::warn!(node_id = tunnel.node_id(), request_id = tunnel.request_id(), %message, "provider response refused");
+        tracing::warn!(node_id = tunnel.core.node_id(), request_id = tunnel.core.id.as_str(), %message, "provider response refused");
         // Dropping the unfinished tunnel cancels it on the node.
         tunnel.fail(ErrorCode::BadUpstreamResponse);
         ApiError::of(ErrorCode::BadUpstreamResponse, message)
@@ -157,7 +157,7 @@ impl BodyState {
     /// Ends the body after `bytes`: an SSE error event for event streams, an aborted
     /// body (the client sees a truncated response) otherwise.
     fn fail(mut self, bytes: Bytes, e: pb::TunnelError) -> BodyStep {
-        tracing::warn!(request_id = self.tunnel.request_id(), code = e.error_code().as_str(), message = %e.message, "tunnel failed mid-body");
+        tracing::warn!(request_id = self.tunnel.core.id.as_str(), code = e.error_code().as_str(), message = %e.message, "tunnel failed mid-body");
         let event = self
             .surface
             .native_stream_error(&ApiError::from_tunnel_error(&e))
@@ -167,7 +167,7 @@ impl BodyState {
             if let Some(events) = self.events.as_mut() {
                 if events.discard_held() {
                     tracing::debug!(
-                        request_id = self.tunnel.request_id(),
+                        request_id = self.tunnel.core.id.as_str(),
                         "incomplete provider event dropped before the error event"
                     );
                 }

@@ -94,7 +94,7 @@ async fn handle(
         recorder: recorder.clone(),
     };
     let run = edge.serve_run(&node, spec, &ctx).await?;
-    let run_id = run.run_id().to_string();
+    let run_id = run.core.id.clone();
     let body = stream::unfold(run, |mut run| async move {
         let event = run.next().await?;
         Some((

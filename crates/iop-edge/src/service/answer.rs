@@ -86,7 +86,7 @@ impl AnswerSource {
     /// A run's events.
     pub fn run(run: RunStream) -> Self {
         Self {
-            id: run.run_id().to_string(),
+            id: run.core.id.clone(),
             queue: VecDeque::new(),
             from: Origin::Run(run),
             op: Operation::Chat,
@@ -99,7 +99,7 @@ impl AnswerSource {
     /// `max_bytes` fails.
     pub fn tunnel(tunnel: TunnelStream, op: Operation, max_bytes: usize) -> Self {
         Self {
-            id: tunnel.request_id().to_string(),
+            id: tunnel.core.id.clone(),
             queue: VecDeque::new(),
             from: Origin::Head(tunnel),
             op,

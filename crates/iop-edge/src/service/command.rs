@@ -6,7 +6,7 @@ use std::time::Duration;
 use iop_proto::{ErrorCode, pb};
 
 use super::Edge;
-use super::run::SubmitError;
+use super::errors::SubmitError;
 use crate::auth::Caller;
 use crate::session::CommandReply;
 
@@ -118,12 +118,8 @@ impl Edge {
         command_id: &str,
         envelope: pb::Envelope,
     ) -> Result<CommandReply, CommandError> {
-        let send_failed = |reason: String| {
-            CommandError::Submit(SubmitError::SendFailed {
-                node: session.node_id.clone(),
-                reason,
-            })
-        };
+        let send_failed =
+            |reason: String| CommandError::Submit(SubmitError::send_failed(session, reason));
         let rx = session
             .open_command(command_id)
             .map_err(|e| send_failed(e.to_string()))?;

@@ -33,7 +33,7 @@ use super::admission::{AdmitError, Admitted, Target, clock};
 use super::answer::AnswerSource;
 use super::route::{self, Route, Work};
 use super::run::RunStream;
-use super::stream::{Reports, StreamLimits};
+use super::stream::{Reports, StreamLimits, StreamTerms};
 use super::tunnel::{TunnelHead, TunnelStream};
 use crate::canonical::{ApiError, LaneInputs, ModelRequest};
 use crate::ejection::ProviderOutcome;
@@ -386,15 +386,18 @@ impl Edge {
             route,
         } = member;
         let Admitted { grant, guard, .. } = admitted;
-        let limits = StreamLimits {
-            ack_timeout,
-            idle_timeout: grant.traits.idle_timeout,
+        let terms = StreamTerms {
+            lease: Some(guard),
+            reports: Reports {
+                member: Some((grant.node.clone(), grant.provider.clone())),
+                recorder: None,
+            },
+            limits: StreamLimits {
+                ack_timeout,
+                idle_timeout: grant.traits.idle_timeout,
+            },
         };
-        let reports = || Reports {
-            member: Some((grant.node.clone(), grant.provider.clone())),
-            recorder: None,
-        };
-        let not_sent = |edge: &Edge, error: super::run::SubmitError| {
+        let not_sent = |edge: &Edge, error: super::errors::SubmitError| {
             edge.attempt_finished(&grant.node, &grant.provider, Some(error.code()), None);
             Attempt::Failed {
                 error: error.into(),
@@ -414,10 +417,7 @@ impl Edge {
             Work::Tunnel(mut spec) => {
                 spec.client_request_id = ctx.client_request_id.clone();
                 spec.headers.extend(ctx.provider_headers.iter().cloned());
-                let stream = match self
-                    .start_tunnel(session, spec, Some(guard), reports(), limits)
-                    .await
-                {
+                let stream = match self.start_tunnel(session, spec, terms).await {
                     Ok(stream) => stream,
                     Err(error) => return not_sent(self, error),
                 };
@@ -428,10 +428,7 @@ impl Edge {
                 spec.provider_headers
                     .extend(ctx.provider_headers.iter().cloned());
                 spec.owner = ctx.api_key.clone();
-                let stream = match self
-                    .start_run(session, spec, Some(guard), reports(), limits)
-                    .await
-                {
+                let stream = match self.start_run(session, spec, terms).await {
                     Ok(stream) => stream,
                     Err(error) => return not_sent(self, error),
                 };
@@ -453,7 +450,7 @@ impl Edge {
             Err(e) => {
                 return Attempt::Failed {
                     error: ApiError::from_tunnel_error(&e),
-                    accepted: stream.acknowledged(),
+                    accepted: stream.core.acknowledged(),
                 };
             }
         };
@@ -483,7 +480,7 @@ impl Edge {
 async fn run_began(mut stream: RunStream) -> Attempt {
     let failed = |error: ApiError, stream: &RunStream| Attempt::Failed {
         error,
-        accepted: stream.acknowledged(),
+        accepted: stream.core.acknowledged(),
     };
     match stream.next().await {
         Some(e) if e.kind() == pb::RunEventKind::Error => {

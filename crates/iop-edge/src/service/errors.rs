@@ -6,8 +6,56 @@ use iop_proto::ErrorCode;
 
 use super::admission::{AdmitError, RETRY_AFTER_SECS};
 use super::command::CommandError;
-use super::run::SubmitError;
 use crate::canonical::ApiError;
+use crate::session::NodeSession;
+
+/// Why a run, tunnel or command could not be started or failed before it began.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SubmitError {
+    #[error("no node is connected and ready")]
+    NoReadyNode,
+    #[error("several nodes are ready ({}); say which one with `node`", .0.join(", "))]
+    AmbiguousNode(Vec<String>),
+    #[error("node `{0}` is not configured")]
+    UnknownNode(String),
+    #[error("node `{0}` is not connected and ready")]
+    NodeNotReady(String),
+    #[error("node `{node}` has no adapter `{adapter}` (its providers: {known})")]
+    UnknownAdapter {
+        node: String,
+        adapter: String,
+        known: String,
+    },
+    #[error("could not send the request to node `{node}`: {reason}")]
+    SendFailed { node: String, reason: String },
+    /// The node, or the provider behind it, failed the request before it began.
+    #[error("{message}")]
+    Failed { code: ErrorCode, message: String },
+    #[error(transparent)]
+    Admission(#[from] AdmitError),
+}
+
+impl SubmitError {
+    /// A request that could not reach `session`'s node, and why.
+    pub fn send_failed(session: &NodeSession, reason: impl ToString) -> Self {
+        SubmitError::SendFailed {
+            node: session.node_id.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The typed reason.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            SubmitError::NoReadyNode | SubmitError::NodeNotReady(_) => ErrorCode::NodeUnavailable,
+            SubmitError::AmbiguousNode(_) => ErrorCode::BadRequest,
+            SubmitError::UnknownNode(_) | SubmitError::UnknownAdapter { .. } => ErrorCode::NotFound,
+            SubmitError::SendFailed { .. } => ErrorCode::NodeDisconnected,
+            SubmitError::Failed { code, .. } => *code,
+            SubmitError::Admission(e) => e.code(),
+        }
+    }
+}
 
 impl From<AdmitError> for ApiError {
     fn from(err: AdmitError) -> Self {

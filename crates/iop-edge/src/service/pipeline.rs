@@ -18,8 +18,9 @@ use iop_proto::ErrorCode;
 use super::Edge;
 use super::admission::Target;
 use super::dispatch::{RequestContext, Served};
-use super::run::{RunStream, SubmitError};
-use super::stream::{Reports, StreamLimits};
+use super::errors::SubmitError;
+use super::run::RunStream;
+use super::stream::{Reports, StreamLimits, StreamTerms};
 use crate::auth::Caller;
 use crate::canonical::{ApiError, ModelRequest};
 use crate::codec::RunSpec;
@@ -240,12 +241,14 @@ impl Edge {
         spec.provider_headers = ctx.provider_headers.clone();
         spec.owner = ctx.api_key.clone();
         ctx.recorder.dispatched(node, &spec.adapter, "run");
-        let reports = Reports {
-            member: None,
-            recorder: Some(ctx.recorder.clone()),
+        let terms = StreamTerms {
+            lease: Some(admitted.guard),
+            reports: Reports {
+                member: None,
+                recorder: Some(ctx.recorder.clone()),
+            },
+            limits,
         };
-        Ok(self
-            .start_run(session, spec, Some(admitted.guard), reports, limits)
-            .await?)
+        Ok(self.start_run(session, spec, terms).await?)
     }
 }

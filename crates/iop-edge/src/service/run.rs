@@ -17,52 +17,18 @@ use iop_proto::ErrorCode;
 use iop_proto::pb;
 
 use super::Edge;
-use super::admission::{AdmitError, LeaseGuard};
-use super::stream::{Reports, StreamCore, StreamItem, StreamKind, StreamLimits};
+use super::errors::SubmitError;
+use super::stream::{Live, StreamCore, StreamItem, StreamKind, StreamTerms};
 use crate::codec::RunSpec;
-use crate::session::{NodeSession, STREAM_WINDOW};
-
-/// Why a run, tunnel or command could not be started or failed before it began.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum SubmitError {
-    #[error("no node is connected and ready")]
-    NoReadyNode,
-    #[error("several nodes are ready ({}); say which one with `node`", .0.join(", "))]
-    AmbiguousNode(Vec<String>),
-    #[error("node `{0}` is not configured")]
-    UnknownNode(String),
-    #[error("node `{0}` is not connected and ready")]
-    NodeNotReady(String),
-    #[error("node `{node}` has no adapter `{adapter}` (its providers: {known})")]
-    UnknownAdapter {
-        node: String,
-        adapter: String,
-        known: String,
-    },
-    #[error("could not send the request to node `{node}`: {reason}")]
-    SendFailed { node: String, reason: String },
-    /// The node, or the provider behind it, failed the request before it began.
-    #[error("{message}")]
-    Failed { code: ErrorCode, message: String },
-    #[error(transparent)]
-    Admission(#[from] AdmitError),
-}
-
-impl SubmitError {
-    /// The typed reason.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            SubmitError::NoReadyNode | SubmitError::NodeNotReady(_) => ErrorCode::NodeUnavailable,
-            SubmitError::AmbiguousNode(_) => ErrorCode::BadRequest,
-            SubmitError::UnknownNode(_) | SubmitError::UnknownAdapter { .. } => ErrorCode::NotFound,
-            SubmitError::SendFailed { .. } => ErrorCode::NodeDisconnected,
-            SubmitError::Failed { code, .. } => *code,
-            SubmitError::Admission(e) => e.code(),
-        }
-    }
-}
+use crate::session::{NodeSession, STREAM_WINDOW, SessionClosed, StreamReceiver};
 
 impl StreamItem for pb::RunEvent {
+    const KIND: StreamKind = StreamKind::Run;
+
+    fn open(session: &NodeSession, id: &str) -> Result<StreamReceiver<Self>, SessionClosed> {
+        session.open_run(id)
+    }
+
     fn is_last(&self) -> bool {
         self.is_terminal()
     }
@@ -98,66 +64,48 @@ impl Edge {
         }
     }
 
-    /// Sends a run on `session`. A `lease`, if given, is held until the run's terminal.
+    /// Sends a run on `session`. The terms' lease, if any, is held until the run's
+    /// terminal.
     pub(crate) async fn start_run(
         self: &Arc<Self>,
         session: Arc<NodeSession>,
         spec: RunSpec,
-        lease: Option<LeaseGuard>,
-        reports: Reports,
-        limits: StreamLimits,
+        terms: StreamTerms,
     ) -> Result<RunStream, SubmitError> {
-        let run_id = self.new_id();
-        let send_failed = |reason: String| SubmitError::SendFailed {
-            node: session.node_id.clone(),
-            reason,
-        };
-        let rx = session
-            .open_run(&run_id)
-            .map_err(|e| send_failed(e.to_string()))?;
-        let request = pb::RunRequest {
-            run_id: run_id.clone(),
-            adapter: spec.adapter.clone(),
-            target: spec.target,
-            input: spec.input,
-            messages: spec.messages,
-            options: spec.options,
-            session_id: spec.session_id,
-            background: spec.background,
-            initial_credit: STREAM_WINDOW,
-            client_request_id: spec.client_request_id.clone(),
-            provider_headers: spec.provider_headers,
-            owner: spec.owner.clone().unwrap_or_default(),
-        };
-        if session.outbound.send(request).await.is_err() {
-            session.close_stream(&run_id);
-            // `lease` drops here: a send failure returns the slot.
-            return Err(send_failed("the connection closed".into()));
-        }
-        tracing::debug!(node_id = %session.node_id, %run_id, adapter = %spec.adapter, request_id = %spec.client_request_id, "run sent");
-        let owned = match spec.owner {
+        let client_request_id = spec.client_request_id.clone();
+        let owner = spec.owner.clone();
+        let background = spec.background;
+        let adapter = spec.adapter.clone();
+        let core = self
+            .open_stream(session, client_request_id, terms, |run_id| pb::RunRequest {
+                run_id,
+                adapter: spec.adapter,
+                target: spec.target,
+                input: spec.input,
+                messages: spec.messages,
+                options: spec.options,
+                session_id: spec.session_id,
+                background: spec.background,
+                initial_credit: STREAM_WINDOW,
+                client_request_id: spec.client_request_id,
+                provider_headers: spec.provider_headers,
+                owner: spec.owner.unwrap_or_default(),
+            })
+            .await?;
+        tracing::debug!(node_id = core.node_id(), run_id = %core.id, %adapter, request_id = %core.client_request_id, "run sent");
+        let owned = match owner {
             Some(owner) => {
-                self.run_owners.lock().insert(run_id.clone(), owner);
+                self.run_owners.lock().insert(core.id.clone(), owner);
                 true
             }
             None => false,
         };
         Ok(RunStream {
             replay: None,
-            background: spec.background,
+            background,
             owned,
             last_seq: 0,
-            inner: Some(StreamCore::new(
-                self.clone(),
-                session,
-                StreamKind::Run,
-                run_id,
-                spec.client_request_id,
-                rx,
-                limits,
-                lease,
-                reports,
-            )),
+            core,
         })
     }
 }
@@ -165,7 +113,7 @@ impl Edge {
 /// The event stream of one run.
 #[derive(Debug)]
 pub struct RunStream {
-    inner: Option<StreamCore<pb::RunEvent>>,
+    pub core: Live<pb::RunEvent>,
     /// An event the dispatcher already read (the first), returned again first.
     replay: Option<Box<pb::RunEvent>>,
     background: bool,
@@ -176,27 +124,6 @@ pub struct RunStream {
 }
 
 impl RunStream {
-    fn core(&self) -> &StreamCore<pb::RunEvent> {
-        self.inner.as_ref().expect("live stream")
-    }
-
-    fn core_mut(&mut self) -> &mut StreamCore<pb::RunEvent> {
-        self.inner.as_mut().expect("live stream")
-    }
-
-    pub fn run_id(&self) -> &str {
-        &self.core().id
-    }
-
-    pub fn node_id(&self) -> &str {
-        &self.core().session.node_id
-    }
-
-    /// Whether the node acknowledged the run (it passed the adapter's gate).
-    pub fn acknowledged(&self) -> bool {
-        self.core().deadlines.is_acknowledged()
-    }
-
     /// Puts back `first`, the event the dispatcher waited for: [`Self::next`] returns it
     /// again, for a consumer that reads the run from its start.
     pub fn replay_first(&mut self, first: pb::RunEvent) {
@@ -205,13 +132,13 @@ impl RunStream {
 
     /// Makes this run's outcome and usage the client request's.
     pub fn serve(&mut self, recorder: crate::ledger::RequestRecorder) {
-        self.core_mut().serve(recorder);
+        self.core.serve(recorder);
     }
 
     /// Says why the consumer gives the run up (before dropping it): what the request's
     /// record and the attempt report record instead of `client_abort`.
     pub fn fail(&mut self, code: ErrorCode) {
-        let core = self.core_mut();
+        let core = &mut self.core;
         if core.failure.is_none() && !core.ended {
             core.failure = Some(code);
         }
@@ -219,7 +146,7 @@ impl RunStream {
 
     fn synthesized(&self, code: ErrorCode, message: String) -> pb::RunEvent {
         pb::RunEvent {
-            run_id: self.core().id.clone(),
+            run_id: self.core.id.clone(),
             seq: self.last_seq + 1,
             kind: pb::RunEventKind::Error as i32,
             error: Some(pb::RunError::new(code, message)),
@@ -232,7 +159,7 @@ impl RunStream {
         if let Some(event) = self.replay.take() {
             return Some(*event);
         }
-        let core = self.inner.as_mut()?;
+        let core = self.core.get_mut()?;
         let event = loop {
             if core.done {
                 return None;
@@ -259,11 +186,11 @@ impl RunStream {
             Err((code, message, false)) => self.synthesized(code, message),
             Err((code, message, true)) => {
                 let event = self.synthesized(code, message);
-                self.core().publish(&event);
+                self.core.publish(&event);
                 return Some(event);
             }
         };
-        let core = self.inner.as_mut().expect("live stream");
+        let core = &mut self.core;
         self.last_seq = self.last_seq.max(event.seq);
         match event.kind() {
             pb::RunEventKind::Delta
@@ -317,7 +244,7 @@ impl StreamCore<pb::RunEvent> {
 
 impl Drop for RunStream {
     fn drop(&mut self) {
-        let Some(core) = self.inner.take() else {
+        let Some(core) = self.core.take() else {
             return;
         };
         if self.owned {
@@ -330,7 +257,7 @@ impl Drop for RunStream {
             // A background run goes on without its client: drained to the event bus.
             let tasks = core.edge.tasks().clone();
             let mut rest = RunStream {
-                inner: Some(core),
+                core: Live::new(core),
                 replay: None,
                 background: false,
                 owned: false,

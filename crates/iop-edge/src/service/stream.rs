@@ -17,9 +17,10 @@ use iop_proto::{ErrorCode, pb};
 use tokio::time::{Instant, Sleep};
 
 use super::admission::LeaseGuard;
+use super::errors::SubmitError;
 use super::{CreditReturn, Edge};
 use crate::ledger::RequestRecorder;
-use crate::session::{NodeSession, StreamReceiver};
+use crate::session::{NodeSession, SessionClosed, StreamReceiver};
 
 /// The bounds of one stream.
 #[derive(Debug, Clone, Copy)]
@@ -164,7 +165,10 @@ impl StreamKind {
 }
 
 /// What one item of a node stream says besides itself, as a stream being drained sees it.
-pub trait StreamItem: Send + 'static {
+pub trait StreamItem: Send + Sized + 'static {
+    const KIND: StreamKind;
+    /// Opens the route that carries stream `id`'s frames on `session`.
+    fn open(session: &NodeSession, id: &str) -> Result<StreamReceiver<Self>, SessionClosed>;
     /// The node's last frame of the stream (a run's terminal, a tunnel's end or error).
     fn is_last(&self) -> bool;
     /// Usage the provider reported, and the model it said served the request.
@@ -177,6 +181,37 @@ pub trait StreamItem: Send + 'static {
 pub struct Reports {
     pub member: Option<(Arc<str>, Arc<str>)>,
     pub recorder: Option<RequestRecorder>,
+}
+
+/// What a stream holds besides its frames: the provider slot (until its end), where its
+/// ending is reported, and its bounds.
+#[derive(Debug, Default)]
+pub struct StreamTerms {
+    pub lease: Option<LeaseGuard>,
+    pub reports: Reports,
+    pub limits: StreamLimits,
+}
+
+impl Edge {
+    /// Opens a new stream on `session`: its route, then the request `request(id)` that
+    /// starts it on the node. If the link closed, the route is closed again and the
+    /// lease dropped (its slot returns).
+    pub(crate) async fn open_stream<T: StreamItem, R: Into<pb::Envelope>>(
+        self: &Arc<Self>,
+        session: Arc<NodeSession>,
+        client_request_id: String,
+        terms: StreamTerms,
+        request: impl FnOnce(String) -> R,
+    ) -> Result<Live<T>, SubmitError> {
+        let id = self.new_id();
+        let rx = T::open(&session, &id).map_err(|e| SubmitError::send_failed(&session, e))?;
+        if session.outbound.send(request(id.clone())).await.is_err() {
+            session.close_stream(&id);
+            return Err(SubmitError::send_failed(&session, "the connection closed"));
+        }
+        let core = StreamCore::new(self.clone(), session, id, client_request_id, rx, terms);
+        Ok(Live::new(core))
+    }
 }
 
 /// What run and tunnel streams share: the route's receiver and the deadlines it is read
@@ -214,18 +249,67 @@ pub struct StreamCore<T> {
     first_token: bool,
 }
 
+/// A stream's core for as long as the stream holds it: it is taken when the stream is
+/// dropped (to abandon it, or to hand it to a task that drains it); a stream is never
+/// read after that.
+#[derive(Debug)]
+pub struct Live<T>(Option<StreamCore<T>>);
+
+impl<T> Live<T> {
+    pub fn new(core: StreamCore<T>) -> Self {
+        Self(Some(core))
+    }
+
+    /// The core, unless it was taken.
+    pub fn get_mut(&mut self) -> Option<&mut StreamCore<T>> {
+        self.0.as_mut()
+    }
+
+    /// Takes the core (on drop).
+    pub fn take(&mut self) -> Option<StreamCore<T>> {
+        self.0.take()
+    }
+}
+
+impl<T> std::ops::Deref for Live<T> {
+    type Target = StreamCore<T>;
+
+    fn deref(&self) -> &StreamCore<T> {
+        self.0
+            .as_ref()
+            .expect("a stream is not read after it was dropped")
+    }
+}
+
+impl<T> std::ops::DerefMut for Live<T> {
+    fn deref_mut(&mut self) -> &mut StreamCore<T> {
+        self.0
+            .as_mut()
+            .expect("a stream is not read after it was dropped")
+    }
+}
+
+impl<T> StreamCore<T> {
+    /// The node the stream runs on.
+    pub fn node_id(&self) -> &str {
+        &self.session.node_id
+    }
+
+    /// Whether the node acknowledged the stream (a run passed its adapter's gate; a
+    /// tunnel's provider accepted it, or answered).
+    pub fn acknowledged(&self) -> bool {
+        self.deadlines.is_acknowledged()
+    }
+}
+
 impl<T: StreamItem> StreamCore<T> {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         edge: Arc<Edge>,
         session: Arc<NodeSession>,
-        kind: StreamKind,
         id: String,
         client_request_id: String,
         rx: StreamReceiver<T>,
-        limits: StreamLimits,
-        lease: Option<LeaseGuard>,
-        reports: Reports,
+        terms: StreamTerms,
     ) -> Self {
         Self {
             credit: CreditReturn::new(&id),
@@ -233,14 +317,14 @@ impl<T: StreamItem> StreamCore<T> {
             session,
             id,
             client_request_id,
-            kind,
+            kind: T::KIND,
             rx,
-            deadlines: Deadlines::new(limits),
+            deadlines: Deadlines::new(terms.limits),
             ended: false,
             done: false,
             cancel_sent: false,
-            lease,
-            reports,
+            lease: terms.lease,
+            reports: terms.reports,
             failure: None,
             concluded: false,
             status: None,

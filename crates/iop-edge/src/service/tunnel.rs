@@ -26,11 +26,10 @@ use iop_proto::ErrorCode;
 use iop_proto::pb::{self, provider_tunnel_frame::Frame};
 
 use super::Edge;
-use super::admission::LeaseGuard;
-use super::run::SubmitError;
-use super::stream::{Reports, StreamCore, StreamItem, StreamKind, StreamLimits};
+use super::errors::SubmitError;
+use super::stream::{Live, StreamItem, StreamKind, StreamTerms};
 use crate::codec::TunnelSpec;
-use crate::session::{NodeSession, STREAM_WINDOW};
+use crate::session::{NodeSession, STREAM_WINDOW, SessionClosed, StreamReceiver};
 
 /// What the client-facing side needs of the tunnel's frames.
 #[derive(Debug)]
@@ -71,6 +70,12 @@ impl TunnelHead {
 }
 
 impl StreamItem for Frame {
+    const KIND: StreamKind = StreamKind::Tunnel;
+
+    fn open(session: &NodeSession, id: &str) -> Result<StreamReceiver<Self>, SessionClosed> {
+        session.open_tunnel(id)
+    }
+
     fn is_last(&self) -> bool {
         matches!(self, Frame::End(_) | Frame::Error(_))
     }
@@ -85,58 +90,41 @@ impl StreamItem for Frame {
 }
 
 impl Edge {
+    /// Sends a tunnel request on `session`. The terms' lease, if any, is held until the
+    /// tunnel's last frame.
     pub(crate) async fn start_tunnel(
         self: &Arc<Self>,
         session: Arc<NodeSession>,
         spec: TunnelSpec,
-        lease: Option<LeaseGuard>,
-        reports: Reports,
-        limits: StreamLimits,
+        terms: StreamTerms,
     ) -> Result<TunnelStream, SubmitError> {
-        let request_id = self.new_id();
-        let send_failed = |reason: String| SubmitError::SendFailed {
-            node: session.node_id.clone(),
-            reason,
-        };
-        let rx = session
-            .open_tunnel(&request_id)
-            .map_err(|e| send_failed(e.to_string()))?;
-        let request = pb::ProviderTunnelRequest {
-            request_id: request_id.clone(),
-            adapter: spec.adapter,
-            method: spec.method,
-            path: spec.path,
-            headers: spec.headers,
-            body: spec.body,
-            initial_credit: STREAM_WINDOW,
-            usage_injected: spec.usage_injected,
-            client_request_id: spec.client_request_id.clone(),
-        };
-        if session.outbound.send(request).await.is_err() {
-            session.close_stream(&request_id);
-            return Err(send_failed("the connection closed".into()));
-        }
+        let client_request_id = spec.client_request_id.clone();
+        let core = self
+            .open_stream(session, client_request_id, terms, |request_id| {
+                pb::ProviderTunnelRequest {
+                    request_id,
+                    adapter: spec.adapter,
+                    method: spec.method,
+                    path: spec.path,
+                    headers: spec.headers,
+                    body: spec.body,
+                    initial_credit: STREAM_WINDOW,
+                    usage_injected: spec.usage_injected,
+                    client_request_id: spec.client_request_id,
+                }
+            })
+            .await?;
         Ok(TunnelStream {
             replay: Default::default(),
             events: None,
-            inner: Some(StreamCore::new(
-                self.clone(),
-                session,
-                StreamKind::Tunnel,
-                request_id,
-                spec.client_request_id,
-                rx,
-                limits,
-                lease,
-                reports,
-            )),
+            core,
         })
     }
 }
 
 #[derive(Debug)]
 pub struct TunnelStream {
-    inner: Option<StreamCore<Frame>>,
+    pub core: Live<Frame>,
     /// The head the dispatcher already read, returned again first.
     replay: std::collections::VecDeque<TunnelItem>,
     /// Counts an event stream's events as they pass.
@@ -144,48 +132,27 @@ pub struct TunnelStream {
 }
 
 impl TunnelStream {
-    fn core(&self) -> &StreamCore<Frame> {
-        self.inner.as_ref().expect("live stream")
-    }
-
-    fn core_mut(&mut self) -> &mut StreamCore<Frame> {
-        self.inner.as_mut().expect("live stream")
-    }
-
-    pub fn request_id(&self) -> &str {
-        &self.core().id
-    }
-
-    pub fn node_id(&self) -> &str {
-        &self.core().session.node_id
-    }
-
-    /// Whether the node acknowledged the tunnel.
-    pub fn acknowledged(&self) -> bool {
-        self.core().deadlines.is_acknowledged()
-    }
-
     /// Whether the provider's `set-cookie` headers reach the client
     /// (`http.relay_set_cookie`).
     pub fn relays_set_cookie(&self) -> bool {
-        self.core().edge.config().http.relay_set_cookie
+        self.core.edge.config().http.relay_set_cookie
     }
 
     /// Makes this tunnel's outcome and usage the client request's.
     pub fn serve(&mut self, recorder: crate::ledger::RequestRecorder) {
-        if let Some(status) = self.core().status {
+        if let Some(status) = self.core.status {
             recorder.provider_status(u16::try_from(status).unwrap_or(u16::MAX));
         }
-        self.core_mut().serve(recorder);
+        self.core.serve(recorder);
     }
 
     /// The next client-relevant frame; `None` after the ending.
     pub async fn next(&mut self) -> Option<TunnelItem> {
-        if let Some(item) = self.replay.pop_front() {
-            return Some(item);
-        }
         loop {
-            let core = self.inner.as_mut()?;
+            if let Some(item) = self.next_ready() {
+                return Some(item);
+            }
+            let core = self.core.get_mut()?;
             if core.done {
                 return None;
             }
@@ -214,7 +181,7 @@ impl TunnelStream {
             return Some(item);
         }
         loop {
-            let core = self.inner.as_mut()?;
+            let core = self.core.get_mut()?;
             if core.done {
                 return None;
             }
@@ -264,7 +231,7 @@ impl TunnelStream {
     /// Says why the consumer gives the tunnel up (before dropping it): what the request's
     /// record and the attempt report record instead of `client_abort`.
     pub fn fail(&mut self, code: ErrorCode) {
-        let core = self.core_mut();
+        let core = &mut self.core;
         if core.failure.is_none() && !core.ended {
             core.failure = Some(code);
         }
@@ -272,7 +239,7 @@ impl TunnelStream {
 
     /// Takes one frame from the node: what the consumer gets of it, if anything.
     fn take(&mut self, mut frame: Frame) -> Option<TunnelItem> {
-        let core = self.inner.as_mut().expect("live stream");
+        let core = &mut self.core;
         match frame {
             Frame::Accepted(_) => core.deadlines.acknowledged(),
             Frame::Status(status) => {
@@ -324,7 +291,7 @@ impl TunnelStream {
 
 impl Drop for TunnelStream {
     fn drop(&mut self) {
-        if let Some(core) = self.inner.take() {
+        if let Some(core) = self.core.take() {
             core.abandon();
         }
     }

@@ -9,6 +9,7 @@
 //! - [`messages`]: the Anthropic Messages API;
 //! - [`ollama`]: Ollama's chat, generate and embeddings;
 //! - [`runs`]: the native runs API (a run on a named adapter, its events as they are).
+//! - [`translated`]: what the Responses and Messages decoders share.
 //!
 //! Pure: no I/O, no server, no edge state.
 
@@ -19,22 +20,21 @@ pub mod openai;
 pub mod responses;
 pub mod runs;
 pub mod sse;
+pub mod translated;
 
 use std::time::{Instant, SystemTime};
 
 use http::HeaderMap;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use crate::canonical::{
-    AnswerEvent, ApiError, Canonical, ClientRequest, Decoded, Immediate, Native, NativeApi,
-    Operation,
-};
+use crate::canonical::{AnswerEvent, ApiError, Decoded, Immediate, Operation};
 use crate::ledger::ClientApi;
 use messages::render::MessageWriter;
 use ollama::embed::{EmbedWriter, Embeddings};
 use ollama::render::{OllamaWriter, Timing};
 use openai::render::OpenAiWriter;
 use responses::render::{ResponseMeta, ResponseWriter};
+use sse::EventWriter;
 
 /// A client API endpoint that asks a model group for something.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,38 +201,6 @@ impl Surface {
         let mut out = Vec::new();
         event.write(&mut out);
         Some(out)
-    }
-}
-
-/// A request of an API the edge translates into the canonical (chat) form: the
-/// translation, or what it refused.
-pub(crate) fn translated<'a>(
-    model: String,
-    stream: bool,
-    max_output_tokens: Option<u64>,
-    request: ClientRequest<'a>,
-    api: NativeApi,
-    headers: Vec<iop_proto::pb::Header>,
-    chat: Result<Map<String, Value>, ApiError>,
-) -> Decoded<'a> {
-    let canonical = match chat {
-        Ok(chat) => Canonical::Translated(
-            serde_json::to_vec(&Value::Object(chat)).expect("JSON values serialize"),
-        ),
-        Err(refused) => Canonical::Refused(refused),
-    };
-    Decoded {
-        model,
-        op: Operation::Chat,
-        stream,
-        native: Native {
-            api,
-            request,
-            headers,
-        },
-        canonical,
-        max_output_tokens,
-        immediate: None,
     }
 }
 

@@ -4,6 +4,8 @@
 use bytes::Bytes;
 use serde_json::Value;
 
+use crate::canonical::AnswerEvent;
+
 /// One event to send.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SseEvent {
@@ -23,6 +25,36 @@ impl SseEvent {
         out.extend_from_slice(b"\ndata: ");
         serde_json::to_writer(&mut *out, &self.data).expect("JSON values serialize");
         out.extend_from_slice(b"\n\n");
+    }
+}
+
+/// The writer of an API whose answers stream as named events (Responses, Messages):
+/// the events that open a stream, those each answer event becomes, and the whole answer
+/// once it finished.
+pub trait EventWriter {
+    /// The events that open a stream.
+    fn start(&mut self, out: &mut Vec<SseEvent>);
+    /// The events `event` becomes (on a stream; a whole answer only collects it).
+    fn push(&mut self, event: AnswerEvent, out: &mut Vec<SseEvent>);
+    /// The whole answer, once it finished (`None` before, and after a failure).
+    fn finished(&self) -> Option<&Value>;
+
+    /// Everything `events` become (after the opening events when `streaming`), and the
+    /// whole answer.
+    #[cfg(test)]
+    fn render(
+        &mut self,
+        events: Vec<AnswerEvent>,
+        streaming: bool,
+    ) -> (Vec<SseEvent>, Option<Value>) {
+        let mut out = Vec::new();
+        if streaming {
+            self.start(&mut out);
+        }
+        for e in events {
+            self.push(e, &mut out);
+        }
+        (out, self.finished().cloned())
     }
 }
 

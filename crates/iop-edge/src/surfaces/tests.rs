@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
 use super::*;
+use crate::canonical::Canonical;
 use crate::surfaces::ollama::Endpoint;
 
 /// Field names the decoders read, so generated requests reach past the first check.

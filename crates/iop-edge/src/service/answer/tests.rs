@@ -2,7 +2,7 @@ use iop_proto::pb::provider_tunnel_frame::Frame;
 
 use super::*;
 use crate::codec::TunnelSpec;
-use crate::service::stream::{Reports, StreamLimits};
+use crate::service::stream::StreamTerms;
 use crate::service::test_support::{cancel_sent, edge_and_session};
 
 /// A tunnel whose frames the test delivers, and a way to deliver them.
@@ -14,16 +14,10 @@ async fn open_tunnel() -> (
     let (edge, session, sent) = edge_and_session();
     let spec = TunnelSpec::post_json("oa", "/chat/completions", Vec::new(), crate::codec::JSON);
     let stream = edge
-        .start_tunnel(
-            session.clone(),
-            spec,
-            None,
-            Reports::default(),
-            StreamLimits::default(),
-        )
+        .start_tunnel(session.clone(), spec, StreamTerms::default())
         .await
         .unwrap();
-    let id = stream.request_id().to_string();
+    let id = stream.core.id.clone();
     let deliver = move |frame: Frame| {
         session.deliver_tunnel_frame(pb::ProviderTunnelFrame {
             request_id: id.clone(),

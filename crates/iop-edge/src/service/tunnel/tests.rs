@@ -14,7 +14,7 @@ fn spec() -> TunnelSpec {
 
 fn frame(stream: &TunnelStream, frame: Frame) -> pb::ProviderTunnelFrame {
     pb::ProviderTunnelFrame {
-        request_id: stream.request_id().to_string(),
+        request_id: stream.core.id.clone(),
         frame: Some(frame),
     }
 }
@@ -44,13 +44,7 @@ async fn usage_is_recorded_once_at_the_end_with_the_served_model_in_either_order
     let (edge, session, _sent) = edge_and_session();
     let (recorder, sink) = recorder();
     let mut stream = edge
-        .start_tunnel(
-            session.clone(),
-            spec(),
-            None,
-            Reports::default(),
-            StreamLimits::default(),
-        )
+        .start_tunnel(session.clone(), spec(), StreamTerms::default())
         .await
         .unwrap();
     stream.serve(recorder.clone());
@@ -86,13 +80,7 @@ async fn usage_that_arrived_is_recorded_when_the_client_leaves_before_the_end() 
     let (edge, session, mut sent) = edge_and_session();
     let (recorder, sink) = recorder();
     let mut stream = edge
-        .start_tunnel(
-            session.clone(),
-            spec(),
-            None,
-            Reports::default(),
-            StreamLimits::default(),
-        )
+        .start_tunnel(session.clone(), spec(), StreamTerms::default())
         .await
         .unwrap();
     stream.serve(recorder.clone());
@@ -119,13 +107,7 @@ async fn relayed_events_are_counted_for_a_client_that_leaves_without_usage() {
     let (edge, session, _sent) = edge_and_session();
     let (recorder, sink) = recorder();
     let mut stream = edge
-        .start_tunnel(
-            session.clone(),
-            spec(),
-            None,
-            Reports::default(),
-            StreamLimits::default(),
-        )
+        .start_tunnel(session.clone(), spec(), StreamTerms::default())
         .await
         .unwrap();
     stream.serve(recorder.clone());
@@ -152,21 +134,15 @@ async fn relayed_events_are_counted_for_a_client_that_leaves_without_usage() {
 async fn a_node_lost_after_it_accepted_is_node_disconnected_and_acknowledged() {
     let (edge, session, _sent) = edge_and_session();
     let mut stream = edge
-        .start_tunnel(
-            session.clone(),
-            spec(),
-            None,
-            Reports::default(),
-            StreamLimits::default(),
-        )
+        .start_tunnel(session.clone(), spec(), StreamTerms::default())
         .await
         .unwrap();
-    assert!(!stream.acknowledged());
+    assert!(!stream.core.acknowledged());
     session.deliver_tunnel_frame(frame(&stream, Frame::Accepted(pb::TunnelAccepted {})));
     session.close("node shut down");
     let e = stream.head().await.unwrap_err();
     assert_eq!(e.error_code(), ErrorCode::NodeDisconnected);
-    assert!(stream.acknowledged());
+    assert!(stream.core.acknowledged());
 }
 
 #[test]

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::error;
 use crate::canonical::{AnswerEvent, Finish, FinishReason, ToolCall};
-use crate::surfaces::sse::SseEvent;
+use crate::surfaces::sse::{EventWriter, SseEvent};
 
 /// The Messages `usage` object.
 pub fn usage_json(usage: &pb::Usage) -> Value {
@@ -69,69 +69,6 @@ impl MessageWriter {
             content: Vec::new(),
             open: None,
             done: None,
-        }
-    }
-
-    /// The events that open a stream.
-    pub fn start(&mut self, out: &mut Vec<SseEvent>) {
-        let message = self.object(Value::Null, json!({"input_tokens": 0, "output_tokens": 0}));
-        self.emit(out, "message_start", json!({"message": message}));
-        self.emit(out, "ping", json!({}));
-    }
-
-    /// The message object, once the answer finished (`None` before, and after a failure).
-    pub fn finished(&self) -> Option<&Value> {
-        self.done.as_ref()
-    }
-
-    pub fn push(&mut self, event: AnswerEvent, out: &mut Vec<SseEvent>) {
-        match event {
-            AnswerEvent::Started | AnswerEvent::Embeddings(_) => {}
-            AnswerEvent::Text(text) => {
-                if !matches!(self.open, Some(Open::Text(_))) {
-                    self.close(out);
-                    self.block_start(out, json!({"type": "text", "text": ""}));
-                    self.open = Some(Open::Text(String::new()));
-                }
-                let delta = json!({"type": "text_delta", "text": text});
-                self.delta(out, delta);
-                // A stream sends the text as it comes; only a JSON answer keeps it.
-                if let Some(Open::Text(all)) = &mut self.open
-                    && !self.streaming
-                {
-                    all.push_str(&text);
-                }
-            }
-            AnswerEvent::Reasoning(text) => {
-                if !matches!(self.open, Some(Open::Thinking(_))) {
-                    self.close(out);
-                    let block = json!({"type": "thinking", "thinking": "", "signature": ""});
-                    self.block_start(out, block);
-                    self.open = Some(Open::Thinking(String::new()));
-                }
-                let delta = json!({"type": "thinking_delta", "thinking": text});
-                self.delta(out, delta);
-                if let Some(Open::Thinking(all)) = &mut self.open
-                    && !self.streaming
-                {
-                    all.push_str(&text);
-                }
-            }
-            AnswerEvent::ToolCalls(calls) => {
-                self.close(out);
-                for call in calls {
-                    self.tool_use(call, out);
-                }
-            }
-            AnswerEvent::Finished(finish) => {
-                self.close(out);
-                self.finish(finish, out);
-            }
-            AnswerEvent::Failed(e) => {
-                if self.streaming {
-                    out.push(error::event(&e));
-                }
-            }
         }
     }
 
@@ -229,6 +166,71 @@ impl MessageWriter {
     }
 }
 
+impl EventWriter for MessageWriter {
+    /// The events that open a stream.
+    fn start(&mut self, out: &mut Vec<SseEvent>) {
+        let message = self.object(Value::Null, json!({"input_tokens": 0, "output_tokens": 0}));
+        self.emit(out, "message_start", json!({"message": message}));
+        self.emit(out, "ping", json!({}));
+    }
+
+    /// The message object, once the answer finished (`None` before, and after a failure).
+    fn finished(&self) -> Option<&Value> {
+        self.done.as_ref()
+    }
+
+    fn push(&mut self, event: AnswerEvent, out: &mut Vec<SseEvent>) {
+        match event {
+            AnswerEvent::Started | AnswerEvent::Embeddings(_) => {}
+            AnswerEvent::Text(text) => {
+                if !matches!(self.open, Some(Open::Text(_))) {
+                    self.close(out);
+                    self.block_start(out, json!({"type": "text", "text": ""}));
+                    self.open = Some(Open::Text(String::new()));
+                }
+                let delta = json!({"type": "text_delta", "text": text});
+                self.delta(out, delta);
+                // A stream sends the text as it comes; only a JSON answer keeps it.
+                if let Some(Open::Text(all)) = &mut self.open
+                    && !self.streaming
+                {
+                    all.push_str(&text);
+                }
+            }
+            AnswerEvent::Reasoning(text) => {
+                if !matches!(self.open, Some(Open::Thinking(_))) {
+                    self.close(out);
+                    let block = json!({"type": "thinking", "thinking": "", "signature": ""});
+                    self.block_start(out, block);
+                    self.open = Some(Open::Thinking(String::new()));
+                }
+                let delta = json!({"type": "thinking_delta", "thinking": text});
+                self.delta(out, delta);
+                if let Some(Open::Thinking(all)) = &mut self.open
+                    && !self.streaming
+                {
+                    all.push_str(&text);
+                }
+            }
+            AnswerEvent::ToolCalls(calls) => {
+                self.close(out);
+                for call in calls {
+                    self.tool_use(call, out);
+                }
+            }
+            AnswerEvent::Finished(finish) => {
+                self.close(out);
+                self.finish(finish, out);
+            }
+            AnswerEvent::Failed(e) => {
+                if self.streaming {
+                    out.push(error::event(&e));
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,22 +246,11 @@ mod tests {
     }
 
     fn run(events: Vec<AnswerEvent>, streaming: bool) -> (Vec<SseEvent>, Option<Value>) {
-        let mut w = MessageWriter::new("msg_m1".into(), "g".into(), streaming);
-        let mut out = Vec::new();
-        if streaming {
-            w.start(&mut out);
-        }
-        for e in events {
-            w.push(e, &mut out);
-        }
-        (out, w.finished().cloned())
+        MessageWriter::new("msg_m1".into(), "g".into(), streaming).render(events, streaming)
     }
 
     fn finished(reason: FinishReason) -> AnswerEvent {
-        AnswerEvent::Finished(Finish {
-            reason,
-            usage: Some(usage()),
-        })
+        AnswerEvent::finished(reason, Some(usage()))
     }
 
     #[test]

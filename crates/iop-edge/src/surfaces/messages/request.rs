@@ -13,12 +13,13 @@
 use serde_json::{Map, Value, json};
 
 use crate::canonical::fields::{
-    invalid, join, object, only_known, opt_array, opt_bool, opt_count, opt_number, opt_string,
-    present, string, unsupported,
+    invalid, join, object, only_known, opt_array, opt_bool, opt_count, opt_string, present, string,
+    unsupported,
 };
-use crate::canonical::{ApiError, ClientRequest, Decoded, NativeApi};
+use crate::canonical::{ApiError, ClientRequest, Decoded};
 use crate::config::ProviderApi;
-use crate::surfaces::openai::{MAX_TOKENS_LIMIT, requested_group};
+use crate::surfaces::openai::MAX_TOKENS_LIMIT;
+use crate::surfaces::translated::{self, Checked};
 
 /// Every top-level field of the Messages API the edge accepts.
 const KNOWN: &[&str] = &[
@@ -46,46 +47,33 @@ const KNOWN: &[&str] = &[
 /// Largest `top_k` accepted.
 const MAX_TOP_K: u64 = 1_000_000;
 
-/// What the edge itself reads of a Messages request, checked for every member.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Checked {
-    pub stream: bool,
-    pub max_tokens: u64,
-}
-
+/// What the edge itself reads of a Messages request, checked for every member:
+/// `stream`, and `max_tokens` (required).
 pub fn check(request: &ClientRequest) -> Result<Checked, ApiError> {
-    let stream = request
-        .typed::<bool>("stream")
-        .map_err(|_| invalid("stream", "a boolean"))?
-        .unwrap_or(false);
+    let stream = translated::stream(request)?;
     let max_tokens = match request.typed::<u64>("max_tokens") {
         Ok(Some(n)) if (1..=MAX_TOKENS_LIMIT).contains(&n) => n,
         Ok(None) => {
-            return Err(ApiError::bad_request(
-                "missing_parameter",
-                "`max_tokens` is required (the most tokens the answer may have)",
-            )
-            .with_param("max_tokens"));
+            let why = "`max_tokens` is required (the most tokens the answer may have)";
+            return Err(translated::missing("max_tokens", "missing_parameter", why));
         }
         _ => {
-            return Err(invalid(
-                "max_tokens",
-                &format!("an integer from 1 to {MAX_TOKENS_LIMIT}"),
-            ));
+            let range = format!("an integer from 1 to {MAX_TOKENS_LIMIT}");
+            return Err(invalid("max_tokens", &range));
         }
     };
     match request.typed::<Vec<Value>>("messages") {
         Ok(Some(m)) if !m.is_empty() => {}
         Ok(None) => {
-            return Err(ApiError::bad_request(
-                "missing_parameter",
-                "`messages` is required (a non-empty array of messages)",
-            )
-            .with_param("messages"));
+            let why = "`messages` is required (a non-empty array of messages)";
+            return Err(translated::missing("messages", "missing_parameter", why));
         }
         _ => return Err(invalid("messages", "a non-empty array of messages")),
     }
-    Ok(Checked { stream, max_tokens })
+    Ok(Checked {
+        stream,
+        max_output_tokens: Some(max_tokens),
+    })
 }
 
 /// Client headers passed on to a provider that serves the Messages API itself.
@@ -107,22 +95,17 @@ fn forwarded(headers: &http::HeaderMap) -> Vec<iop_proto::pb::Header> {
         .collect()
 }
 
+/// The Messages API as the edge reads it.
+const API: translated::Api = translated::Api {
+    api: ProviderApi::Messages,
+    check,
+    to_chat,
+};
+
 /// Reads and checks a request and translates it into the canonical (chat) form; a
 /// translation that fails leaves the request to members that serve the API themselves.
 pub fn decode<'a>(body: &'a [u8], headers: &http::HeaderMap) -> Result<Decoded<'a>, ApiError> {
-    let request = ClientRequest::parse(body)?;
-    let model = requested_group(&request)?;
-    let checked = check(&request)?;
-    let chat = to_chat(&request);
-    Ok(super::super::translated(
-        model,
-        checked.stream,
-        Some(checked.max_tokens),
-        request,
-        NativeApi::Provider(ProviderApi::Messages),
-        forwarded(headers),
-        chat,
-    ))
+    API.decode(body, forwarded(headers))
 }
 
 /// The chat request for `request` (whose `model` is kept: the dispatch rewrites it).
@@ -202,11 +185,7 @@ fn sampling(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<
     if let Some(n) = opt_count(body, "max_tokens", "", 1, MAX_TOKENS_LIMIT)? {
         chat.insert("max_tokens".into(), n.into());
     }
-    for key in ["temperature", "top_p"] {
-        if opt_number(body, key, "")?.is_some() {
-            chat.insert(key.into(), body[key].clone());
-        }
-    }
+    translated::temperature_and_top_p(body, chat)?;
     if let Some(k) = opt_count(body, "top_k", "", 0, MAX_TOP_K)? {
         chat.insert("top_k".into(), k.into());
     }
@@ -226,16 +205,7 @@ fn sampling(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<
 
 /// `tools` and `tool_choice` as chat's functions and choice.
 fn tools(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
-    if let Some(tools) = opt_array(body, "tools", "")? {
-        let tools = tools
-            .iter()
-            .enumerate()
-            .map(|(i, t)| tool(t, &format!("tools[{i}]")))
-            .collect::<Result<Vec<_>, _>>()?;
-        if !tools.is_empty() {
-            chat.insert("tools".into(), Value::Array(tools));
-        }
-    }
+    translated::tools(body, chat, tool)?;
     let Some(choice) = present(body, "tool_choice") else {
         return Ok(());
     };
@@ -515,19 +485,11 @@ fn tool(tool: &Value, at: &str) -> Result<Value, ApiError> {
         ],
         at,
     )?;
-    let mut function = json!({"name": string(t, "name", at)?});
-    if let Some(d) = opt_string(t, "description", at)? {
-        function["description"] = d.into();
-    }
     let schema = object(
         t.get("input_schema").unwrap_or(&Value::Null),
         &join(at, "input_schema"),
     )?;
-    function["parameters"] = Value::Object(schema.clone());
-    if let Some(s) = opt_bool(t, "strict", at)? {
-        function["strict"] = s.into();
-    }
-    Ok(json!({"type": "function", "function": function}))
+    translated::function_tool(t, at, Some(Value::Object(schema.clone())))
 }
 
 #[cfg(test)]
@@ -716,7 +678,7 @@ mod tests {
             checked(ok).unwrap(),
             Checked {
                 stream: true,
-                max_tokens: 5
+                max_output_tokens: Some(5)
             }
         );
         for (body, param) in [

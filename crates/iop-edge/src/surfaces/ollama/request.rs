@@ -254,14 +254,6 @@ impl ChatRequest {
     pub fn options(&self) -> Result<Options, ApiError> {
         Options::read(self.options.as_ref())
     }
-
-    /// Characters of the conversation, for the lane estimate.
-    pub fn prompt_chars(&self) -> usize {
-        self.messages
-            .iter()
-            .map(|m| m.content.chars().count())
-            .sum()
-    }
 }
 
 impl GenerateRequest {
@@ -271,10 +263,6 @@ impl GenerateRequest {
 
     pub fn options(&self) -> Result<Options, ApiError> {
         Options::read(self.options.as_ref())
-    }
-
-    pub fn prompt_chars(&self) -> usize {
-        self.prompt.chars().count() + self.system.as_deref().map_or(0, |s| s.chars().count())
     }
 }
 

@@ -12,7 +12,7 @@ use iop_proto::pb;
 use serde_json::{Map, Value, json};
 
 use crate::canonical::{AnswerEvent, ApiError, Finish, FinishReason, ToolCall};
-use crate::surfaces::sse::SseEvent;
+use crate::surfaces::sse::{EventWriter, SseEvent};
 
 /// What a response says about itself besides its output.
 #[derive(Debug, Clone)]
@@ -98,87 +98,6 @@ impl ResponseWriter {
             output: Vec::new(),
             open: None,
             done: None,
-        }
-    }
-
-    /// The events that open a stream.
-    pub fn start(&mut self, out: &mut Vec<SseEvent>) {
-        let response = self.object("in_progress", Value::Null, Value::Null, Value::Null);
-        self.emit(
-            out,
-            "response.created",
-            json!({"response": response.clone()}),
-        );
-        self.emit(out, "response.in_progress", json!({"response": response}));
-    }
-
-    /// The response object, once the answer ended (`None` before).
-    pub fn finished(&self) -> Option<&Value> {
-        self.done.as_ref()
-    }
-
-    pub fn push(&mut self, event: AnswerEvent, out: &mut Vec<SseEvent>) {
-        match event {
-            AnswerEvent::Started | AnswerEvent::Embeddings(_) => {}
-            AnswerEvent::Text(text) => {
-                if !matches!(self.open, Some(Open::Message { .. })) {
-                    self.close(out);
-                    let id = self.item_id("msg");
-                    let item = json!({"type": "message", "id": id, "status": "in_progress",
-                                      "role": "assistant", "content": []});
-                    self.added(out, item);
-                    let part = json!({"type": "output_text", "text": "", "annotations": []});
-                    self.part(out, "response.content_part.added", &id, part);
-                    self.open = Some(Open::Message {
-                        id,
-                        text: String::new(),
-                    });
-                }
-                let index = self.output.len();
-                if let Some(Open::Message { id, .. }) = &self.open {
-                    let data = json!({"item_id": id, "output_index": index, "content_index": 0,
-                                      "delta": text, "logprobs": []});
-                    self.emit(out, "response.output_text.delta", data);
-                }
-                if let Some(Open::Message { text: all, .. }) = &mut self.open {
-                    all.push_str(&text);
-                }
-            }
-            AnswerEvent::Reasoning(text) => {
-                if !matches!(self.open, Some(Open::Reasoning { .. })) {
-                    self.close(out);
-                    let id = self.item_id("rs");
-                    let item = json!({"type": "reasoning", "id": id, "status": "in_progress",
-                                      "summary": [], "content": []});
-                    self.added(out, item);
-                    let part = json!({"type": "reasoning_text", "text": ""});
-                    self.part(out, "response.content_part.added", &id, part);
-                    self.open = Some(Open::Reasoning {
-                        id,
-                        text: String::new(),
-                    });
-                }
-                let index = self.output.len();
-                if let Some(Open::Reasoning { id, .. }) = &self.open {
-                    let data = json!({"item_id": id, "output_index": index, "content_index": 0,
-                                      "delta": text});
-                    self.emit(out, "response.reasoning_text.delta", data);
-                }
-                if let Some(Open::Reasoning { text: all, .. }) = &mut self.open {
-                    all.push_str(&text);
-                }
-            }
-            AnswerEvent::ToolCalls(calls) => {
-                self.close(out);
-                for call in calls {
-                    self.function_call(call, out);
-                }
-            }
-            AnswerEvent::Finished(finish) => {
-                self.close(out);
-                self.finish(finish, out);
-            }
-            AnswerEvent::Failed(error) => self.fail(&error, out),
         }
     }
 
@@ -339,6 +258,89 @@ impl ResponseWriter {
     }
 }
 
+impl EventWriter for ResponseWriter {
+    /// The events that open a stream.
+    fn start(&mut self, out: &mut Vec<SseEvent>) {
+        let response = self.object("in_progress", Value::Null, Value::Null, Value::Null);
+        self.emit(
+            out,
+            "response.created",
+            json!({"response": response.clone()}),
+        );
+        self.emit(out, "response.in_progress", json!({"response": response}));
+    }
+
+    /// The response object, once the answer ended (`None` before).
+    fn finished(&self) -> Option<&Value> {
+        self.done.as_ref()
+    }
+
+    fn push(&mut self, event: AnswerEvent, out: &mut Vec<SseEvent>) {
+        match event {
+            AnswerEvent::Started | AnswerEvent::Embeddings(_) => {}
+            AnswerEvent::Text(text) => {
+                if !matches!(self.open, Some(Open::Message { .. })) {
+                    self.close(out);
+                    let id = self.item_id("msg");
+                    let item = json!({"type": "message", "id": id, "status": "in_progress",
+                                      "role": "assistant", "content": []});
+                    self.added(out, item);
+                    let part = json!({"type": "output_text", "text": "", "annotations": []});
+                    self.part(out, "response.content_part.added", &id, part);
+                    self.open = Some(Open::Message {
+                        id,
+                        text: String::new(),
+                    });
+                }
+                let index = self.output.len();
+                if let Some(Open::Message { id, .. }) = &self.open {
+                    let data = json!({"item_id": id, "output_index": index, "content_index": 0,
+                                      "delta": text, "logprobs": []});
+                    self.emit(out, "response.output_text.delta", data);
+                }
+                if let Some(Open::Message { text: all, .. }) = &mut self.open {
+                    all.push_str(&text);
+                }
+            }
+            AnswerEvent::Reasoning(text) => {
+                if !matches!(self.open, Some(Open::Reasoning { .. })) {
+                    self.close(out);
+                    let id = self.item_id("rs");
+                    let item = json!({"type": "reasoning", "id": id, "status": "in_progress",
+                                      "summary": [], "content": []});
+                    self.added(out, item);
+                    let part = json!({"type": "reasoning_text", "text": ""});
+                    self.part(out, "response.content_part.added", &id, part);
+                    self.open = Some(Open::Reasoning {
+                        id,
+                        text: String::new(),
+                    });
+                }
+                let index = self.output.len();
+                if let Some(Open::Reasoning { id, .. }) = &self.open {
+                    let data = json!({"item_id": id, "output_index": index, "content_index": 0,
+                                      "delta": text});
+                    self.emit(out, "response.reasoning_text.delta", data);
+                }
+                if let Some(Open::Reasoning { text: all, .. }) = &mut self.open {
+                    all.push_str(&text);
+                }
+            }
+            AnswerEvent::ToolCalls(calls) => {
+                self.close(out);
+                for call in calls {
+                    self.function_call(call, out);
+                }
+            }
+            AnswerEvent::Finished(finish) => {
+                self.close(out);
+                self.finish(finish, out);
+            }
+            AnswerEvent::Failed(error) => self.fail(&error, out),
+        }
+    }
+}
+
 /// The `error` event that ends a native provider's stream when its tunnel fails mid-body
 /// (the sequence numbers are the provider's, so this event carries none).
 pub fn error_event(error: &ApiError) -> SseEvent {
@@ -371,22 +373,12 @@ mod tests {
     }
 
     fn run(events: Vec<AnswerEvent>, streaming: bool) -> (Vec<SseEvent>, Value) {
-        let mut w = ResponseWriter::new(meta(), streaming);
-        let mut out = Vec::new();
-        if streaming {
-            w.start(&mut out);
-        }
-        for e in events {
-            w.push(e, &mut out);
-        }
-        (out, w.finished().cloned().unwrap())
+        let (events, response) = ResponseWriter::new(meta(), streaming).render(events, streaming);
+        (events, response.expect("the answer finished"))
     }
 
     fn finished(reason: FinishReason) -> AnswerEvent {
-        AnswerEvent::Finished(Finish {
-            reason,
-            usage: Some(usage()),
-        })
+        AnswerEvent::finished(reason, Some(usage()))
     }
 
     #[test]

@@ -15,12 +15,13 @@
 use serde_json::{Map, Value, json};
 
 use crate::canonical::fields::{
-    invalid, join, object, only_known, opt_array, opt_bool, opt_count, opt_number, opt_string,
-    present, string, unsupported,
+    invalid, join, object, only_known, opt_bool, opt_count, opt_string, present, string,
+    unsupported,
 };
-use crate::canonical::{ApiError, ClientRequest, Decoded, NativeApi};
+use crate::canonical::{ApiError, ClientRequest, Decoded};
 use crate::config::ProviderApi;
-use crate::surfaces::openai::{MAX_TOKENS_LIMIT, requested_group};
+use crate::surfaces::openai::MAX_TOKENS_LIMIT;
+use crate::surfaces::translated::{self, Checked};
 
 /// Every top-level field of the Responses API the edge accepts.
 const KNOWN: &[&str] = &[
@@ -55,35 +56,22 @@ const KNOWN: &[&str] = &[
 ];
 
 /// What the edge itself reads of a Responses request, checked for every member (a
-/// provider that serves the API itself gets the request as it is).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Checked {
-    pub stream: bool,
-    pub max_output_tokens: Option<u64>,
-}
-
+/// provider that serves the API itself gets the request as it is): `stream`,
+/// `max_output_tokens`, and that there is an `input`.
 pub fn check(request: &ClientRequest) -> Result<Checked, ApiError> {
-    let stream = request
-        .typed::<bool>("stream")
-        .map_err(|_| invalid("stream", "a boolean"))?
-        .unwrap_or(false);
+    let stream = translated::stream(request)?;
     let max_output_tokens = match request.typed::<u64>("max_output_tokens") {
         Ok(n) if n.is_none_or(|n| n <= MAX_TOKENS_LIMIT) => n,
         _ => {
-            return Err(invalid(
-                "max_output_tokens",
-                &format!("an integer from 0 to {MAX_TOKENS_LIMIT}"),
-            ));
+            let range = format!("an integer from 0 to {MAX_TOKENS_LIMIT}");
+            return Err(invalid("max_output_tokens", &range));
         }
     };
     match request.typed::<Value>("input") {
         Ok(Some(Value::String(_) | Value::Array(_))) => {}
         Ok(None) => {
-            return Err(ApiError::bad_request(
-                "missing_input",
-                "you must provide `input` (a string or an array of input items)",
-            )
-            .with_param("input"));
+            let why = "you must provide `input` (a string or an array of input items)";
+            return Err(translated::missing("input", "missing_input", why));
         }
         _ => return Err(invalid("input", "a string or an array of input items")),
     }
@@ -93,22 +81,17 @@ pub fn check(request: &ClientRequest) -> Result<Checked, ApiError> {
     })
 }
 
+/// The Responses API as the edge reads it.
+const API: translated::Api = translated::Api {
+    api: ProviderApi::Responses,
+    check,
+    to_chat,
+};
+
 /// Reads and checks a request and translates it into the canonical (chat) form; a
 /// translation that fails leaves the request to members that serve the API themselves.
 pub fn decode<'a>(body: &'a [u8], _headers: &http::HeaderMap) -> Result<Decoded<'a>, ApiError> {
-    let request = ClientRequest::parse(body)?;
-    let model = requested_group(&request)?;
-    let checked = check(&request)?;
-    let chat = to_chat(&request);
-    Ok(super::super::translated(
-        model,
-        checked.stream,
-        checked.max_output_tokens,
-        request,
-        NativeApi::Provider(ProviderApi::Responses),
-        Vec::new(),
-        chat,
-    ))
+    API.decode(body, Vec::new())
 }
 
 /// The chat request for `request` (whose `model` is kept: the dispatch rewrites it).
@@ -144,11 +127,7 @@ pub fn to_chat(request: &ClientRequest) -> Result<Map<String, Value>, ApiError> 
     if let Some(n) = opt_count(&body, "max_output_tokens", "", 0, MAX_TOKENS_LIMIT)? {
         chat.insert("max_tokens".into(), n.into());
     }
-    for key in ["temperature", "top_p"] {
-        if opt_number(&body, key, "")?.is_some() {
-            chat.insert(key.into(), body[key].clone());
-        }
-    }
+    translated::temperature_and_top_p(&body, &mut chat)?;
     if let Some(parallel) = opt_bool(&body, "parallel_tool_calls", "")? {
         chat.insert("parallel_tool_calls".into(), parallel.into());
     }
@@ -158,16 +137,7 @@ pub fn to_chat(request: &ClientRequest) -> Result<Map<String, Value>, ApiError> 
     if let Some(user) = opt_string(&body, "user", "")? {
         chat.insert("user".into(), user.into());
     }
-    if let Some(tools) = opt_array(&body, "tools", "")? {
-        let tools = tools
-            .iter()
-            .enumerate()
-            .map(|(i, t)| tool(t, &format!("tools[{i}]")))
-            .collect::<Result<Vec<_>, _>>()?;
-        if !tools.is_empty() {
-            chat.insert("tools".into(), Value::Array(tools));
-        }
-    }
+    translated::tools(&body, &mut chat, tool)?;
     if let Some(choice) = present(&body, "tool_choice") {
         chat.insert("tool_choice".into(), tool_choice(choice)?);
     }
@@ -455,18 +425,11 @@ fn tool(tool: &Value, at: &str) -> Result<Value, ApiError> {
                 ],
                 at,
             )?;
-            let mut function = json!({"name": string(t, "name", at)?});
-            if let Some(d) = opt_string(t, "description", at)? {
-                function["description"] = d.into();
-            }
-            if let Some(p) = present(t, "parameters") {
+            let parameters = present(t, "parameters");
+            if let Some(p) = parameters {
                 object(p, &join(at, "parameters"))?;
-                function["parameters"] = p.clone();
             }
-            if let Some(s) = opt_bool(t, "strict", at)? {
-                function["strict"] = s.into();
-            }
-            Ok(json!({"type": "function", "function": function}))
+            translated::function_tool(t, at, parameters.cloned())
         }
         other => Err(unsupported(
             &join(at, "type"),
