@@ -42,7 +42,7 @@ pub use config::EdgeConfig;
 use config::NodeTlsMode;
 use http::tls::HttpTls;
 pub use service::Edge;
-use service::credentials::NodeListenerInfo;
+use service::nodes::NodeListenerInfo;
 use trust::TrustStore;
 use trust::node_tls::NodeListenerTls;
 
@@ -170,9 +170,9 @@ impl EdgeServer {
             }
         };
         let edge = Edge::with_ledger(config, Some(trust), ledger);
-        let (written, dropped) = edge.ledger().counters();
-        edge.metrics.register_ledger(written, dropped);
-        edge.set_node_listener(NodeListenerInfo {
+        let (written, dropped) = edge.telemetry.ledger().counters();
+        edge.telemetry.metrics.register_ledger(written, dropped);
+        edge.nodes.set_listener(NodeListenerInfo {
             addr: node_addr,
             mode,
             pin: node_pin,
@@ -237,7 +237,7 @@ impl EdgeServer {
         let _ =
             tokio::time::timeout(std::time::Duration::from_secs(2), self.edge.tasks().wait()).await;
         // Every response has ended (or was closed): their records are queued.
-        self.edge.ledger().close(LEDGER_CLOSE_GRACE).await;
+        self.edge.telemetry.ledger().close(LEDGER_CLOSE_GRACE).await;
     }
 
     /// Waits until the servers stop (after a shutdown elsewhere, or a failure).

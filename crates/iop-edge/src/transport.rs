@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::registry::{Generation, ReadyOutcome};
-use crate::service::credentials::ConnectionControl;
+use crate::service::nodes::ConnectionControl;
 use crate::service::{Edge, Rejection};
 use crate::session::{CommandReply, Delivery, NodeSession};
 use crate::trust::Link;
@@ -80,7 +80,7 @@ pub async fn serve_nodes(
                             ));
                         }
                         Err((notice, log)) => {
-                            edge.metrics.count_node_refusal(notice.label());
+                            edge.telemetry.metrics.count_node_refusal(notice.label());
                             if log {
                                 tracing::warn!(%peer, reason = notice.label(), unauthenticated = gate.unauthenticated(), "node connection closed at once: over the cap on unauthenticated connections (further ones are summarized)");
                             }
@@ -133,7 +133,7 @@ async fn accept_connection(
         HandshakeError::Failed(_) => Notice::TlsHandshakeFailed,
         HandshakeError::ClientCertificate(_) => Notice::BadCredential,
     };
-    edge.metrics.count_node_refusal(notice.label());
+    edge.telemetry.metrics.count_node_refusal(notice.label());
     let log = match notice {
         Notice::BadCredential => gate.bad_credential(peer.ip(), Instant::now()),
         _ => gate.note(notice),
@@ -192,7 +192,10 @@ struct Connection {
 impl Connection {
     /// Counts a refusal before registration; true when it should be logged on its own.
     fn notice(&self, notice: Notice) -> bool {
-        self.edge.metrics.count_node_refusal(notice.label());
+        self.edge
+            .telemetry
+            .metrics
+            .count_node_refusal(notice.label());
         self.gate.note(notice)
     }
 
@@ -238,6 +241,7 @@ impl Connection {
         let now = Instant::now();
         if let Err((retry_after, log)) = self.gate.check_credential_attempt(self.ip, now) {
             self.edge
+                .telemetry
                 .metrics
                 .count_node_refusal(Notice::Throttled.label());
             let rejection = Rejection::Throttled { retry_after };
@@ -247,7 +251,7 @@ impl Connection {
             self.reject(&rejection).await;
             return;
         }
-        let generation = self.edge.next_generation();
+        let generation = self.edge.nodes.next_generation();
         let control = ConnectionControl {
             outbound: self.outbound.clone(),
             kick: self.kick.clone(),
@@ -260,6 +264,7 @@ impl Connection {
             Err(rejection) => {
                 if rejection.is_refused_credential() {
                     self.edge
+                        .telemetry
                         .metrics
                         .count_node_refusal(Notice::BadCredential.label());
                     // Guesses are logged once per summary window (the edge logged the rest).

@@ -98,7 +98,7 @@ pub struct KeyLimitsConfig {
     #[serde(default)]
     pub max_concurrent: Option<u32>,
     /// Output tokens a request that gives no `max_tokens` reserves against
-    /// `tokens_per_day` while it runs (default [`DEFAULT_RESERVE_TOKENS`]).
+    /// `tokens_per_day` while it runs (default 1024).
     #[serde(default)]
     pub reserve_tokens: Option<u64>,
 }

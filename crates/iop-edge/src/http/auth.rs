@@ -51,7 +51,7 @@ enum KeyHeaders {
 
 /// Authenticates `request` and sets its [`Caller`].
 fn identify(edge: &Edge, request: &mut Request, from: KeyHeaders) -> Result<(), ApiError> {
-    let keys = edge.keys();
+    let keys = edge.keys.table();
     if keys.is_empty() {
         request.extensions_mut().insert(Caller::anonymous());
         return Ok(());
@@ -76,21 +76,21 @@ fn identify(edge: &Edge, request: &mut Request, from: KeyHeaders) -> Result<(), 
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| throttle_key(c.0.ip()));
     if let Some(source) = source
-        && let Err(wait) = edge.key_failures().check(source, Instant::now())
+        && let Err(wait) = edge.keys.failures().check(source, Instant::now())
     {
         return Err(throttled(wait));
     }
     match keys.find(presented) {
         Some(key) => {
             if let Some(source) = source {
-                edge.key_failures().success(source);
+                edge.keys.failures().success(source);
             }
             request.extensions_mut().insert(Caller::with_key(key));
             Ok(())
         }
         None => {
             if let Some(source) = source {
-                edge.key_failures().failure(source, Instant::now());
+                edge.keys.failures().failure(source, Instant::now());
             }
             Err(ApiError::unauthorized("incorrect API key provided"))
         }
@@ -159,7 +159,7 @@ pub async fn summarize_failures(edge: Arc<Edge>) {
             _ = edge.shutdown_token().cancelled() => return,
             _ = every.tick() => {}
         }
-        let summary = edge.key_failures().take_summary();
+        let summary = edge.keys.failures().take_summary();
         if summary.failures == 0 {
             continue;
         }

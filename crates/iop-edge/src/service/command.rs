@@ -8,6 +8,7 @@ use iop_proto::{ErrorCode, pb};
 use super::Edge;
 use super::errors::SubmitError;
 use crate::auth::Caller;
+use crate::canonical::ApiError;
 use crate::session::CommandReply;
 
 /// How long the edge waits for a node's answer to a command.
@@ -24,6 +25,23 @@ pub enum CommandError {
     /// The node answered with an error.
     #[error("{message}")]
     Failed { code: ErrorCode, message: String },
+}
+
+impl From<CommandError> for ApiError {
+    fn from(err: CommandError) -> Self {
+        let message = err.to_string();
+        match err {
+            CommandError::Submit(e) => e.into(),
+            CommandError::UnknownRun(_) => ApiError::not_found("run_not_found", message),
+            CommandError::Timeout => ApiError::of(ErrorCode::NodeTimeout, message),
+            // A command the node knows but does not serve.
+            CommandError::Failed {
+                code: ErrorCode::NotSupported,
+                message,
+            } => ApiError::of(ErrorCode::NotImplemented, message).with_detail("not_supported"),
+            CommandError::Failed { code, message } => ApiError::of(code, message),
+        }
+    }
 }
 
 impl Edge {
@@ -57,10 +75,11 @@ impl Edge {
     /// Cancels an active run wherever it runs. A run `caller` may not touch (another client
     /// key's) is reported as unknown, exactly like one that does not exist.
     pub async fn cancel_run(&self, run_id: &str, caller: &Caller) -> Result<(), CommandError> {
-        if !caller.may_touch(self.run_owner(run_id).as_deref()) {
+        if !caller.may_touch(self.keys.run_owner(run_id).as_deref()) {
             return Err(CommandError::UnknownRun(run_id.to_string()));
         }
         let session = self
+            .nodes
             .ready_sessions()
             .into_iter()
             .find(|s| s.has_stream(run_id))
@@ -147,5 +166,19 @@ fn failed(error: Option<pb::RunError>) -> CommandError {
     CommandError::Failed {
         code: error.error_code(),
         message: error.message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_the_node_does_not_serve_is_501() {
+        let e = ApiError::from(CommandError::Failed {
+            code: ErrorCode::NotSupported,
+            message: "no".into(),
+        });
+        assert_eq!(e.status, 501);
     }
 }

@@ -11,25 +11,17 @@
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
-use iop_proto::Outbound;
 use iop_proto::pb;
-use iop_proto::trust::{JoinString, JoinToken, Pin};
+use iop_proto::trust::{JoinString, JoinToken};
 use serde::Serialize;
-use tokio_util::sync::CancellationToken;
 
+use super::nodes::{ConnectionControl, LinkEntry};
 use super::{Edge, Registered, Rejection};
-use crate::config::{NodeTlsMode, hash_token};
+use crate::config::hash_token;
 use crate::registry::Generation;
 pub use crate::status::LinkStatus;
 use crate::trust::join::{JoinError, JoinTokenRecord};
 use crate::trust::{Link, PersistError, RedeemError, TrustStore, unix_ms};
-
-/// What the edge may do to a registered connection: send it a last frame and drop it.
-#[derive(Debug, Clone)]
-pub struct ConnectionControl {
-    pub outbound: Outbound,
-    pub kick: CancellationToken,
-}
 
 /// Longest node-sent label (version, host name) the status keeps.
 const MAX_LABEL_CHARS: usize = 64;
@@ -42,22 +34,6 @@ fn bounded_label(label: &str) -> String {
         .filter(|c| !c.is_control())
         .take(MAX_LABEL_CHARS)
         .collect()
-}
-
-#[derive(Debug)]
-pub(crate) struct LinkEntry {
-    pub generation: Generation,
-    pub status: LinkStatus,
-    control: ConnectionControl,
-}
-
-/// The node listener as nodes reach it.
-#[derive(Debug, Clone)]
-pub struct NodeListenerInfo {
-    pub addr: SocketAddr,
-    pub mode: NodeTlsMode,
-    /// The pin nodes verify the listener by (auto mode, or a provided chain with its CA).
-    pub pin: Option<Pin>,
 }
 
 enum Proof {
@@ -115,24 +91,6 @@ impl Edge {
         self.trust.as_ref()
     }
 
-    /// Records where the node listener is bound and how nodes verify it.
-    pub fn set_node_listener(&self, info: NodeListenerInfo) {
-        *self.node_listener.lock() = Some(info);
-    }
-
-    pub fn node_listener(&self) -> Option<NodeListenerInfo> {
-        self.node_listener.lock().clone()
-    }
-
-    /// How the node's connection of `generation` is secured, if it is the current one.
-    pub fn link_status(&self, node_id: &str, generation: Generation) -> Option<LinkStatus> {
-        self.links
-            .lock()
-            .get(node_id)
-            .filter(|l| l.generation == generation)
-            .map(|l| l.status.clone())
-    }
-
     pub(super) fn authenticate_and_claim(
         &self,
         request: &pb::RegisterRequest,
@@ -180,7 +138,7 @@ impl Edge {
                         );
                     }
                     Err(message) => {
-                        self.registry.lock().disconnect(&node_id, generation);
+                        self.nodes.unclaim(&node_id, generation);
                         refund(&identity.proof);
                         return Err(Rejection::Credential(message));
                     }
@@ -188,7 +146,7 @@ impl Edge {
                 "join_token"
             }
         };
-        self.links.lock().insert(
+        self.nodes.set_link(
             node_id,
             LinkEntry {
                 generation,
@@ -264,10 +222,8 @@ impl Edge {
             });
         }
         let node_id = self
-            .registry
-            .lock()
+            .nodes
             .authenticate(&request.token)
-            .map(String::from)
             .ok_or(Rejection::UnknownToken)?;
         if self
             .trust
@@ -315,7 +271,7 @@ impl Edge {
         } else if !config.node_tls.advertise.is_empty() {
             config.node_tls.advertise.clone()
         } else {
-            let listener = self.node_listener().ok_or(CredentialAdminError::NoState)?;
+            let listener = self.nodes.listener().ok_or(CredentialAdminError::NoState)?;
             if listener.addr.ip().is_unspecified() {
                 return Err(CredentialAdminError::NoAddress(listener.addr));
             }
@@ -349,7 +305,7 @@ impl Edge {
         let trust = self.trust.as_ref().ok_or(CredentialAdminError::NoState)?;
         let now = SystemTime::now();
         let removed = trust.revoke(node_id, node.token_hash().ok().flatten(), now)?;
-        let entry = self.links.lock().remove(node_id);
+        let entry = self.nodes.take_link(node_id);
         let session_closed = entry.is_some();
         if let Some(entry) = entry {
             let rejection = Rejection::Revoked {

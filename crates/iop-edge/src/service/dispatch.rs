@@ -21,7 +21,7 @@
 //!
 //! Members whose provider is probed unhealthy, ejected or cooling down are not chosen
 //! while the group has another, and every attempt's outcome goes through
-//! [`Edge::attempt_finished`] into passive ejection.
+//! `Edge::attempt_finished` into passive ejection.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -203,13 +203,13 @@ impl Edge {
         ctx: &RequestContext,
     ) -> Result<Served, ApiError> {
         let group = request.group;
-        let Some(policy) = self.admission.policy(group) else {
+        let Some(policy) = self.dispatcher.admission.policy(group) else {
             return Err(AdmitError::UnknownGroup(group.to_string()).into());
         };
         let lane = lane_for(policy.long_context_tokens, || request.lane_inputs());
         let settings = self.config().dispatch.clone();
         let started = clock();
-        self.retry_budget.lock().record_request(started);
+        self.dispatcher.request_started(started);
         let mut tries = Tries {
             // Retries wait in the queue only for what is left of the group's timeout.
             queue_until: started + policy.timeout,
@@ -296,6 +296,7 @@ impl Edge {
         loop {
             let target = Target::Group(group);
             let acquired = self
+                .dispatcher
                 .admission
                 .acquire(target, tries.lane, &tries.exclude, Some(tries.queue_until))
                 .await;
@@ -346,7 +347,7 @@ impl Edge {
             let wait = retry_after
                 .map_or(DEFAULT_COOL_DOWN, Duration::from_secs)
                 .min(MAX_COOL_DOWN);
-            self.admission.cool_down(key, wait, clock());
+            self.dispatcher.admission.cool_down(key, wait, clock());
         }
     }
 
@@ -360,7 +361,7 @@ impl Edge {
         settings: &crate::config::DispatchConfig,
     ) -> Decision {
         match decide(code, accepted, tries.attempts, settings.max_attempts) {
-            Decision::Retry { .. } if !self.retry_budget.lock().try_retry(clock()) => {
+            Decision::Retry { .. } if !self.dispatcher.try_retry(clock()) => {
                 tracing::warn!(
                     model_group = group,
                     code = code.as_str(),

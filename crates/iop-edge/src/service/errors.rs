@@ -1,11 +1,10 @@
 //! The service's own errors as the errors clients get ([`ApiError`], built from the
 //! reason table): why admission gave a request no slot, why a run, tunnel or command
-//! could not start, why a node command failed.
+//! could not start.
 
 use iop_proto::ErrorCode;
 
 use super::admission::{AdmitError, RETRY_AFTER_SECS};
-use super::command::CommandError;
 use crate::canonical::ApiError;
 use crate::session::NodeSession;
 
@@ -83,23 +82,6 @@ impl From<SubmitError> for ApiError {
     }
 }
 
-impl From<CommandError> for ApiError {
-    fn from(err: CommandError) -> Self {
-        let message = err.to_string();
-        match err {
-            CommandError::Submit(e) => e.into(),
-            CommandError::UnknownRun(_) => ApiError::not_found("run_not_found", message),
-            CommandError::Timeout => ApiError::of(ErrorCode::NodeTimeout, message),
-            // A command the node knows but does not serve.
-            CommandError::Failed {
-                code: ErrorCode::NotSupported,
-                message,
-            } => ApiError::of(ErrorCode::NotImplemented, message).with_detail("not_supported"),
-            CommandError::Failed { code, message } => ApiError::of(code, message),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,10 +99,5 @@ mod tests {
             known: "b".into(),
         });
         assert_eq!((e.status.as_u16(), e.code()), (404, "unknown_adapter"));
-        let e = ApiError::from(CommandError::Failed {
-            code: ErrorCode::NotSupported,
-            message: "no".into(),
-        });
-        assert_eq!(e.status, 501);
     }
 }

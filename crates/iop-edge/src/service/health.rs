@@ -31,7 +31,9 @@ impl Edge {
         if outcome == ProviderOutcome::Neutral {
             return None;
         }
-        self.admission.report_outcome(node, provider, &outcome, now)
+        self.dispatcher
+            .admission
+            .report_outcome(node, provider, &outcome, now)
     }
 
     /// A node's `ProviderHealthReport`, from its connection `generation`.
@@ -50,7 +52,11 @@ impl Edge {
         }
         let now = super::admission::clock();
         for entry in report.providers.iter().take(MAX_REPORT_ENTRIES) {
-            let Some(change) = self.admission.probe_health(node_id, generation, entry, now) else {
+            let Some(change) = self
+                .dispatcher
+                .admission
+                .probe_health(node_id, generation, entry, now)
+            else {
                 continue;
             };
             let provider = entry.provider_id.as_str();

@@ -1,7 +1,13 @@
 //! The edge service: the authoritative owner of node lifecycle (register → ready → lost),
 //! the dispatch-ready sessions, admission, request dispatch, and the event bus. The
-//! transport feeds it connection events; the HTTP surfaces hand it parsed requests
-//! ([`dispatch`], runs, commands) and render what comes back.
+//! transport feeds it connection events; the HTTP surfaces hand it decoded requests
+//! ([`pipeline`]: admission, then dispatch or a run; commands) and render what comes back.
+//!
+//! [`Edge`] holds the config and four parts, each with its own locks and its own tests:
+//! [`nodes`] (ownership, sessions, links, the config each node was sent), [`keys`] (the
+//! key table, the wrong-key throttle, per-key limits, run owners), [`dispatch_state`]
+//! (admission, the retry budget, ids) and [`telemetry`] (metrics, events, the ledger,
+//! the live window). The modules beside them are the edge's operations over those parts.
 //!
 //! Node loss is handled here, on one path, not through the event bus: the registry fences
 //! the generation, the session's streams end with an error, the generation's leases are
@@ -13,8 +19,11 @@ pub mod answer;
 pub mod command;
 pub mod credentials;
 pub mod dispatch;
+pub mod dispatch_state;
 pub mod errors;
 pub mod health;
+pub mod keys;
+pub mod nodes;
 pub mod pipeline;
 pub mod plan;
 pub mod reload;
@@ -22,39 +31,33 @@ pub mod route;
 pub mod run;
 mod snapshot;
 pub mod stream;
+pub mod telemetry;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod tunnel;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use iop_proto::Outbound;
 use iop_proto::pb;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::KeyTable;
 use crate::config::{EdgeConfig, ProviderConfig};
-use crate::events::{EventBus, NodeEventKind};
-use crate::key_limits::KeyLimiter;
+use crate::events::NodeEventKind;
 use crate::ledger::day_tokens::{DAY_MS, DayTokens, day_of};
-use crate::ledger::live::LiveWindow;
 use crate::ledger::{Ledger, unix_ms_now};
-use crate::metrics::Metrics;
 use crate::payload::build_payload;
-use crate::queue::Scheduler;
-use crate::registry::{
-    ClaimError, DisconnectOutcome, Generation, OwnerState, ReadyOutcome, Registry,
-};
-use crate::retry_budget::{BudgetPolicy, RetryBudget};
+use crate::registry::{ClaimError, Generation, ReadyOutcome};
 use crate::session::{NodeSession, STREAM_WINDOW};
-use crate::throttle::{FailureThrottle, ThrottlePolicy};
 use crate::trust::join::JoinError;
 use crate::trust::{Link, TrustStore};
-use admission::AdmissionControl;
-use credentials::{ConnectionControl, LinkEntry};
+use dispatch_state::DispatchState;
+use keys::Keys;
+use nodes::ConnectionControl;
+use nodes::{Lost, Nodes};
+use telemetry::Telemetry;
 
 pub use run::RunStream;
 pub use tunnel::{TunnelHead, TunnelItem, TunnelStream};
@@ -205,62 +208,22 @@ pub struct Registered {
     pub credential: Option<pb::NodeCredential>,
 }
 
+/// The edge service: the config, and the parts it owns — each behind its own locks.
 pub struct Edge {
     config: RwLock<Arc<EdgeConfig>>,
-    /// The configured API keys (empty: the API is open).
-    keys: RwLock<Arc<KeyTable>>,
-    /// Wrong API keys per source address: growing waits and a periodic summary.
-    key_failures: Mutex<FailureThrottle>,
-    /// The API key that started each live run (runs of keyed callers only).
-    run_owners: Mutex<foldhash::HashMap<String, String>>,
-    /// The config payload version each node was last sent.
-    sent_config: Mutex<HashMap<String, u64>>,
-    registry: Mutex<Registry>,
-    /// Dispatch-ready sessions by node id (current generation only).
-    sessions: RwLock<foldhash::HashMap<String, Arc<NodeSession>>>,
-    pub admission: Arc<AdmissionControl>,
-    /// Retries allowed over the last window (`dispatch.retry_budget_*`).
-    retry_budget: Mutex<RetryBudget>,
-    pub events: EventBus,
-    pub metrics: Metrics,
+    /// Node ownership, sessions, links and the config each node was sent.
+    pub(crate) nodes: Nodes,
+    /// API keys: the table, wrong-key throttle, limits, run owners.
+    pub(crate) keys: Keys,
+    /// Admission, the retry budget and ids.
+    pub(crate) dispatcher: DispatchState,
+    /// Metrics, events, the ledger and the live window.
+    pub telemetry: Telemetry,
     tasks: TaskTracker,
     shutdown: CancellationToken,
-    ids: IdGenerator,
     /// The CA, join tokens and revocations (`None`: no state directory, e.g. unit tests).
     trust: Option<Arc<TrustStore>>,
-    /// How each node's current connection reached the edge and what it registered with.
-    links: Mutex<HashMap<String, LinkEntry>>,
-    /// The node listener's bound address and the pin nodes verify it by.
-    node_listener: Mutex<Option<credentials::NodeListenerInfo>>,
-    /// The durable usage ledger (off in unit tests and with `ledger.enabled: false`).
-    ledger: Ledger,
-    /// The last minute of requests per model group.
-    live: Mutex<LiveWindow>,
-    /// Per-key limits: request windows, concurrency and today's tokens.
-    limiter: Arc<Mutex<KeyLimiter>>,
 }
-
-/// Ids for runs, tunnels and commands: 128 random bits each (32 hex digits) from a
-/// thread-local CSPRNG seeded by the OS, so an id says nothing about any other id and
-/// cannot be guessed; no syscall per id.
-#[derive(Debug, Default)]
-struct IdGenerator;
-
-impl IdGenerator {
-    fn next(&self) -> String {
-        format!("{:032x}", rand::random::<u128>())
-    }
-}
-
-/// How wrong API keys from one address are slowed down: the first waits a quarter second
-/// before the next attempt, each further one twice as long up to 30 s; five quiet minutes
-/// forget the address.
-pub const KEY_FAILURE_POLICY: ThrottlePolicy = ThrottlePolicy {
-    base_delay: std::time::Duration::from_millis(250),
-    max_delay: std::time::Duration::from_secs(30),
-    forgive_after: std::time::Duration::from_secs(300),
-    max_tracked: 65_536,
-};
 
 impl std::fmt::Debug for Edge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -285,67 +248,27 @@ impl Edge {
         ledger: Ledger,
     ) -> Arc<Self> {
         let now_ms = unix_ms_now();
-        let today = ledger.tokens_since(day_of(now_ms) * DAY_MS);
-        let registry = Registry::new(reload::token_records(&config));
-        let plan = plan::AdmissionPlan::of(&config);
-        let mut scheduler = Scheduler::new(plan.providers, plan.groups);
-        scheduler.set_ejection_policy(plan.ejection);
-        let metrics = Metrics::new();
-        metrics.set_model_groups(config.model_groups.iter().map(|g| g.name.as_str()));
-        metrics.set_api_keys(config.auth.keys.iter().map(|k| k.name.as_str()));
-        let retry_budget = Mutex::new(RetryBudget::new(
-            budget_policy(&config.dispatch),
-            crate::retry_budget::WINDOW,
-        ));
+        let today = DayTokens::loaded(now_ms, ledger.tokens_since(day_of(now_ms) * DAY_MS));
         Arc::new(Edge {
-            metrics,
-            keys: RwLock::new(Arc::new(KeyTable::from_config(&config.auth))),
-            key_failures: Mutex::new(FailureThrottle::new(KEY_FAILURE_POLICY)),
-            run_owners: Mutex::new(foldhash::HashMap::default()),
+            nodes: Nodes::new(reload::token_records(&config)),
+            keys: Keys::new(&config.auth, today),
+            dispatcher: DispatchState::new(&config),
+            telemetry: Telemetry::new(&config, ledger),
             config: RwLock::new(Arc::new(config)),
-            sent_config: Mutex::new(HashMap::new()),
-            registry: Mutex::new(registry),
-            sessions: RwLock::new(foldhash::HashMap::default()),
-            admission: AdmissionControl::new(scheduler, plan.policies),
-            retry_budget,
-            events: EventBus::default(),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
-            ids: IdGenerator,
             trust,
-            links: Mutex::new(HashMap::new()),
-            node_listener: Mutex::new(None),
-            ledger,
-            live: Mutex::new(LiveWindow::new(std::time::Instant::now())),
-            limiter: Arc::new(Mutex::new(KeyLimiter::new(DayTokens::loaded(
-                now_ms, today,
-            )))),
         })
     }
 
     /// A fresh id for a run, tunnel or command.
     pub fn new_id(&self) -> String {
-        self.ids.next()
+        self.dispatcher.new_id()
     }
 
     /// The current config (replaced as a whole by a reload).
     pub fn config(&self) -> Arc<EdgeConfig> {
         self.config.read().clone()
-    }
-
-    /// The configured API keys.
-    pub fn keys(&self) -> Arc<KeyTable> {
-        self.keys.read().clone()
-    }
-
-    /// The throttle of wrong API keys by source address.
-    pub fn key_failures(&self) -> parking_lot::MutexGuard<'_, FailureThrottle> {
-        self.key_failures.lock()
-    }
-
-    /// The API key that started a live run, if a keyed caller did.
-    pub fn run_owner(&self, run_id: &str) -> Option<String> {
-        self.run_owners.lock().get(run_id).cloned()
     }
 
     pub fn tasks(&self) -> &TaskTracker {
@@ -358,11 +281,6 @@ impl Edge {
 
     pub fn provider(&self, node: &str, provider: &str) -> Option<ProviderConfig> {
         provider_of(&self.config(), node, provider).cloned()
-    }
-
-    /// A fresh generation for an accepted connection.
-    pub fn next_generation(&self) -> Generation {
-        self.registry.lock().next_generation()
     }
 
     /// Handles a `RegisterRequest` arriving over `link`: authenticates the node (client
@@ -382,7 +300,8 @@ impl Edge {
         match &result {
             Ok(r) => {
                 tracing::info!(node_id = %r.node_id, %generation, peer, link = link.name(), joined = r.credential.is_some(), "node registered (pending ready)");
-                self.events
+                self.telemetry
+                    .events
                     .node_event(&r.node_id, NodeEventKind::Registered, "", peer);
             }
             Err(rejection) if rejection.is_guess() => {}
@@ -393,28 +312,23 @@ impl Edge {
 
     /// Claims pending ownership of an authenticated node and builds its config payload.
     fn claim(&self, node_id: &str, generation: Generation) -> Result<Registered, Rejection> {
-        let mut registry = self.registry.lock();
-        registry
-            .claim_node(node_id, generation)
-            .map_err(|e| match e {
-                ClaimError::UnknownToken => Rejection::UnknownNode {
-                    node_id: node_id.to_string(),
-                },
-                ClaimError::Duplicate { node_id } => Rejection::Duplicate { node_id },
-            })?;
+        self.nodes.claim(node_id, generation).map_err(|e| match e {
+            ClaimError::UnknownToken => Rejection::UnknownNode {
+                node_id: node_id.to_string(),
+            },
+            ClaimError::Duplicate { node_id } => Rejection::Duplicate { node_id },
+        })?;
         let node_id = node_id.to_string();
         let config = self.config();
         // The config is swapped before the registry on a reload: a node the registry
         // still knows may have left the config, and is refused like an unknown one.
         let Some(node) = config.nodes.iter().find(|n| n.id == node_id) else {
-            registry.disconnect(&node_id, generation);
+            self.nodes.unclaim(&node_id, generation);
             return Err(Rejection::UnknownNode { node_id });
         };
         match build_payload(node, &config.health, config.max_frame_bytes) {
             Ok(payload) => {
-                self.sent_config
-                    .lock()
-                    .insert(node_id.clone(), payload.config_version);
+                self.nodes.config_sent(&node_id, payload.config_version);
                 Ok(Registered {
                     node_id,
                     payload,
@@ -422,7 +336,7 @@ impl Edge {
                 })
             }
             Err(message) => {
-                registry.disconnect(&node_id, generation);
+                self.nodes.unclaim(&node_id, generation);
                 Err(Rejection::ConfigBuild { node_id, message })
             }
         }
@@ -431,7 +345,7 @@ impl Edge {
     /// Logs and publishes a refused registration.
     pub fn rejected(&self, rejection: &Rejection, peer: &str) {
         tracing::warn!(node_id = rejection.node_id(), peer, reason = %rejection, "node registration rejected");
-        self.events.node_event(
+        self.telemetry.events.node_event(
             rejection.node_id(),
             NodeEventKind::Rejected,
             &rejection.to_string(),
@@ -449,30 +363,24 @@ impl Edge {
         kick: &CancellationToken,
         peer: &str,
     ) -> ReadyOutcome {
-        let outcome = {
-            let mut registry = self.registry.lock();
-            let outcome = registry.ready(node_id, generation);
-            if outcome == ReadyOutcome::Activated {
-                let session = Arc::new(
-                    NodeSession::new(
-                        node_id.to_string(),
-                        generation,
-                        peer.to_string(),
-                        outbound.clone(),
-                        kick.clone(),
-                    )
-                    .with_stream_budget(self.config().limits.nodes.stream_buffer_bytes),
-                );
-                self.sessions.write().insert(node_id.to_string(), session);
-            }
-            outcome
-        };
+        let stream_budget = self.config().limits.nodes.stream_buffer_bytes;
+        let outcome = self.nodes.ready(node_id, generation, || {
+            NodeSession::new(
+                node_id.to_string(),
+                generation,
+                peer.to_string(),
+                outbound.clone(),
+                kick.clone(),
+            )
+            .with_stream_budget(stream_budget)
+        });
         match outcome {
             ReadyOutcome::Activated => {
                 self.refresh_if_stale(node_id, outbound);
-                self.admission.node_ready(node_id, generation);
+                self.dispatcher.admission.node_ready(node_id, generation);
                 tracing::info!(node_id, %generation, peer, "node ready");
-                self.events
+                self.telemetry
+                    .events
                     .node_event(node_id, NodeEventKind::Ready, "", peer);
             }
             ReadyOutcome::AlreadyReady => {
@@ -495,9 +403,7 @@ impl Edge {
         let Ok(payload) = build_payload(node, &config.health, config.max_frame_bytes) else {
             return;
         };
-        let mut sent = self.sent_config.lock();
-        if sent.get(node_id) != Some(&payload.config_version) {
-            sent.insert(node_id.to_string(), payload.config_version);
+        if self.nodes.config_sent(node_id, payload.config_version) {
             outbound.try_send(pb::ConfigRefresh {
                 config: Some(payload),
             });
@@ -511,52 +417,27 @@ impl Edge {
     /// A connection ended. For the node's current generation: fence it, end its streams,
     /// return its leases and end waiters it leaves without a candidate. Stale: nothing.
     pub fn connection_lost(&self, node_id: &str, generation: Generation, reason: &str) {
-        let outcome = self.registry.lock().disconnect(node_id, generation);
-        {
-            let mut links = self.links.lock();
-            if links
-                .get(node_id)
-                .is_some_and(|l| l.generation == generation)
-            {
-                links.remove(node_id);
-            }
-        }
-        let DisconnectOutcome::Current { was_ready } = outcome else {
+        let Lost::Current { session } = self.nodes.lose(node_id, generation) else {
             tracing::debug!(node_id, %generation, reason, "stale disconnect ignored");
             return;
         };
         let mut returned = 0;
-        if was_ready {
-            let session = {
-                let mut sessions = self.sessions.write();
-                match sessions.get(node_id) {
-                    Some(s) if s.generation == generation => sessions.remove(node_id),
-                    _ => None,
-                }
-            };
-            if let Some(session) = session {
-                session.close(reason);
-            }
-            returned = self.admission.node_lost(node_id, generation, reason);
+        if let Some(session) = session {
+            session.close(reason);
+            returned = self
+                .dispatcher
+                .admission
+                .node_lost(node_id, generation, reason);
         }
         tracing::warn!(node_id, %generation, reason, leases_returned = returned, "node disconnected");
-        self.events
+        self.telemetry
+            .events
             .node_event(node_id, NodeEventKind::Disconnected, reason, "");
     }
 
     /// The node's dispatch-ready session, if it has one.
     pub fn session(&self, node_id: &str) -> Option<Arc<NodeSession>> {
-        self.sessions.read().get(node_id).cloned()
-    }
-
-    pub fn ready_sessions(&self) -> Vec<Arc<NodeSession>> {
-        let mut sessions: Vec<_> = self.sessions.read().values().cloned().collect();
-        sessions.sort_by(|a, b| a.node_id.cmp(&b.node_id));
-        sessions
-    }
-
-    pub fn owner_state(&self, node_id: &str) -> OwnerState {
-        self.registry.lock().state(node_id)
+        self.nodes.session(node_id)
     }
 
     /// Queues a control frame (cancel, credit) without waiting; if the queue is full it is
@@ -571,14 +452,6 @@ impl Edge {
                 let _ = outbound.send(envelope).await;
             });
         }
-    }
-}
-
-/// The retry budget a dispatch config asks for.
-pub(crate) fn budget_policy(config: &crate::config::DispatchConfig) -> BudgetPolicy {
-    BudgetPolicy {
-        percent: config.retry_budget_percent,
-        min: config.retry_budget_min,
     }
 }
 

@@ -120,7 +120,8 @@ impl Edge {
             estimate.input + l.reserved_output(estimate.max_output)
         });
         let permit = self
-            .admit_key(caller, reserve)
+            .keys
+            .admit(caller, reserve)
             .map_err(|e| over_limit(caller, e))?;
         let reserved = permit.as_ref().map_or(0, |p| p.reserved_tokens());
         recorder.admitted(estimate.input, reserved);
@@ -197,6 +198,7 @@ impl Edge {
     ) -> Result<Served, ApiError> {
         if let Err(refusal) = request.canonical
             && !self
+                .dispatcher
                 .admission
                 .group_serves_natively(request.group, request.native.api)
         {
@@ -228,6 +230,7 @@ impl Edge {
         };
         drop(config);
         let admitted = self
+            .dispatcher
             .admission
             .acquire(Target::Provider(&key), lane, &[], None)
             .await

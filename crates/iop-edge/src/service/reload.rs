@@ -12,8 +12,6 @@ use std::sync::Arc;
 use iop_proto::pb;
 
 use super::Edge;
-use super::plan::AdmissionPlan;
-use crate::auth::KeyTable;
 use crate::config::{EdgeConfig, TokenHash, hash_token};
 use crate::payload::build_payload;
 use crate::registry::OwnerState;
@@ -85,7 +83,7 @@ impl Edge {
         for node in &old.nodes {
             if !new.nodes.iter().any(|n| n.id == node.id) {
                 if let OwnerState::Ready(generation) | OwnerState::Pending(generation) =
-                    self.owner_state(&node.id)
+                    self.nodes.owner_state(&node.id)
                 {
                     if let Some(session) = self.session(&node.id) {
                         session.kick.cancel();
@@ -99,21 +97,18 @@ impl Edge {
         // and the new config (a removed node is refused as unknown) or both new.
         let new = Arc::new(new);
         *self.config.write() = new.clone();
-        self.registry.lock().update(token_records(&new));
-        *self.keys.write() = Arc::new(KeyTable::from_config(&new.auth));
-        self.prune_key_limits();
-        self.metrics
-            .set_model_groups(new.model_groups.iter().map(|g| g.name.as_str()));
-        self.metrics
-            .set_api_keys(new.auth.keys.iter().map(|k| k.name.as_str()));
+        self.nodes.update_tokens(token_records(&new));
+        self.keys.replace(&new.auth);
+        self.telemetry.configure(&new);
         let online: HashMap<String, crate::registry::Generation> = self
+            .nodes
             .ready_sessions()
             .iter()
             .map(|s| (s.node_id.clone(), s.generation))
             .collect();
         // Nodes first get their new providers, so requests dispatched by the new
         // capacity below find them (frames on a connection are handled in order).
-        for session in self.ready_sessions() {
+        for session in self.nodes.ready_sessions() {
             let Some(node) = new.nodes.iter().find(|n| n.id == session.node_id) else {
                 continue;
             };
@@ -125,22 +120,19 @@ impl Edge {
                 }
             };
             let version = payload.config_version;
-            if self.sent_config.lock().get(&node.id) == Some(&version) {
+            if self.nodes.has_config(&node.id, version) {
                 continue;
             }
             if session.outbound.try_send(pb::ConfigRefresh {
                 config: Some(payload),
             }) {
-                self.sent_config.lock().insert(node.id.clone(), version);
+                self.nodes.config_sent(&node.id, version);
                 report.refreshed.push(node.id.clone());
             } else {
                 tracing::warn!(node_id = %node.id, "config reload: the node's queue is full; it keeps its old config until it reconnects");
             }
         }
-        self.admission.reconfigure(AdmissionPlan::of(&new), &online);
-        self.retry_budget
-            .lock()
-            .set_policy(super::budget_policy(&new.dispatch));
+        self.dispatcher.reconfigure(&new, &online);
         tracing::info!(
             refreshed = ?report.refreshed,
             removed = ?report.removed,
@@ -158,7 +150,7 @@ mod tests {
 
     use super::*;
     use crate::service::Rejection;
-    use crate::service::credentials::ConnectionControl;
+    use crate::service::nodes::ConnectionControl;
     use crate::trust::Link;
 
     fn register(edge: &Edge) -> Result<crate::service::Registered, Rejection> {
@@ -174,7 +166,7 @@ mod tests {
         edge.register(
             &request,
             &Link::Plaintext,
-            edge.next_generation(),
+            edge.nodes.next_generation(),
             "peer",
             control,
         )
@@ -195,7 +187,7 @@ mod tests {
             register(&edge),
             Err(Rejection::UnknownNode { node_id }) if node_id == "n1"
         ));
-        assert_eq!(edge.owner_state("n1"), OwnerState::Offline);
+        assert_eq!(edge.nodes.owner_state("n1"), OwnerState::Offline);
         // The whole reload: n1 is gone for good.
         edge.reload(config("[]"));
         assert!(matches!(register(&edge), Err(Rejection::UnknownToken)));

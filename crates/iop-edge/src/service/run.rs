@@ -52,7 +52,7 @@ impl Edge {
                 }
             }),
             None => {
-                let mut ready = self.ready_sessions();
+                let mut ready = self.nodes.ready_sessions();
                 match ready.len() {
                     0 => Err(SubmitError::NoReadyNode),
                     1 => Ok(ready.remove(0)),
@@ -95,7 +95,7 @@ impl Edge {
         tracing::debug!(node_id = core.node_id(), run_id = %core.id, %adapter, request_id = %core.client_request_id, "run sent");
         let owned = match owner {
             Some(owner) => {
-                self.run_owners.lock().insert(core.id.clone(), owner);
+                self.keys.own_run(&core.id, owner);
                 true
             }
             None => false,
@@ -229,15 +229,18 @@ impl RunStream {
 
 impl StreamCore<pb::RunEvent> {
     fn publish(&self, event: &pb::RunEvent) {
-        if self.edge.events.has_subscribers() {
-            self.edge.events.publish(crate::events::EdgeEvent::Run(
-                crate::events::RunEventNotice {
-                    node_id: self.session.node_id.clone(),
-                    run_id: self.id.clone(),
-                    kind: event.kind().name(),
-                    text: event.text.clone(),
-                },
-            ));
+        if self.edge.telemetry.events.has_subscribers() {
+            self.edge
+                .telemetry
+                .events
+                .publish(crate::events::EdgeEvent::Run(
+                    crate::events::RunEventNotice {
+                        node_id: self.session.node_id.clone(),
+                        run_id: self.id.clone(),
+                        kind: event.kind().name(),
+                        text: event.text.clone(),
+                    },
+                ));
         }
     }
 }
@@ -248,7 +251,7 @@ impl Drop for RunStream {
             return;
         };
         if self.owned {
-            core.edge.run_owners.lock().remove(&core.id);
+            core.edge.keys.forget_run(&core.id);
         }
         if core.ended {
             return;

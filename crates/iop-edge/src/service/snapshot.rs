@@ -13,7 +13,7 @@ impl Edge {
         let now = super::admission::clock();
         let config = self.config();
         // Counters from one moment, under one lock.
-        let (accounts, waiting, leases) = self.admission.inspect(|s| {
+        let (accounts, waiting, leases) = self.dispatcher.admission.inspect(|s| {
             let l = s.leases();
             let accounts = l
                 .accounts()
@@ -29,7 +29,7 @@ impl Edge {
             .nodes
             .iter()
             .map(|node| {
-                let owner = self.owner_state(&node.id);
+                let owner = self.nodes.owner_state(&node.id);
                 let session = matches!(owner, OwnerState::Ready(_))
                     .then(|| self.session(&node.id))
                     .flatten()
@@ -39,7 +39,9 @@ impl Edge {
                         last_heartbeat: s.last_heartbeat(),
                     });
                 let link = match owner {
-                    OwnerState::Pending(g) | OwnerState::Ready(g) => self.link_status(&node.id, g),
+                    OwnerState::Pending(g) | OwnerState::Ready(g) => {
+                        self.nodes.link_status(&node.id, g)
+                    }
                     OwnerState::Offline => None,
                 };
                 (

@@ -14,7 +14,7 @@
 //!
 //! A stream dropped (or timed out) before the node's last frame cancels the tunnel on the
 //! node, which aborts the provider request, and keeps its provider slot until the node
-//! confirms ([`StreamCore`]): a waiter given the slot never finds the node's gate still
+//! confirms ([`super::stream::StreamCore`]): a waiter given the slot never finds the node's gate still
 //! full. A model-group tunnel reports its provider's outcome for passive ejection once it
 //! ends: a clean end after a 2xx as a success, a 5xx status or an error that blames the
 //! provider as a failure.

@@ -58,14 +58,15 @@ async fn command(
 
 async fn status(State(edge): State<Arc<Edge>>) -> Response {
     let mut body = serde_json::to_value(edge.snapshot()).unwrap_or_default();
-    let ledger = edge.ledger();
+    let ledger = edge.telemetry.ledger();
     body["ledger"] = json!({
         "enabled": ledger.is_enabled(),
         "written_records": ledger.written(),
         "dropped_records": ledger.dropped(),
     });
     body["keys"] = edge
-        .key_usage()
+        .keys
+        .usage()
         .into_iter()
         .map(|(name, usage)| {
             let mut key = json!(usage);
@@ -82,7 +83,7 @@ async fn healthz() -> Response {
 
 /// Ready when at least one node is dispatch-ready.
 async fn readyz(State(edge): State<Arc<Edge>>) -> Response {
-    let ready = edge.ready_sessions().len();
+    let ready = edge.nodes.ready_sessions().len();
     let status = if ready > 0 {
         StatusCode::OK
     } else {
@@ -98,12 +99,12 @@ async fn readyz(State(edge): State<Arc<Edge>>) -> Response {
 async fn metrics(State(edge): State<Arc<Edge>>, headers: HeaderMap) -> Response {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = crate::metrics::Format::negotiate(accept);
-    let text = edge.metrics.render(&edge.snapshot(), format);
+    let text = edge.telemetry.metrics.render(&edge.snapshot(), format);
     ([(header::CONTENT_TYPE, format.content_type())], text).into_response()
 }
 
 async fn events(State(edge): State<Arc<Edge>>) -> Response {
-    let rx = edge.events.subscribe();
+    let rx = edge.telemetry.events.subscribe();
     let shutdown = edge.shutdown_token().clone();
     let body = stream::unfold((rx, shutdown), |(mut rx, shutdown)| async move {
         let received = tokio::select! {

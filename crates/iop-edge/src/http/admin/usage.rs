@@ -218,13 +218,14 @@ async fn summarize(edge: &Edge, params: &[(String, String)]) -> Result<Value, Ap
         MAX_RANGE_DAYS
     };
     let filter = filter_of(params, max_days)?;
-    if !edge.ledger().is_enabled() {
+    if !edge.telemetry.ledger().is_enabled() {
         return Err(ledger_off());
     }
-    edge.ledger().flush(FLUSH_WAIT).await;
+    edge.telemetry.ledger().flush(FLUSH_WAIT).await;
     let (since_ms, until_ms) = (filter.since_ms, filter.until_ms);
     let per_query = per.clone();
     let (rows, truncated) = edge
+        .telemetry
         .ledger()
         .read(move |conn| query::summarize(conn, &filter, by, &per_query, MAX_ROWS))
         .await
@@ -236,7 +237,7 @@ async fn summarize(edge: &Edge, params: &[(String, String)]) -> Result<Value, Ap
         "per": per.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
         "rows": rows.iter().map(|r| row_json(r, &per)).collect::<Vec<_>>(),
         "truncated": truncated,
-        "dropped_records": edge.ledger().dropped(),
+        "dropped_records": edge.telemetry.ledger().dropped(),
     }))
 }
 
@@ -311,18 +312,19 @@ async fn list_records(edge: &Edge, params: &[(String, String)]) -> Result<Value,
                 )
             })?,
     };
-    if !edge.ledger().is_enabled() {
+    if !edge.telemetry.ledger().is_enabled() {
         return Err(ledger_off());
     }
-    edge.ledger().flush(FLUSH_WAIT).await;
+    edge.telemetry.ledger().flush(FLUSH_WAIT).await;
     let records = edge
+        .telemetry
         .ledger()
         .read(move |conn| query::records(conn, &filter, limit))
         .await
         .map_err(read_failed)?;
     Ok(json!({
         "records": records.iter().map(record_json).collect::<Vec<_>>(),
-        "dropped_records": edge.ledger().dropped(),
+        "dropped_records": edge.telemetry.ledger().dropped(),
     }))
 }
 
@@ -356,7 +358,7 @@ async fn live(State(edge): State<Arc<Edge>>, Query(params): Params) -> Response 
     }
     axum::Json(json!({
         "window_sec": WINDOW.as_secs(),
-        "groups": edge.live_usage(),
+        "groups": edge.telemetry.live_usage(),
     }))
     .into_response()
 }

@@ -102,10 +102,10 @@ model_groups:
     )
     .unwrap();
     let edge = Edge::new(config);
-    edge.admission.node_ready("a", Generation(1));
-    edge.admission.node_ready("b", Generation(2));
+    edge.dispatcher.admission.node_ready("a", Generation(1));
+    edge.dispatcher.admission.node_ready("b", Generation(2));
     let ejected = |node: &str| {
-        edge.admission.inspect(|s| {
+        edge.dispatcher.admission.inspect(|s| {
             let account = s.leases().account(&ProviderKey::new(node, "p")).unwrap();
             s.health_view(account, clock()).ejected_until.is_some()
         })

@@ -1,0 +1,287 @@
+//! The nodes' part of the edge: who owns each node (the registry's generations), each
+//! node's dispatch-ready session, how its current connection is secured (its link), the
+//! config version it was last sent, and where the node listener is. Each has its own
+//! lock, held only for the call; nothing here sends or waits.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use iop_proto::Outbound;
+use iop_proto::trust::Pin;
+use parking_lot::{Mutex, RwLock};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{NodeTlsMode, TokenHash};
+use crate::registry::{
+    ClaimError, DisconnectOutcome, Generation, OwnerState, ReadyOutcome, Registry,
+};
+use crate::session::NodeSession;
+use crate::status::LinkStatus;
+
+/// What the edge may do to a registered connection: send it a last frame and drop it.
+#[derive(Debug, Clone)]
+pub struct ConnectionControl {
+    pub outbound: Outbound,
+    pub kick: CancellationToken,
+}
+
+/// The node listener as nodes reach it.
+#[derive(Debug, Clone)]
+pub struct NodeListenerInfo {
+    pub addr: SocketAddr,
+    pub mode: NodeTlsMode,
+    /// The pin nodes verify the listener by (auto mode, or a provided chain with its CA).
+    pub pin: Option<Pin>,
+}
+
+/// How a node's current connection reached the edge, and how to drop it.
+#[derive(Debug)]
+pub struct LinkEntry {
+    pub generation: Generation,
+    pub status: LinkStatus,
+    pub control: ConnectionControl,
+}
+
+#[derive(Debug)]
+pub struct Nodes {
+    registry: Mutex<Registry>,
+    /// Dispatch-ready sessions by node id (current generation only).
+    sessions: RwLock<foldhash::HashMap<String, Arc<NodeSession>>>,
+    /// How each node's current connection reached the edge and what it registered with.
+    links: Mutex<HashMap<String, LinkEntry>>,
+    /// The config payload version each node was last sent.
+    sent_config: Mutex<HashMap<String, u64>>,
+    /// The node listener's bound address and the pin nodes verify it by.
+    listener: Mutex<Option<NodeListenerInfo>>,
+}
+
+/// What losing a connection ended.
+#[derive(Debug)]
+pub enum Lost {
+    /// An old connection of the node: nothing changed.
+    Stale,
+    /// The node's current connection; `session`: its dispatch-ready session, if it had
+    /// one (removed now).
+    Current { session: Option<Arc<NodeSession>> },
+}
+
+impl Nodes {
+    /// The nodes of a config, by their static tokens.
+    pub fn new(tokens: Vec<(String, TokenHash)>) -> Self {
+        Self {
+            registry: Mutex::new(Registry::new(tokens)),
+            sessions: RwLock::new(foldhash::HashMap::default()),
+            links: Mutex::new(HashMap::new()),
+            sent_config: Mutex::new(HashMap::new()),
+            listener: Mutex::new(None),
+        }
+    }
+
+    /// Takes the tokens of a reloaded config.
+    pub fn update_tokens(&self, tokens: Vec<(String, TokenHash)>) {
+        self.registry.lock().update(tokens);
+    }
+
+    /// A fresh generation for an accepted connection.
+    pub fn next_generation(&self) -> Generation {
+        self.registry.lock().next_generation()
+    }
+
+    /// The node a static token belongs to.
+    pub fn authenticate(&self, token: &str) -> Option<String> {
+        self.registry.lock().authenticate(token).map(String::from)
+    }
+
+    /// Claims pending ownership of `node_id` for the connection of `generation`.
+    pub fn claim(&self, node_id: &str, generation: Generation) -> Result<(), ClaimError> {
+        self.registry.lock().claim_node(node_id, generation)
+    }
+
+    /// Gives up a claim whose registration failed after it.
+    pub fn unclaim(&self, node_id: &str, generation: Generation) {
+        self.registry.lock().disconnect(node_id, generation);
+    }
+
+    pub fn owner_state(&self, node_id: &str) -> OwnerState {
+        self.registry.lock().state(node_id)
+    }
+
+    /// The node's ready: the first of its current generation makes `session()` its
+    /// dispatch-ready session.
+    pub fn ready(
+        &self,
+        node_id: &str,
+        generation: Generation,
+        session: impl FnOnce() -> NodeSession,
+    ) -> ReadyOutcome {
+        let mut registry = self.registry.lock();
+        let outcome = registry.ready(node_id, generation);
+        if outcome == ReadyOutcome::Activated {
+            let session = Arc::new(session());
+            self.sessions.write().insert(node_id.to_string(), session);
+        }
+        outcome
+    }
+
+    /// The connection of `generation` ended: if it is the node's current one, the node is
+    /// offline and its link and session go.
+    pub fn lose(&self, node_id: &str, generation: Generation) -> Lost {
+        let outcome = self.registry.lock().disconnect(node_id, generation);
+        {
+            let mut links = self.links.lock();
+            if links
+                .get(node_id)
+                .is_some_and(|l| l.generation == generation)
+            {
+                links.remove(node_id);
+            }
+        }
+        let DisconnectOutcome::Current { was_ready } = outcome else {
+            return Lost::Stale;
+        };
+        let session = was_ready
+            .then(|| {
+                let mut sessions = self.sessions.write();
+                match sessions.get(node_id) {
+                    Some(s) if s.generation == generation => sessions.remove(node_id),
+                    _ => None,
+                }
+            })
+            .flatten();
+        Lost::Current { session }
+    }
+
+    /// The node's dispatch-ready session, if it has one.
+    pub fn session(&self, node_id: &str) -> Option<Arc<NodeSession>> {
+        self.sessions.read().get(node_id).cloned()
+    }
+
+    /// Every dispatch-ready session, by node id.
+    pub fn ready_sessions(&self) -> Vec<Arc<NodeSession>> {
+        let mut sessions: Vec<_> = self.sessions.read().values().cloned().collect();
+        sessions.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        sessions
+    }
+
+    /// Records how the node's connection of `entry.generation` is secured.
+    pub fn set_link(&self, node_id: String, entry: LinkEntry) {
+        self.links.lock().insert(node_id, entry);
+    }
+
+    /// How the node's connection of `generation` is secured, if it is the current one.
+    pub fn link_status(&self, node_id: &str, generation: Generation) -> Option<LinkStatus> {
+        self.links
+            .lock()
+            .get(node_id)
+            .filter(|l| l.generation == generation)
+            .map(|l| l.status.clone())
+    }
+
+    /// Takes the node's link (to drop its connection).
+    pub fn take_link(&self, node_id: &str) -> Option<LinkEntry> {
+        self.links.lock().remove(node_id)
+    }
+
+    /// Notes that the node was sent config `version`; whether that is news to it (a
+    /// version it was not sent last).
+    pub fn config_sent(&self, node_id: &str, version: u64) -> bool {
+        self.sent_config.lock().insert(node_id.to_string(), version) != Some(version)
+    }
+
+    /// Whether the node was last sent config `version`.
+    pub fn has_config(&self, node_id: &str, version: u64) -> bool {
+        self.sent_config.lock().get(node_id) == Some(&version)
+    }
+
+    /// Records where the node listener is bound and how nodes verify it.
+    pub fn set_listener(&self, info: NodeListenerInfo) {
+        *self.listener.lock() = Some(info);
+    }
+
+    pub fn listener(&self) -> Option<NodeListenerInfo> {
+        self.listener.lock().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes() -> Nodes {
+        Nodes::new(vec![(
+            "n1".into(),
+            crate::config::hash_token("node-token-0123456789"),
+        )])
+    }
+
+    fn session(node: &str, generation: Generation) -> NodeSession {
+        let (outbound, _rx) = Outbound::channel(4);
+        NodeSession::new(
+            node.into(),
+            generation,
+            "peer".into(),
+            outbound,
+            CancellationToken::new(),
+        )
+    }
+
+    fn ready_node(nodes: &Nodes) -> Generation {
+        let generation = nodes.next_generation();
+        nodes.claim("n1", generation).unwrap();
+        let outcome = nodes.ready("n1", generation, || session("n1", generation));
+        assert_eq!(outcome, ReadyOutcome::Activated);
+        generation
+    }
+
+    #[test]
+    fn a_ready_node_has_a_session_until_its_connection_is_lost() {
+        let nodes = nodes();
+        assert_eq!(
+            nodes.authenticate("node-token-0123456789").as_deref(),
+            Some("n1")
+        );
+        let generation = ready_node(&nodes);
+        assert_eq!(nodes.owner_state("n1"), OwnerState::Ready(generation));
+        assert_eq!(nodes.ready_sessions().len(), 1);
+        let Lost::Current { session: Some(s) } = nodes.lose("n1", generation) else {
+            panic!("the current connection's session goes with it")
+        };
+        assert_eq!(s.generation, generation);
+        assert!(nodes.session("n1").is_none());
+        assert_eq!(nodes.owner_state("n1"), OwnerState::Offline);
+    }
+
+    #[test]
+    fn losing_an_old_connection_changes_nothing() {
+        let nodes = nodes();
+        let old = ready_node(&nodes);
+        nodes.lose("n1", old);
+        let current = ready_node(&nodes);
+        assert!(matches!(nodes.lose("n1", old), Lost::Stale));
+        assert_eq!(nodes.session("n1").unwrap().generation, current);
+    }
+
+    #[test]
+    fn a_second_claim_while_owned_is_refused_and_an_unclaim_frees_it() {
+        let nodes = nodes();
+        let first = nodes.next_generation();
+        nodes.claim("n1", first).unwrap();
+        assert!(nodes.claim("n1", nodes.next_generation()).is_err());
+        nodes.unclaim("n1", first);
+        assert!(nodes.claim("n1", nodes.next_generation()).is_ok());
+    }
+
+    #[test]
+    fn a_config_version_is_news_once() {
+        let nodes = nodes();
+        assert!(!nodes.has_config("n1", 7));
+        assert!(nodes.config_sent("n1", 7));
+        assert!(nodes.has_config("n1", 7));
+        assert!(
+            !nodes.config_sent("n1", 7),
+            "the same version again is no news"
+        );
+        assert!(nodes.config_sent("n1", 8));
+    }
+}
