@@ -38,7 +38,7 @@ impl KeyTable {
             .keys
             .iter()
             .filter_map(|k| {
-                let hash = k.key_hash().ok()?;
+                let hash = k.key_hash()?;
                 Some(Arc::new(ApiKey {
                     name: k.name.as_str().into(),
                     role: k.role,
@@ -154,34 +154,25 @@ impl Caller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ApiKeyConfig;
-
-    fn key(name: &str, role: Role, key: &str, models: Option<Vec<&str>>) -> ApiKeyConfig {
-        ApiKeyConfig {
-            name: name.into(),
-            role,
-            key: Some(key.into()),
-            key_env: None,
-            key_sha256: None,
-            models: models.map(|m| m.into_iter().map(String::from).collect()),
-            limits: Default::default(),
-        }
-    }
+    use crate::config::EdgeConfig;
 
     fn table() -> KeyTable {
-        KeyTable::from_config(&AuthConfig {
-            keys: vec![
-                key("ops", Role::Admin, "admin-key-0123456789", None),
-                key("alice", Role::Client, "alice-key-0123456789", None),
-                key(
-                    "bob",
-                    Role::Client,
-                    "bob-key-01234567890",
-                    Some(vec!["small"]),
-                ),
-            ],
-            ..Default::default()
-        })
+        let config = EdgeConfig::from_yaml(
+            r#"
+auth:
+  keys:
+    - {name: ops, role: admin, key: admin-key-0123456789}
+    - {name: alice, role: client, key: alice-key-0123456789}
+    - {name: bob, role: client, key: bob-key-01234567890, models: [small]}
+nodes:
+  - {id: n, token: node-token-0123456789, providers: [{id: m, kind: mock}]}
+model_groups:
+  - {name: small, members: [{node: n, provider: m}]}
+"#,
+            "test",
+        )
+        .unwrap();
+        KeyTable::from_config(&config.auth)
     }
 
     fn caller(presented: &str) -> Caller {

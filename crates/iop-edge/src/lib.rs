@@ -124,12 +124,9 @@ impl EdgeServer {
     /// config allows anonymous access, and raises the process's soft open-files limit to
     /// its hard limit.
     pub async fn start(config: EdgeConfig) -> Result<Self, StartError> {
-        config.check_http_exposure().map_err(|(path, message)| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{path}: {message}"),
-            )
-        })?;
+        config
+            .check_http_exposure()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         match fdlimit::raise_open_files_limit() {
             Ok(limit) => tracing::info!(open_files = limit, "open-files limit"),
             Err(err) => tracing::warn!(%err, "cannot raise the open-files limit"),

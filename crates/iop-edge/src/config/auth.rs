@@ -13,7 +13,8 @@ use std::collections::HashSet;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use super::{ModelGroupConfig, TokenHash, hash_token};
+use super::secret::{Env, SecretFields, TokenHash};
+use super::{FieldError, ModelGroupConfig};
 
 /// Shortest key accepted inline or from the environment.
 pub const MIN_API_KEY_CHARS: usize = 16;
@@ -64,7 +65,7 @@ pub struct ApiKeyConfig {
     /// Names the key in usage events, metrics and logs (never the key itself).
     pub name: String,
     pub role: Role,
-    /// The key inline (development only).
+    /// The key inline (development only; dropped once hashed).
     #[serde(default)]
     pub key: Option<String>,
     /// Name of an environment variable of the edge that holds the key.
@@ -79,6 +80,9 @@ pub struct ApiKeyConfig {
     /// Requests per minute, tokens per day and concurrent requests (each optional).
     #[serde(default)]
     pub limits: KeyLimitsConfig,
+    /// The key's hash, resolved from whichever field gives it when the config was read.
+    #[serde(skip)]
+    hash: Option<TokenHash>,
 }
 
 /// Largest `requests_per_minute` and `max_concurrent`.
@@ -120,7 +124,7 @@ impl KeyLimitsConfig {
     }
 
     /// The error is `(field, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         for (field, value) in [
             ("requests_per_minute", self.requests_per_minute),
             ("max_concurrent", self.max_concurrent),
@@ -128,7 +132,7 @@ impl KeyLimitsConfig {
             if let Some(n) = value
                 && !(1..=MAX_KEY_RATE).contains(&n)
             {
-                return Err((
+                return Err(FieldError::new(
                     field.into(),
                     format!(
                         "{n} is out of range: give 1 to {MAX_KEY_RATE}, or leave it out for no limit"
@@ -137,7 +141,7 @@ impl KeyLimitsConfig {
             }
         }
         if self.tokens_per_day == Some(0) {
-            return Err((
+            return Err(FieldError::new(
                 "tokens_per_day".into(),
                 "0 allows nothing: give at least 1, or leave it out for no limit".into(),
             ));
@@ -155,15 +159,18 @@ Write each key as an entry of auth.keys, e.g.\n  auth:\n    keys:\n      \
 
 impl AuthConfig {
     /// Checks the keys; the error is `(yaml path, message)`.
-    pub fn validate(&self, groups: &[ModelGroupConfig]) -> Result<(), (String, String)> {
+    pub fn validate(&self, groups: &[ModelGroupConfig]) -> Result<(), FieldError> {
         if self.api_keys.is_some() {
-            return Err(("auth.api_keys".into(), MIGRATION.into()));
+            return Err(FieldError::new("auth.api_keys".into(), MIGRATION.into()));
         }
         if self.api_keys_env.is_some() {
-            return Err(("auth.api_keys_env".into(), MIGRATION.into()));
+            return Err(FieldError::new(
+                "auth.api_keys_env".into(),
+                MIGRATION.into(),
+            ));
         }
         if self.allow_anonymous && !self.keys.is_empty() {
-            return Err((
+            return Err(FieldError::new(
                 "auth.allow_anonymous".into(),
                 "only meaningful without auth.keys: with keys, every request needs one".into(),
             ));
@@ -172,21 +179,24 @@ impl AuthConfig {
         let mut hashes: Vec<(TokenHash, &str)> = Vec::new();
         for (i, key) in self.keys.iter().enumerate() {
             let at = format!("auth.keys[{i}]");
-            validate_name(&key.name).map_err(|m| (format!("{at}.name"), m))?;
+            validate_name(&key.name).map_err(|m| FieldError::new(format!("{at}.name"), m))?;
             key.limits
                 .validate()
-                .map_err(|(field, m)| (format!("{at}.limits.{field}"), m))?;
+                .map_err(|e| e.under(&format!("{at}.limits")))?;
             if !names.insert(key.name.as_str()) {
-                return Err((
+                return Err(FieldError::new(
                     format!("{at}.name"),
                     format!("duplicate key name {:?}", key.name),
                 ));
             }
-            let hash = key
-                .key_hash()
-                .map_err(|(field, m)| (format!("{at}.{field}"), m))?;
+            let Some(hash) = key.key_hash() else {
+                return Err(FieldError::new(
+                    format!("{at}.key"),
+                    "one of key, key_env or key_sha256 is required".into(),
+                ));
+            };
             if let Some((_, other)) = hashes.iter().find(|(h, _)| *h == hash) {
-                return Err((
+                return Err(FieldError::new(
                     at.to_string(),
                     format!(
                         "keys {other:?} and {:?} are the same key; give each its own",
@@ -197,14 +207,14 @@ impl AuthConfig {
             hashes.push((hash, &key.name));
             if let Some(models) = &key.models {
                 if models.is_empty() {
-                    return Err((
+                    return Err(FieldError::new(
                         format!("{at}.models"),
                         "an empty allowlist allows nothing; leave `models` out to allow every model group".into(),
                     ));
                 }
                 for (m, model) in models.iter().enumerate() {
                     if !groups.iter().any(|g| &g.name == model) {
-                        return Err((
+                        return Err(FieldError::new(
                             format!("{at}.models[{m}]"),
                             format!("no model group named {model:?} in model_groups[]"),
                         ));
@@ -235,71 +245,28 @@ fn validate_name(name: &str) -> Result<(), String> {
 }
 
 impl ApiKeyConfig {
-    /// The SHA-256 of the key from whichever source is configured; the error is
-    /// `(field, message)`.
-    pub fn key_hash(&self) -> Result<TokenHash, (String, String)> {
-        let sources = [
-            self.key.is_some(),
-            self.key_env.is_some(),
-            self.key_sha256.is_some(),
-        ];
-        match sources.iter().filter(|s| **s).count() {
-            0 => {
-                return Err((
-                    "key".into(),
-                    "one of key, key_env or key_sha256 is required".into(),
-                ));
-            }
-            1 => {}
-            _ => {
-                return Err((
-                    "key".into(),
-                    "give only one of key, key_env or key_sha256".into(),
-                ));
-            }
-        }
-        let long_enough = |key: &str, field: &str, what: &str| {
-            if key.chars().count() < MIN_API_KEY_CHARS {
-                Err((
-                    field.to_string(),
-                    format!(
-                        "{what} is shorter than {MIN_API_KEY_CHARS} characters; use a long random key \
-                         (e.g. `openssl rand -hex 24`)"
-                    ),
-                ))
-            } else {
-                Ok(hash_token(key))
-            }
+    /// Resolves the key (once): its hash is kept, the inline key dropped.
+    pub(super) fn resolve_key(&mut self, env: Env<'_>) -> Result<(), FieldError> {
+        let fields = SecretFields {
+            inline: ("key", self.key.as_deref()),
+            env: ("key_env", self.key_env.as_deref()),
+            sha256: ("key_sha256", self.key_sha256.as_deref()),
         };
-        if let Some(key) = &self.key {
-            return long_enough(key, "key", "the key");
-        }
-        if let Some(var) = &self.key_env {
-            return match std::env::var(var) {
-                Ok(key) if !key.is_empty() => {
-                    long_enough(&key, "key_env", &format!("the key in {var}"))
-                }
-                _ => Err((
-                    "key_env".into(),
-                    format!("environment variable {var} is not set or empty"),
-                )),
-            };
-        }
-        let hex_hash = self.key_sha256.as_deref().unwrap_or_default();
-        let mut hash = [0u8; 32];
-        hex::decode_to_slice(hex_hash.trim(), &mut hash).map_err(|_| {
-            (
-                "key_sha256".to_string(),
-                "must be 64 hexadecimal characters (a SHA-256 digest)".to_string(),
-            )
-        })?;
-        Ok(hash)
+        self.hash = fields.resolve(MIN_API_KEY_CHARS, env)?;
+        self.key = None;
+        Ok(())
+    }
+
+    /// The SHA-256 of the key, as resolved when the config was read (`None`: no field
+    /// gives one, which validation refuses).
+    pub fn key_hash(&self) -> Option<TokenHash> {
+        self.hash
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{EdgeConfig, Role};
+    use crate::config::{EdgeConfig, FieldError, Role};
 
     const GROUPS: &str = r#"
 nodes:
@@ -421,7 +388,7 @@ model_groups:
         c.listen.http = "[::1]:8080".parse().unwrap();
         c.check_http_exposure().unwrap();
         c.listen.http = "0.0.0.0:8080".parse().unwrap();
-        let (path, message) = c.check_http_exposure().unwrap_err();
+        let FieldError { path, message } = c.check_http_exposure().unwrap_err();
         assert_eq!(path, "auth.keys");
         assert!(
             message.contains("0.0.0.0:8080") && message.contains("allow_anonymous"),

@@ -2,6 +2,7 @@
 //! that fails before the provider accepted it — attempts, the retry budget, and how long a
 //! node may take to acknowledge a dispatch. Reloadable.
 
+use super::FieldError;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -66,9 +67,9 @@ impl DispatchConfig {
     }
 
     /// The bounds; the error is `(field, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         if !(1..=MAX_ATTEMPTS).contains(&self.max_attempts) {
-            return Err((
+            return Err(FieldError::new(
                 "max_attempts".into(),
                 format!(
                     "{} is out of range: give 1 (no retries) to {MAX_ATTEMPTS}",
@@ -77,16 +78,19 @@ impl DispatchConfig {
             ));
         }
         if !(self.ack_timeout_sec > 0.0 && self.ack_timeout_sec <= MAX_ACK_TIMEOUT_SEC) {
-            return Err((
+            return Err(FieldError::new(
                 "ack_timeout_sec".into(),
                 format!("must be above 0 and at most {MAX_ACK_TIMEOUT_SEC} seconds"),
             ));
         }
         if self.retry_budget_percent > 100 {
-            return Err(("retry_budget_percent".into(), "must be at most 100".into()));
+            return Err(FieldError::new(
+                "retry_budget_percent".into(),
+                "must be at most 100".into(),
+            ));
         }
         if self.retry_budget_min > MAX_RETRY_BUDGET_MIN {
-            return Err((
+            return Err(FieldError::new(
                 "retry_budget_min".into(),
                 format!("must be at most {MAX_RETRY_BUDGET_MIN}"),
             ));

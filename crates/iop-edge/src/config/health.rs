@@ -2,6 +2,7 @@
 //! probe their providers, and when the edge ejects a member after failed requests, with
 //! their defaults and bounds.
 
+use super::FieldError;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -145,7 +146,7 @@ impl HealthConfig {
     }
 
     /// Checks the bounds; the error is `(field below health, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         check_interval("interval_sec", self.interval_sec)?;
         check_timeout("timeout_sec", self.timeout_sec)?;
         for (field, value) in [
@@ -153,24 +154,27 @@ impl HealthConfig {
             ("healthy_after", self.healthy_after),
         ] {
             if !(1..=MAX_STREAK).contains(&value) {
-                return Err((field.into(), format!("must be between 1 and {MAX_STREAK}")));
+                return Err(FieldError::new(
+                    field.into(),
+                    format!("must be between 1 and {MAX_STREAK}"),
+                ));
             }
         }
         let e = &self.ejection;
         if e.consecutive_failures > MAX_STREAK {
-            return Err((
+            return Err(FieldError::new(
                 "ejection.consecutive_failures".into(),
                 format!("must be at most {MAX_STREAK} (0 turns ejection off)"),
             ));
         }
         if !(e.base_sec > 0.0 && e.base_sec <= MAX_EJECT_SEC) {
-            return Err((
+            return Err(FieldError::new(
                 "ejection.base_sec".into(),
                 format!("must be positive and at most {MAX_EJECT_SEC}"),
             ));
         }
         if !(e.max_sec >= e.base_sec && e.max_sec <= MAX_EJECT_SEC) {
-            return Err((
+            return Err(FieldError::new(
                 "ejection.max_sec".into(),
                 format!("must be at least base_sec and at most {MAX_EJECT_SEC}"),
             ));
@@ -181,7 +185,7 @@ impl HealthConfig {
 
 impl ProviderHealthConfig {
     /// Checks the bounds; the error is `(field below providers[].health, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         if let Some(v) = self.interval_sec {
             check_interval("interval_sec", v)?;
         }
@@ -192,9 +196,9 @@ impl ProviderHealthConfig {
     }
 }
 
-fn check_interval(field: &str, v: f64) -> Result<(), (String, String)> {
+fn check_interval(field: &str, v: f64) -> Result<(), FieldError> {
     if !(MIN_INTERVAL_SEC..=MAX_INTERVAL_SEC).contains(&v) {
-        return Err((
+        return Err(FieldError::new(
             field.into(),
             format!("must be between {MIN_INTERVAL_SEC} and {MAX_INTERVAL_SEC} seconds"),
         ));
@@ -202,9 +206,9 @@ fn check_interval(field: &str, v: f64) -> Result<(), (String, String)> {
     Ok(())
 }
 
-fn check_timeout(field: &str, v: f64) -> Result<(), (String, String)> {
+fn check_timeout(field: &str, v: f64) -> Result<(), FieldError> {
     if !(v > 0.0 && v <= MAX_TIMEOUT_SEC) {
-        return Err((
+        return Err(FieldError::new(
             field.into(),
             format!("must be positive and at most {MAX_TIMEOUT_SEC} seconds"),
         ));

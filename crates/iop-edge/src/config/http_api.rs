@@ -5,6 +5,7 @@
 //!
 //! Everything here is read per request, so a reload applies it at once.
 
+use super::FieldError;
 use serde::Deserialize;
 
 /// Longest `cors.max_age_sec` (browsers cap it lower anyway).
@@ -100,29 +101,29 @@ impl CorsConfig {
 
 impl HttpApiConfig {
     /// The field under `http` that is wrong and why.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         let origins = &self.cors.allowed_origins;
         for (i, origin) in origins.iter().enumerate() {
             let at = format!("cors.allowed_origins[{i}]");
             if origin == "*" {
                 if origins.len() > 1 {
-                    return Err((
+                    return Err(FieldError::new(
                         at,
                         "\"*\" allows every origin: give it alone, or list origins".into(),
                     ));
                 }
                 continue;
             }
-            check_origin(origin).map_err(|message| (at, message))?;
+            check_origin(origin).map_err(|message| FieldError::new(at, message))?;
         }
         if self.cors.max_age_sec > MAX_CORS_MAX_AGE_SEC {
-            return Err((
+            return Err(FieldError::new(
                 "cors.max_age_sec".into(),
                 format!("must be at most {MAX_CORS_MAX_AGE_SEC} (a day)"),
             ));
         }
         if self.forward_headers.len() > MAX_FORWARD_HEADERS {
-            return Err((
+            return Err(FieldError::new(
                 "forward_headers".into(),
                 format!("at most {MAX_FORWARD_HEADERS} headers"),
             ));
@@ -130,7 +131,10 @@ impl HttpApiConfig {
         for (i, name) in self.forward_headers.iter().enumerate() {
             let at = format!("forward_headers[{i}]");
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err((at, format!("{name:?} is not a header name")));
+                return Err(FieldError::new(
+                    at,
+                    format!("{name:?} is not a header name"),
+                ));
             }
             let lower = name.to_ascii_lowercase();
             if NOT_FORWARDABLE.contains(&lower.as_str()) {
@@ -143,7 +147,7 @@ impl HttpApiConfig {
                     }
                     _ => "describes this hop or is set by the edge, and cannot be forwarded",
                 };
-                return Err((at, format!("{name:?} {why}")));
+                return Err(FieldError::new(at, format!("{name:?} {why}")));
             }
         }
         Ok(())
@@ -174,7 +178,7 @@ fn check_origin(origin: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn with(origins: &[&str], forward: &[&str]) -> Result<(), (String, String)> {
+    fn with(origins: &[&str], forward: &[&str]) -> Result<(), FieldError> {
         HttpApiConfig {
             cors: CorsConfig {
                 allowed_origins: origins.iter().map(|s| s.to_string()).collect(),
@@ -206,11 +210,11 @@ mod tests {
             "https://user@app.example",
             "null",
         ] {
-            let (path, message) = with(&[bad], &[]).unwrap_err();
+            let FieldError { path, message } = with(&[bad], &[]).unwrap_err();
             assert_eq!(path, "cors.allowed_origins[0]", "{bad}");
             assert!(message.contains("origin"), "{message}");
         }
-        let (path, _) = with(&["https://a.example", "*"], &[]).unwrap_err();
+        let path = with(&["https://a.example", "*"], &[]).unwrap_err().path;
         assert_eq!(path, "cors.allowed_origins[1]");
     }
 
@@ -224,7 +228,7 @@ mod tests {
             "connection",
             "x-request-id",
         ] {
-            let (path, _) = with(&[], &["x-ok", bad]).unwrap_err();
+            let path = with(&[], &["x-ok", bad]).unwrap_err().path;
             assert_eq!(path, "forward_headers[1]", "{bad}");
         }
         assert!(with(&[], &["bad header"]).is_err());

@@ -3,6 +3,7 @@
 //! stop reading a response, how many connections are open at once, and how large an
 //! answer the edge assembles for a non-streamed response.
 
+use super::FieldError;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -88,7 +89,7 @@ impl HttpLimitsConfig {
     }
 
     /// The error is `(field, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         const DAY: u64 = 24 * 3600;
         for (field, value) in [
             ("header_timeout_sec", self.header_timeout_sec),
@@ -97,17 +98,23 @@ impl HttpLimitsConfig {
             ("write_timeout_sec", self.write_timeout_sec),
         ] {
             if value == 0 || value > DAY {
-                return Err((field.into(), format!("must be between 1 and {DAY} seconds")));
+                return Err(FieldError::new(
+                    field.into(),
+                    format!("must be between 1 and {DAY} seconds"),
+                ));
             }
         }
         if self.max_connections == 0 || self.max_connections > 1 << 20 {
-            return Err((
+            return Err(FieldError::new(
                 "max_connections".into(),
                 "must be between 1 and 1048576".into(),
             ));
         }
         if self.max_response_bytes < 1024 {
-            return Err(("max_response_bytes".into(), "must be at least 1024".into()));
+            return Err(FieldError::new(
+                "max_response_bytes".into(),
+                "must be at least 1024".into(),
+            ));
         }
         Ok(())
     }

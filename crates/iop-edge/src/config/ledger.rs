@@ -1,6 +1,7 @@
 //! The `ledger` section: the durable usage ledger (`<state_dir>/usage.db`) and how long
 //! it keeps records.
 
+use super::FieldError;
 use serde::Deserialize;
 
 pub const DEFAULT_RETENTION_DAYS: u32 = 90;
@@ -37,9 +38,9 @@ impl Default for LedgerConfig {
 
 impl LedgerConfig {
     /// The error is `(field, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         if !(1..=MAX_RETENTION_DAYS).contains(&self.retention_days) {
-            return Err((
+            return Err(FieldError::new(
                 "retention_days".into(),
                 format!(
                     "{} is out of range: give 1 to {MAX_RETENTION_DAYS} days",

@@ -2,6 +2,7 @@
 //! (TLS handshake deadline, first frame size, register and ready deadlines, connection
 //! caps) and after (bytes buffered per stream), with their defaults and bounds.
 
+use super::FieldError;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -117,8 +118,8 @@ impl NodeLimitsConfig {
     }
 
     /// Checks the bounds; the error is `(field under limits.nodes, message)`.
-    pub fn validate(&self, max_frame_bytes: usize) -> Result<(), (String, String)> {
-        let err = |field: &str, message: String| Err((field.to_string(), message));
+    pub fn validate(&self, max_frame_bytes: usize) -> Result<(), FieldError> {
+        let err = |field: &str, message: String| Err(FieldError::new(field.to_string(), message));
         if !(MIN_FIRST_FRAME_BYTES..=max_frame_bytes).contains(&self.first_frame_bytes) {
             return err(
                 "first_frame_bytes",

@@ -39,7 +39,7 @@ fn a_good_config_parses_with_defaults() {
         DEFAULT_QUEUE_MAX_WAITING
     );
     assert_eq!(
-        c.nodes[0].token_hash().unwrap(),
+        c.nodes[0].token_hash(),
         Some(hash_token("secret-token-0123456789"))
     );
 }
@@ -84,7 +84,7 @@ fn bad_base_url_is_named() {
 #[test]
 fn a_node_without_a_token_registers_by_certificate_unless_plaintext() {
     let c = parse(&GOOD.replace("token: secret-token-0123456789", "")).unwrap();
-    assert_eq!(c.nodes[0].token_hash().unwrap(), None);
+    assert_eq!(c.nodes[0].token_hash(), None);
     let text = err_text(&format!(
         "node_tls: {{mode: insecure_plaintext}}\n{}",
         GOOD.replace("token: secret-token-0123456789", "")
@@ -120,7 +120,7 @@ fn token_sha256_is_accepted_and_checked() {
     ))
     .unwrap();
     assert_eq!(
-        c.nodes[0].token_hash().unwrap(),
+        c.nodes[0].token_hash(),
         Some(hash_token("secret-token-0123456789"))
     );
     let text = err_text(&GOOD.replace("token: secret-token-0123456789", "token_sha256: abc"));
@@ -131,7 +131,7 @@ fn token_sha256_is_accepted_and_checked() {
 fn duplicate_node_id_is_named() {
     let dup = GOOD.replace(
         "model_groups:",
-        "  - id: gpu\n    token: other\nmodel_groups:",
+        "  - id: gpu\n    token: other-token-0123456789\nmodel_groups:",
     );
     let text = err_text(&dup);
     assert!(text.contains("nodes[1].id: duplicate node id"), "{text}");
@@ -578,4 +578,38 @@ fn ledger_and_key_limits_are_checked_with_their_paths() {
     ));
     assert!(e.contains("auth.keys[0].limits.tokens_per_day"), "{e}");
     assert!(e.contains("ledger.enabled"), "{e}");
+}
+
+#[test]
+fn secrets_are_resolved_once_when_the_config_is_read() {
+    let text = r#"
+auth:
+  keys:
+    - {name: ops, role: admin, key_env: IOP_TEST_ONLY_IN_THIS_ENV_KEY}
+    - {name: dev, role: client, key: inline-key-0123456789}
+nodes:
+  - id: gpu
+    token_env: IOP_TEST_ONLY_IN_THIS_ENV_TOKEN
+    providers: [{id: m, kind: mock}]
+model_groups:
+  - {name: small, members: [{node: gpu, provider: m}]}
+"#;
+    let env = |var: &str| Some(format!("{var}-value-0123456789"));
+    let c = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &env).unwrap();
+    // The variables exist only in `env`: what is kept is what was read then.
+    assert_eq!(
+        c.nodes[0].token_hash(),
+        Some(hash_token(
+            "IOP_TEST_ONLY_IN_THIS_ENV_TOKEN-value-0123456789"
+        ))
+    );
+    let keys = crate::auth::KeyTable::from_config(&c.auth);
+    assert!(
+        keys.find("IOP_TEST_ONLY_IN_THIS_ENV_KEY-value-0123456789")
+            .is_some()
+    );
+    assert!(keys.find("inline-key-0123456789").is_some());
+    // Inline secrets are not kept once hashed, and validating again reads nothing.
+    assert!(c.auth.keys[1].key.is_none());
+    c.validate().unwrap();
 }

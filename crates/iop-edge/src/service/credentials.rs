@@ -304,7 +304,7 @@ impl Edge {
             .ok_or_else(|| CredentialAdminError::NoSuchNode(node_id.to_string()))?;
         let trust = self.trust.as_ref().ok_or(CredentialAdminError::NoState)?;
         let now = SystemTime::now();
-        let removed = trust.revoke(node_id, node.token_hash().ok().flatten(), now)?;
+        let removed = trust.revoke(node_id, node.token_hash(), now)?;
         let entry = self.nodes.take_link(node_id);
         let session_closed = entry.is_some();
         if let Some(entry) = entry {

@@ -22,12 +22,10 @@ pub fn token_records(config: &EdgeConfig) -> Vec<(String, TokenHash)> {
         .nodes
         .iter()
         .map(|n| {
-            // A node without a static token (it registers by certificate), or whose token
-            // cannot be resolved, gets a hash no token matches.
+            // A node without a static token (it registers by certificate) gets a hash no
+            // token matches.
             let hash = n
                 .token_hash()
-                .ok()
-                .flatten()
                 .unwrap_or_else(|| hash_token(&uuid::Uuid::new_v4().to_string()));
             (n.id.clone(), hash)
         })

@@ -56,12 +56,8 @@ impl Args {
         if let Some(dir) = &self.state_dir {
             config.state_dir = Some(dir.clone());
         }
-        config.check_http_exposure().map_err(|(path, message)| {
-            iop_edge::config::ConfigError::Invalid {
-                file: self.config.display().to_string(),
-                path,
-                message,
-            }
+        config.check_http_exposure().map_err(|e| {
+            iop_edge::config::ConfigError::invalid(&self.config.display().to_string(), e)
         })?;
         Ok(config)
     }
