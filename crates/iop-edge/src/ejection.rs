@@ -131,6 +131,7 @@ impl Ejection {
         self.reason.as_deref()
     }
 
+    #[cfg(test)]
     pub fn consecutive_failures(&self) -> u32 {
         self.consecutive
     }

@@ -32,15 +32,6 @@ pub enum Limit {
 }
 
 impl Limit {
-    /// The error code a client gets.
-    pub fn code(self) -> &'static str {
-        match self {
-            Limit::RequestsPerMinute(_) => "requests_per_minute_exceeded",
-            Limit::TokensPerDay(_) => "tokens_per_day_exceeded",
-            Limit::MaxConcurrent(_) => "max_concurrent_exceeded",
-        }
-    }
-
     /// What the limit is, in words and by its config field.
     pub fn describe(self) -> String {
         match self {
@@ -238,6 +229,7 @@ impl KeyLimiter {
     }
 
     /// `key`'s tokens today.
+    #[cfg(test)]
     pub fn tokens_today(&mut self, key: &str, now_ms: i64) -> u64 {
         self.tokens.used(key, now_ms)
     }

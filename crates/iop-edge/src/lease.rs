@@ -271,6 +271,7 @@ impl Leases {
         Some(live.account)
     }
 
+    #[cfg(test)]
     pub fn is_live(&self, lease: LeaseId) -> bool {
         self.live.contains_key(&lease)
     }
@@ -324,6 +325,7 @@ impl Leases {
         }
     }
 
+    #[cfg(test)]
     pub fn live_count(&self) -> usize {
         self.live.len()
     }

@@ -7,30 +7,30 @@
 //! node lifecycle and the dispatcher of requests; `transport` and `http` only move bytes to
 //! and from it.
 
-pub mod auth;
-pub mod canonical;
-pub mod codec;
+pub(crate) mod auth;
+pub(crate) mod canonical;
+pub(crate) mod codec;
 pub mod config;
-pub mod ejection;
-pub mod events;
+pub(crate) mod ejection;
+pub(crate) mod events;
 pub mod fdlimit;
-pub mod health;
-pub mod http;
-pub mod key_limits;
-pub mod lease;
-pub mod ledger;
-pub mod metrics;
-pub mod payload;
-pub mod queue;
-pub mod registry;
-pub mod retry_budget;
-pub mod service;
-pub mod session;
-pub mod status;
-pub mod surfaces;
-pub mod throttle;
-pub mod transport;
-pub mod trust;
+pub(crate) mod health;
+pub(crate) mod http;
+pub(crate) mod key_limits;
+pub(crate) mod lease;
+pub(crate) mod ledger;
+pub(crate) mod metrics;
+pub(crate) mod payload;
+pub(crate) mod queue;
+pub(crate) mod registry;
+pub(crate) mod retry_budget;
+pub(crate) mod service;
+pub(crate) mod session;
+pub(crate) mod status;
+pub(crate) mod surfaces;
+pub(crate) mod throttle;
+pub(crate) mod transport;
+pub(crate) mod trust;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,7 +42,6 @@ pub use config::EdgeConfig;
 use config::NodeTlsMode;
 use http::tls::HttpTls;
 pub use service::Edge;
-use service::nodes::NodeListenerInfo;
 use trust::TrustStore;
 use trust::node_tls::NodeListenerTls;
 
@@ -169,11 +168,7 @@ impl EdgeServer {
         let edge = Edge::with_ledger(config, Some(trust), ledger);
         let (written, dropped) = edge.telemetry.ledger().counters();
         edge.telemetry.metrics.register_ledger(written, dropped);
-        edge.nodes.set_listener(NodeListenerInfo {
-            addr: node_addr,
-            mode,
-            pin: node_pin,
-        });
+        edge.nodes.set_listener(node_addr);
         let mut tasks = tokio::task::JoinSet::new();
         let node_tls = node_tls.map(Arc::new);
         if let Some(tls) = node_tls.clone() {

@@ -406,14 +406,6 @@ impl<W> Scheduler<W> {
         self.by_name.get(name).copied()
     }
 
-    /// The configured model groups, by name.
-    pub fn group_names(&self) -> impl Iterator<Item = &str> {
-        self.groups
-            .iter()
-            .filter(|g| !g.direct)
-            .map(|g| g.name.as_str())
-    }
-
     /// The configured model groups with their waiting requests per lane.
     pub fn groups_waiting(&self) -> impl Iterator<Item = (&str, LaneCounts)> {
         self.groups
@@ -443,6 +435,7 @@ impl<W> Scheduler<W> {
     /// Admits a request of `lane` to `group`: a grant now, or a place in the queue holding
     /// `payload` until [`Dispatch`], [`Lost::unavailable`] or
     /// [`Scheduler::expire_stranded`] hands it back.
+    #[cfg(test)]
     pub fn admit(&mut self, group: &str, lane: Lane, payload: W, now: Instant) -> Admission {
         self.admit_excluding(group, lane, payload, &[], now)
     }
@@ -634,14 +627,6 @@ impl<W> Scheduler<W> {
     pub fn any_member_traits(&self, name: &str, pred: impl Fn(&MemberTraits) -> bool) -> bool {
         self.group_index(name)
             .is_some_and(|g| self.groups[g].members.iter().any(|m| pred(&m.traits)))
-    }
-
-    /// Whether any member of the group is live for `lane` (online with capacity).
-    pub fn has_live_candidate(&self, group: usize, lane: Lane) -> bool {
-        self.groups[group]
-            .members
-            .iter()
-            .any(|m| self.leases.serves(m.account, lane))
     }
 
     /// Whether any member of the group is live for `lane` and not one a request that

@@ -139,6 +139,7 @@ impl Registry {
     }
 
     /// Authenticates `token` and makes `generation` the node's pending owner.
+    #[cfg(test)]
     pub fn claim(&mut self, token: &str, generation: Generation) -> Result<String, ClaimError> {
         let node_id = self
             .authenticate(token)
@@ -206,6 +207,7 @@ impl Registry {
     }
 
     /// Whether `generation` is the node's current, dispatch-ready owner.
+    #[cfg(test)]
     pub fn is_ready(&self, node_id: &str, generation: Generation) -> bool {
         self.state(node_id) == OwnerState::Ready(generation)
     }

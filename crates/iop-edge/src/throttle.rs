@@ -141,6 +141,7 @@ impl FailureThrottle {
     }
 
     /// Addresses currently remembered (tests and status).
+    #[cfg(test)]
     pub fn tracked(&self) -> usize {
         self.records.len()
     }

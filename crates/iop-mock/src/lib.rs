@@ -32,7 +32,7 @@
 //!
 //! Health checks find vLLM's `GET /health` and Ollama's `GET /api/version` here too;
 //! `POST /mock/faults` makes requests or health checks fail until switched back
-//! ([`health`]).
+//! (`health`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -8,24 +8,24 @@
 //! `commands` handle the three kinds of work the edge sends; `probe` checks each provider's
 //! health (`health` is the state machine) and the session reports changes to the edge.
 
-pub mod adapters;
-pub mod commands;
+pub(crate) mod adapters;
+pub(crate) mod commands;
 pub mod config;
-pub mod health;
-pub mod identity;
-pub mod instance;
+pub(crate) mod health;
+pub(crate) mod identity;
+pub(crate) mod instance;
 pub mod link;
-pub mod probe;
-pub mod runs;
-pub mod runtime;
-pub mod session;
-pub mod sink;
+pub(crate) mod probe;
+pub(crate) mod runs;
+pub(crate) mod runtime;
+pub(crate) mod session;
+pub(crate) mod sink;
 pub mod store;
-pub mod stream;
-pub mod supervisor;
+pub(crate) mod stream;
+pub(crate) mod supervisor;
 pub mod tls;
-pub mod tunnel;
-pub mod usage;
+pub(crate) mod tunnel;
+pub(crate) mod usage;
 
 pub use config::NodeConfig;
 pub use link::{EdgeLink, Security};

@@ -179,6 +179,7 @@ impl<'a> ClientRequest<'a> {
     }
 
     /// The body with `model` set to `model` and every other field as the client sent it.
+    #[cfg(test)]
     pub fn with_model(&self, model: &str) -> Vec<u8> {
         let model = serde_json::to_string(model).expect("strings serialize");
         self.with_fields(&[("model", &model)])

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use iop_proto::pb;
 use serde_json::Value;
 
-use crate::canonical::{AnswerEvent, ApiError, Finish, FinishReason, Operation, ToolCall};
+use crate::canonical::{AnswerEvent, ApiError, FinishReason, Operation, ToolCall};
 
 /// Most tool calls one streamed answer may make, and most bytes of them held while they
 /// are assembled; a provider sending more fails the answer.
@@ -121,10 +121,10 @@ pub fn document(body: &Value, op: Operation) -> Vec<AnswerEvent> {
         .get("finish_reason")
         .and_then(Value::as_str)
         .unwrap_or("");
-    out.push(AnswerEvent::Finished(Finish {
-        reason: FinishReason::from_openai(reason),
+    out.push(AnswerEvent::finished(
+        FinishReason::from_openai(reason),
         usage,
-    }));
+    ));
     out
 }
 
@@ -153,10 +153,7 @@ fn embeddings(body: &Value, usage: Option<pb::Usage>) -> Vec<AnswerEvent> {
     indexed.sort_by_key(|(i, _)| *i);
     vec![
         AnswerEvent::Embeddings(indexed.into_iter().map(|(_, v)| v).collect()),
-        AnswerEvent::Finished(Finish {
-            reason: FinishReason::Stop,
-            usage,
-        }),
+        AnswerEvent::finished(FinishReason::Stop, usage),
     ]
 }
 
@@ -287,10 +284,7 @@ impl StreamReader {
                 return;
             }
         };
-        out.push(AnswerEvent::Finished(Finish {
-            reason,
-            usage: self.usage.take(),
-        }));
+        out.push(AnswerEvent::finished(reason, self.usage.take()));
     }
 
     fn flush_calls(&mut self, out: &mut Vec<AnswerEvent>) {
@@ -376,7 +370,7 @@ mod tests {
         out
     }
 
-    fn finished(event: &AnswerEvent) -> &Finish {
+    fn finished(event: &AnswerEvent) -> &crate::canonical::Finish {
         match event {
             AnswerEvent::Finished(f) => f,
             other => panic!("{other:?}"),

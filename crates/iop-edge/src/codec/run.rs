@@ -12,9 +12,7 @@
 use iop_proto::pb::{self, RunEventKind};
 use serde_json::{Map, Value};
 
-use crate::canonical::{
-    AnswerEvent, ApiError, ClientRequest, Finish, FinishReason, Operation, ToolCall,
-};
+use crate::canonical::{AnswerEvent, ApiError, ClientRequest, FinishReason, Operation, ToolCall};
 
 /// A surface-neutral run submission.
 #[derive(Debug, Clone, Default)]
@@ -112,10 +110,10 @@ pub fn answer_events(event: pb::RunEvent) -> Vec<AnswerEvent> {
                 })
                 .collect(),
         )],
-        RunEventKind::Complete => vec![AnswerEvent::Finished(Finish {
-            reason: FinishReason::from_openai(&event.finish_reason),
-            usage: event.usage,
-        })],
+        RunEventKind::Complete => vec![AnswerEvent::finished(
+            FinishReason::from_openai(&event.finish_reason),
+            event.usage,
+        )],
         RunEventKind::Error => vec![AnswerEvent::Failed(ApiError::from_run_error(
             event.error.as_ref(),
         ))],

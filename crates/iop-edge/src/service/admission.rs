@@ -104,12 +104,6 @@ pub struct LeaseGuard {
     armed: bool,
 }
 
-impl LeaseGuard {
-    pub fn lease(&self) -> LeaseId {
-        self.lease
-    }
-}
-
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if self.armed {

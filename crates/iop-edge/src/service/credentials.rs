@@ -272,10 +272,10 @@ impl Edge {
             config.node_tls.advertise.clone()
         } else {
             let listener = self.nodes.listener().ok_or(CredentialAdminError::NoState)?;
-            if listener.addr.ip().is_unspecified() {
-                return Err(CredentialAdminError::NoAddress(listener.addr));
+            if listener.ip().is_unspecified() {
+                return Err(CredentialAdminError::NoAddress(listener));
             }
-            vec![listener.addr.to_string()]
+            vec![listener.to_string()]
         };
         if let Some(bad) = edges
             .iter()

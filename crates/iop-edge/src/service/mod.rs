@@ -59,9 +59,6 @@ use nodes::ConnectionControl;
 use nodes::{Lost, Nodes};
 use telemetry::Telemetry;
 
-pub use run::RunStream;
-pub use tunnel::{TunnelHead, TunnelItem, TunnelStream};
-
 /// Why a registration was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rejection {

@@ -8,11 +8,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use iop_proto::Outbound;
-use iop_proto::trust::Pin;
 use parking_lot::{Mutex, RwLock};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{NodeTlsMode, TokenHash};
+use crate::config::TokenHash;
 use crate::registry::{
     ClaimError, DisconnectOutcome, Generation, OwnerState, ReadyOutcome, Registry,
 };
@@ -24,15 +23,6 @@ use crate::status::LinkStatus;
 pub struct ConnectionControl {
     pub outbound: Outbound,
     pub kick: CancellationToken,
-}
-
-/// The node listener as nodes reach it.
-#[derive(Debug, Clone)]
-pub struct NodeListenerInfo {
-    pub addr: SocketAddr,
-    pub mode: NodeTlsMode,
-    /// The pin nodes verify the listener by (auto mode, or a provided chain with its CA).
-    pub pin: Option<Pin>,
 }
 
 /// How a node's current connection reached the edge, and how to drop it.
@@ -52,8 +42,8 @@ pub struct Nodes {
     links: Mutex<HashMap<String, LinkEntry>>,
     /// The config payload version each node was last sent.
     sent_config: Mutex<HashMap<String, u64>>,
-    /// The node listener's bound address and the pin nodes verify it by.
-    listener: Mutex<Option<NodeListenerInfo>>,
+    /// The node listener's bound address.
+    listener: Mutex<Option<SocketAddr>>,
 }
 
 /// What losing a connection ended.
@@ -194,13 +184,14 @@ impl Nodes {
         self.sent_config.lock().get(node_id) == Some(&version)
     }
 
-    /// Records where the node listener is bound and how nodes verify it.
-    pub fn set_listener(&self, info: NodeListenerInfo) {
-        *self.listener.lock() = Some(info);
+    /// Records where the node listener is bound.
+    pub fn set_listener(&self, addr: SocketAddr) {
+        *self.listener.lock() = Some(addr);
     }
 
-    pub fn listener(&self) -> Option<NodeListenerInfo> {
-        self.listener.lock().clone()
+    /// Where the node listener is bound (once it is).
+    pub fn listener(&self) -> Option<SocketAddr> {
+        *self.listener.lock()
     }
 }
 

@@ -1,7 +1,6 @@
 //! Named server-sent events, as the Responses and Messages APIs send them: an `event:`
 //! line naming the event and one `data:` line of JSON, ending on an empty line.
 
-use bytes::Bytes;
 use serde_json::Value;
 
 use crate::canonical::AnswerEvent;
@@ -59,12 +58,13 @@ pub trait EventWriter {
 }
 
 /// The bytes of `events`.
-pub fn encode(events: &[SseEvent]) -> Bytes {
+#[cfg(test)]
+pub fn encode(events: &[SseEvent]) -> bytes::Bytes {
     let mut out = Vec::with_capacity(events.len() * 256);
     for e in events {
         e.write(&mut out);
     }
-    Bytes::from(out)
+    bytes::Bytes::from(out)
 }
 
 #[cfg(test)]

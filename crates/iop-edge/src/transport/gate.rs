@@ -204,6 +204,7 @@ impl UnauthenticatedCounts {
     }
 
     /// Per-address entries held (every one has a live connection).
+    #[cfg(test)]
     pub fn addresses(&self) -> usize {
         self.per_address.len()
     }

@@ -59,6 +59,7 @@ pub enum PlainError {
 
 impl PlainError {
     /// Whether the provider could not be reached at all.
+    #[cfg(test)]
     pub fn is_connect(&self) -> bool {
         matches!(
             self,

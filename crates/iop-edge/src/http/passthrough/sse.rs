@@ -80,6 +80,7 @@ impl EventBoundary {
     }
 
     /// Whether an incomplete event is held back.
+    #[cfg(test)]
     pub fn holds_fragment(&self) -> bool {
         !self.held.is_empty()
     }

@@ -257,7 +257,7 @@ pub fn loaded(endpoint: Endpoint, model: &str, unload: bool, wall: SystemTime) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::canonical::{ApiError, Finish};
+    use crate::canonical::ApiError;
 
     fn writer(endpoint: Endpoint, t0: Instant, streaming: bool) -> OllamaWriter {
         OllamaWriter::new(
@@ -280,7 +280,7 @@ mod tests {
     }
 
     fn finished(reason: FinishReason, usage: Option<pb::Usage>) -> AnswerEvent {
-        AnswerEvent::Finished(Finish { reason, usage })
+        AnswerEvent::finished(reason, usage)
     }
 
     #[test]

@@ -221,10 +221,7 @@ mod tests {
     use crate::canonical::{ApiError, FinishReason};
 
     fn finished(usage: Option<pb::Usage>) -> AnswerEvent {
-        AnswerEvent::Finished(Finish {
-            reason: FinishReason::Stop,
-            usage,
-        })
+        AnswerEvent::finished(FinishReason::Stop, usage)
     }
 
     fn usage() -> pb::Usage {

@@ -103,6 +103,7 @@ impl<P> SessionTable<P> {
         self.limits
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.slots.len()
     }
@@ -118,6 +119,7 @@ impl<P> SessionTable<P> {
         self.ending = self.ending.saturating_sub(1);
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
