@@ -1,0 +1,343 @@
+//! The code's shape, checked on every test run: within each crate no two modules depend on
+//! each other (directly or around a loop of siblings), and no function on the request
+//! path is longer than a reader can hold (100 lines). Test code is left out of both.
+//!
+//! A module depends on another when its code names a path into it (`crate::a::b`,
+//! `super::b`, a `use` of either); a dependency on a module's descendant counts as one on
+//! the sibling that contains it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use syn::visit::Visit;
+
+/// The longest function allowed on the request path, in lines.
+const MAX_FUNCTION_LINES: usize = 100;
+
+/// The request path: every surface, codec and service module of the edge, and the node's
+/// run and tunnel execution.
+const REQUEST_PATH: &[&str] = &[
+    "iop-edge/src/canonical",
+    "iop-edge/src/codec",
+    "iop-edge/src/surfaces",
+    "iop-edge/src/service",
+    "iop-edge/src/http",
+    "iop-node/src/runs.rs",
+    "iop-node/src/tunnel.rs",
+    "iop-node/src/sink.rs",
+    "iop-node/src/stream.rs",
+    "iop-node/src/adapters",
+];
+
+const CRATES: &[&str] = &["iop-proto", "iop-edge", "iop-node", "iop-mock", "iop"];
+
+fn crates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crates/")
+        .to_path_buf()
+}
+
+/// Every module file of a crate's `src`, by module path (`service::dispatch`), test files
+/// left out.
+fn modules(src: &Path) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if path.file_name().unwrap() != "tests" {
+                    dirs.push(path);
+                }
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(src).unwrap().with_extension("");
+            let mut parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if matches!(
+                parts.last().map(String::as_str),
+                Some("mod" | "lib" | "main")
+            ) {
+                parts.pop();
+            }
+            if parts.iter().any(|p| p == "tests" || p.ends_with("_tests")) {
+                continue;
+            }
+            out.insert(parts.join("::"), path);
+        }
+    }
+    out
+}
+
+/// `#[cfg(test)]`, `#[test]` or `#[tokio::test]`.
+fn is_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| match &a.meta {
+        syn::Meta::List(list) => list.path.is_ident("cfg") && list.tokens.to_string() == "test",
+        syn::Meta::Path(path) => path.segments.last().is_some_and(|s| s.ident == "test"),
+        syn::Meta::NameValue(_) => false,
+    })
+}
+
+/// What one file names and how long its functions are.
+#[derive(Default)]
+struct FileVisitor {
+    /// Paths starting at `crate`, `super` or `self`, as segments.
+    paths: Vec<Vec<String>>,
+    /// (function name, first line, lines) of every non-test function.
+    functions: Vec<(String, usize, usize)>,
+}
+
+impl FileVisitor {
+    fn use_tree(&mut self, prefix: Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                let mut prefix = prefix;
+                prefix.push(p.ident.to_string());
+                self.use_tree(prefix, &p.tree);
+            }
+            syn::UseTree::Name(n) => {
+                let mut path = prefix;
+                path.push(n.ident.to_string());
+                self.paths.push(path);
+            }
+            syn::UseTree::Rename(r) => {
+                let mut path = prefix;
+                path.push(r.ident.to_string());
+                self.paths.push(path);
+            }
+            syn::UseTree::Glob(_) => self.paths.push(prefix),
+            syn::UseTree::Group(g) => {
+                for tree in &g.items {
+                    self.use_tree(prefix.clone(), tree);
+                }
+            }
+        }
+    }
+
+    /// A function from its signature to the end of its body (doc comments not counted).
+    fn function(&mut self, sig: &syn::Signature, body: &syn::Block) {
+        use syn::spanned::Spanned;
+        let (start, end) = (sig.span().start().line, body.span().end().line);
+        self.functions
+            .push((sig.ident.to_string(), start, end.saturating_sub(start) + 1));
+    }
+}
+
+impl<'ast> Visit<'ast> for FileVisitor {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let attrs = match item {
+            syn::Item::Mod(m) => &m.attrs,
+            syn::Item::Fn(f) => &f.attrs,
+            syn::Item::Impl(i) => &i.attrs,
+            syn::Item::Use(u) => &u.attrs,
+            _ => return syn::visit::visit_item(self, item),
+        };
+        if !is_test(attrs) {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        self.use_tree(Vec::new(), &item.tree);
+    }
+
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        self.function(&f.sig, &f.block);
+        syn::visit::visit_item_fn(self, f);
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if is_test(&f.attrs) {
+            return;
+        }
+        self.function(&f.sig, &f.block);
+        syn::visit::visit_impl_item_fn(self, f);
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        if segments
+            .first()
+            .is_some_and(|s| s == "crate" || s == "super" || s == "self")
+        {
+            self.paths.push(segments);
+        }
+        syn::visit::visit_path(self, path);
+    }
+}
+
+fn visit(file: &Path) -> FileVisitor {
+    let text = std::fs::read_to_string(file).unwrap();
+    let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let mut visitor = FileVisitor::default();
+    visitor.visit_file(&ast);
+    visitor
+}
+
+/// The module a path names, from module `at`: the longest known prefix.
+fn resolve(modules: &BTreeMap<String, PathBuf>, at: &str, path: &[String]) -> Option<String> {
+    let mut base: Vec<&str> = if at.is_empty() {
+        Vec::new()
+    } else {
+        at.split("::").collect()
+    };
+    let mut rest = path;
+    match rest.first().map(String::as_str) {
+        Some("crate") => {
+            base.clear();
+            rest = &rest[1..];
+        }
+        Some("self") => rest = &rest[1..],
+        Some("super") => {
+            while rest.first().is_some_and(|s| s == "super") {
+                base.pop();
+                rest = &rest[1..];
+            }
+        }
+        _ => return None,
+    }
+    let full: Vec<&str> = base
+        .into_iter()
+        .chain(rest.iter().map(String::as_str))
+        .collect();
+    (1..=full.len())
+        .rev()
+        .map(|n| full[..n].join("::"))
+        .find(|m| modules.contains_key(m))
+}
+
+/// The child of `parent` that `module` is or lies in.
+fn child_of(parent: &str, module: &str) -> Option<String> {
+    let parent: Vec<&str> = if parent.is_empty() {
+        Vec::new()
+    } else {
+        parent.split("::").collect()
+    };
+    let module: Vec<&str> = module.split("::").collect();
+    (module.len() > parent.len() && module[..parent.len()] == parent[..])
+        .then(|| module[..=parent.len()].join("::"))
+}
+
+/// The loops among `graph`'s nodes (strongly connected components of two or more).
+fn loops(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    let reaches = |from: &str| {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from.to_string()];
+        while let Some(n) = stack.pop() {
+            for next in graph.get(&n).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let mut found: Vec<Vec<String>> = Vec::new();
+    for node in graph.keys() {
+        let forward = reaches(node);
+        if !forward.contains(node) || found.iter().any(|l| l.contains(node)) {
+            continue;
+        }
+        let component: Vec<String> = forward
+            .into_iter()
+            .filter(|other| reaches(other).contains(node))
+            .collect();
+        found.push(component);
+    }
+    found
+}
+
+#[test]
+fn no_two_modules_of_a_crate_depend_on_each_other() {
+    let mut problems = Vec::new();
+    for krate in CRATES {
+        let src = crates_dir().join(krate).join("src");
+        let modules = modules(&src);
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (module, file) in &modules {
+            for path in visit(file).paths {
+                if let Some(target) = resolve(&modules, module, &path)
+                    && &target != module
+                {
+                    edges.entry(module.clone()).or_default().insert(target);
+                }
+            }
+        }
+        for parent in std::iter::once(String::new()).chain(modules.keys().cloned()) {
+            let mut siblings: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            for (from, targets) in &edges {
+                let Some(a) = child_of(&parent, from) else {
+                    continue;
+                };
+                for to in targets {
+                    if let Some(b) = child_of(&parent, to)
+                        && a != b
+                    {
+                        siblings.entry(a.clone()).or_default().insert(b);
+                    }
+                }
+            }
+            for cycle in loops(&siblings) {
+                problems.push(format!("{krate}: {}", cycle.join(" <-> ")));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "modules that depend on each other (move what both need into one of them, or into \
+         a module of its own):\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn no_function_on_the_request_path_is_over_100_lines() {
+    let mut long = Vec::new();
+    for krate in ["iop-edge", "iop-node"] {
+        let src = crates_dir().join(krate).join("src");
+        for file in modules(&src).values() {
+            let rel = file.strip_prefix(crates_dir()).unwrap().to_string_lossy();
+            if !REQUEST_PATH.iter().any(|p| rel.starts_with(p)) {
+                continue;
+            }
+            for (name, line, lines) in visit(file).functions {
+                if lines > MAX_FUNCTION_LINES {
+                    long.push(format!("{rel}:{line} {name} ({lines} lines)"));
+                }
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions on the request path over {MAX_FUNCTION_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_checks_see_a_loop_and_a_long_function() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("a", &["b"][..]),
+        ("b", &["c"][..]),
+        ("c", &["a"][..]),
+        ("d", &["a"][..]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
+    .collect();
+    assert_eq!(loops(&graph), vec![vec!["a", "b", "c"]]);
+    let body = "    let x = 1;\n".repeat(MAX_FUNCTION_LINES);
+    let ast = syn::parse_file(&format!("fn long() {{\n{body}}}\n")).unwrap();
+    let mut v = FileVisitor::default();
+    v.visit_file(&ast);
+    assert_eq!(
+        v.functions,
+        vec![("long".to_string(), 1, MAX_FUNCTION_LINES + 2)]
+    );
+}
