@@ -436,7 +436,7 @@ impl EdgeConfig {
     }
 
     /// Refuses to serve a non-loopback HTTP address with no API keys unless the config
-    /// says `auth.allow_anonymous: true`; the error is `(yaml path, message)`. Checked
+    /// says `auth.allow_anonymous: true`. Checked
     /// when the edge starts or reloads, after command-line overrides of `listen.http`.
     pub fn check_http_exposure(&self) -> Result<(), FieldError> {
         let addr = self.listen.http;

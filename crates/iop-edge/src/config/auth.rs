@@ -109,6 +109,8 @@ pub struct KeyLimitsConfig {
 
 /// Output tokens reserved for a request that gives no `max_tokens` (`reserve_tokens`).
 pub const DEFAULT_RESERVE_TOKENS: u64 = 1024;
+/// The largest `reserve_tokens`.
+pub const MAX_RESERVE_TOKENS: u64 = 10_000_000;
 
 impl KeyLimitsConfig {
     /// The output tokens a request reserves: its `max_tokens`, or `reserve_tokens`.
@@ -123,7 +125,7 @@ impl KeyLimitsConfig {
             || self.max_concurrent.is_some()
     }
 
-    /// The error is `(field, message)`.
+    /// The bounds; the error names the field.
     pub fn validate(&self) -> Result<(), FieldError> {
         for (field, value) in [
             ("requests_per_minute", self.requests_per_minute),
@@ -139,6 +141,14 @@ impl KeyLimitsConfig {
                     ),
                 ));
             }
+        }
+        if let Some(n) = self.reserve_tokens
+            && n > MAX_RESERVE_TOKENS
+        {
+            return Err(FieldError::new(
+                "reserve_tokens".into(),
+                format!("{n} is out of range: give 0 to {MAX_RESERVE_TOKENS}"),
+            ));
         }
         if self.tokens_per_day == Some(0) {
             return Err(FieldError::new(
@@ -158,7 +168,7 @@ Write each key as an entry of auth.keys, e.g.\n  auth:\n    keys:\n      \
 `printf %s KEY | sha256sum`; keys need at least 16 characters)";
 
 impl AuthConfig {
-    /// Checks the keys; the error is `(yaml path, message)`.
+    /// Checks the keys; the error names the field by its YAML path.
     pub fn validate(&self, groups: &[ModelGroupConfig]) -> Result<(), FieldError> {
         if self.api_keys.is_some() {
             return Err(FieldError::new("auth.api_keys".into(), MIGRATION.into()));
@@ -353,6 +363,11 @@ model_groups:
                 "{name: a, role: client, key_env: IOP_TEST_SURELY_UNSET_VAR}",
                 "auth.keys[0].key_env",
                 "not set",
+            ),
+            (
+                "{name: a, role: client, key: long-enough-key-123, limits: {reserve_tokens: 99999999999}}",
+                "auth.keys[0].limits.reserve_tokens",
+                "out of range",
             ),
         ];
         for (key, path, words) in cases {

@@ -66,7 +66,7 @@ impl DispatchConfig {
         Duration::from_secs_f64(self.ack_timeout_sec)
     }
 
-    /// The bounds; the error is `(field, message)`.
+    /// The bounds; the error names the field.
     pub fn validate(&self) -> Result<(), FieldError> {
         if !(1..=MAX_ATTEMPTS).contains(&self.max_attempts) {
             return Err(FieldError::new(

@@ -88,7 +88,7 @@ impl HttpLimitsConfig {
         Duration::from_secs(self.write_timeout_sec)
     }
 
-    /// The error is `(field, message)`.
+    /// The bounds; the error names the field.
     pub fn validate(&self) -> Result<(), FieldError> {
         const DAY: u64 = 24 * 3600;
         for (field, value) in [

@@ -37,7 +37,7 @@ impl Default for LedgerConfig {
 }
 
 impl LedgerConfig {
-    /// The error is `(field, message)`.
+    /// The bounds; the error names the field.
     pub fn validate(&self) -> Result<(), FieldError> {
         if !(1..=MAX_RETENTION_DAYS).contains(&self.retention_days) {
             return Err(FieldError::new(
