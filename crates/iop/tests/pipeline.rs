@@ -359,15 +359,7 @@ impl Setup {
 
 /// The request counter of `(group, path, outcome)` in `/metrics`.
 async fn metric(edge: &EdgeProc, group: &str, path: &str, outcome: &str) -> f64 {
-    let text = client()
-        .get(edge.url("/metrics"))
-        .bearer_auth(TEST_API_KEY)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = admin_get(edge, "/metrics").await.text().await.unwrap();
     let series = format!(
         "iop_requests_total{{model_group=\"{group}\",path=\"{path}\",outcome=\"{outcome}\"}}"
     );
@@ -381,15 +373,8 @@ async fn metric(edge: &EdgeProc, group: &str, path: &str, outcome: &str) -> f64 
 async fn records(edge: &EdgeProc, key_name: &str, n: usize) -> Vec<Value> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let body: Value = client()
-            .get(edge.url(&format!("/admin/usage/records?key={key_name}&limit=1000")))
-            .bearer_auth(TEST_API_KEY)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let path = format!("/admin/usage/records?key={key_name}&limit=1000");
+        let body: Value = admin_get(edge, &path).await.json().await.unwrap();
         let records = body["records"].as_array().unwrap().clone();
         if records.len() >= n {
             return records;
@@ -572,18 +557,7 @@ async fn cell(s: &mut Setup, surface: Surface, kind: Kind, outcome: Outcome, lim
                 let url = s.edge.url(surface.path());
                 let key = key.clone();
                 let body = body.clone();
-                async move {
-                    seen(
-                        client()
-                            .post(url)
-                            .bearer_auth(key)
-                            .json(&body)
-                            .send()
-                            .await
-                            .unwrap(),
-                    )
-                    .await
-                }
+                async move { post(url, &key, &body).await }
             });
             wait_status(
                 &s.edge,
@@ -795,17 +769,14 @@ async fn small_edge(
     (edge, node, mock)
 }
 
+/// What a client saw of `POST url` with `body` and `key`.
+async fn post(url: String, key: &str, body: &Value) -> Seen {
+    let response = client().post(url).bearer_auth(key).json(body).send();
+    seen(response.await.unwrap()).await
+}
+
 async fn post_run(edge: &EdgeProc, key: &str, body: Value) -> Seen {
-    seen(
-        client()
-            .post(edge.url("/v1/runs"))
-            .bearer_auth(key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
+    post(edge.url("/v1/runs"), key, &body).await
 }
 
 #[tokio::test]

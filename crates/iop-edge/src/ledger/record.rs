@@ -77,6 +77,34 @@ pub struct UsageRecord {
     pub attempts: u32,
 }
 
+#[cfg(test)]
+impl UsageRecord {
+    /// A served request of `key` to `group` at `time_ms`, for tests: 3 input tokens,
+    /// `output` output tokens, 1 reasoning token, 12 ms (4 to the first token).
+    pub fn sample(key: &str, group: &str, time_ms: i64, outcome: &str, output: u64) -> Self {
+        UsageRecord {
+            time_ms,
+            key: key.into(),
+            group: group.into(),
+            node: "n1".into(),
+            provider: "p1".into(),
+            path: "tunnel",
+            api: "openai",
+            input_tokens: 3,
+            output_tokens: output,
+            reasoning_tokens: 1,
+            est_input_tokens: None,
+            est_output_tokens: None,
+            cached_tokens: 0,
+            latency_ms: 12,
+            ttft_ms: Some(4),
+            outcome: outcome.into(),
+            status: if outcome == "ok" { 200 } else { 502 },
+            attempts: 1,
+        }
+    }
+}
+
 impl UsageRecord {
     pub fn is_ok(&self) -> bool {
         self.outcome == OUTCOME_OK

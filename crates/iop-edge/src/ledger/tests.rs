@@ -11,26 +11,7 @@ const HOUR: i64 = 3_600_000;
 const T0: i64 = 1_700_000_000_000 / HOUR * HOUR;
 
 fn record(key: &str, group: &str, time_ms: i64, outcome: &str, output: u64) -> UsageRecord {
-    UsageRecord {
-        time_ms,
-        key: key.into(),
-        group: group.into(),
-        node: "n1".into(),
-        provider: "p1".into(),
-        path: "tunnel",
-        api: "openai",
-        input_tokens: 3,
-        output_tokens: output,
-        reasoning_tokens: 1,
-        est_input_tokens: None,
-        est_output_tokens: None,
-        cached_tokens: 0,
-        latency_ms: 12,
-        ttft_ms: Some(4),
-        outcome: outcome.into(),
-        status: if outcome == "ok" { 200 } else { 502 },
-        attempts: 1,
-    }
+    UsageRecord::sample(key, group, time_ms, outcome, output)
 }
 
 fn all_time() -> Filter {

@@ -118,26 +118,7 @@ mod tests {
     use super::*;
 
     fn record(group: &str, outcome: &str, output_tokens: u64) -> UsageRecord {
-        UsageRecord {
-            time_ms: 1,
-            key: "alice".into(),
-            group: group.into(),
-            node: "n1".into(),
-            provider: "p1".into(),
-            path: "tunnel",
-            api: "openai",
-            input_tokens: 3,
-            output_tokens,
-            reasoning_tokens: 0,
-            cached_tokens: 0,
-            est_input_tokens: None,
-            est_output_tokens: None,
-            latency_ms: 12,
-            ttft_ms: Some(4),
-            outcome: outcome.into(),
-            status: if outcome == "ok" { 200 } else { 502 },
-            attempts: 1,
-        }
+        UsageRecord::sample("alice", group, 1, outcome, output_tokens)
     }
 
     fn telemetry() -> Telemetry {

@@ -365,16 +365,18 @@ pub async fn get_json(url: &str) -> Value {
 /// edge without keys ignores it).
 pub const TEST_API_KEY: &str = "sk-right-0123456789";
 
-pub async fn status(edge: &EdgeProc) -> Value {
+/// `GET path` on the edge with the admin key.
+pub async fn admin_get(edge: &EdgeProc, path: &str) -> reqwest::Response {
     client()
-        .get(edge.url("/admin/status"))
+        .get(edge.url(path))
         .bearer_auth(TEST_API_KEY)
         .send()
         .await
         .unwrap()
-        .json()
-        .await
-        .unwrap()
+}
+
+pub async fn status(edge: &EdgeProc) -> Value {
+    admin_get(edge, "/admin/status").await.json().await.unwrap()
 }
 
 pub fn node_status<'a>(status: &'a Value, id: &str) -> &'a Value {

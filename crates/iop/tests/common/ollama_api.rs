@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{EdgeProc, Proc, TEST_API_KEY, client};
+use super::{EdgeProc, Proc, admin_get};
 
 /// A node like `start_node`'s whose process gets `env`.
 pub fn start_node_env(
@@ -29,15 +29,7 @@ pub fn ndjson(body: &str) -> Vec<Value> {
 
 /// The provider-reported tokens of `kind` (`input`, `output`) recorded for a model group.
 pub async fn usage_tokens(edge: &EdgeProc, group: &str, kind: &str) -> u64 {
-    let text = client()
-        .get(edge.url("/metrics"))
-        .bearer_auth(TEST_API_KEY)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = admin_get(edge, "/metrics").await.text().await.unwrap();
     let group = format!("model_group=\"{group}\"");
     let kind = format!("kind=\"{kind}\"");
     text.lines()

@@ -1,7 +1,36 @@
 use std::time::Duration;
 
 use super::*;
-use crate::service::test_support::{cancel_sent, edge_and_session, recorder};
+use crate::ledger::RequestRecorder;
+use crate::service::test_support::{Collect, cancel_sent, edge_and_session, recorder};
+
+/// A tunnel on a fresh edge's node session, serving a request's record.
+struct Served {
+    session: Arc<NodeSession>,
+    /// What the edge sent the node.
+    sent: tokio::sync::mpsc::Receiver<pb::Envelope>,
+    stream: TunnelStream,
+    recorder: RequestRecorder,
+    /// Where the record lands when the request ends.
+    sink: Arc<Collect>,
+}
+
+async fn served_tunnel() -> Served {
+    let (edge, session, sent) = edge_and_session();
+    let (recorder, sink) = recorder();
+    let mut stream = edge
+        .start_tunnel(session.clone(), spec(), StreamTerms::default())
+        .await
+        .unwrap();
+    stream.serve(recorder.clone());
+    Served {
+        session,
+        sent,
+        stream,
+        recorder,
+        sink,
+    }
+}
 
 fn spec() -> TunnelSpec {
     TunnelSpec::post_json(
@@ -41,13 +70,13 @@ fn headers(content_type: &str) -> Frame {
 
 #[tokio::test]
 async fn usage_is_recorded_once_at_the_end_with_the_served_model_in_either_order() {
-    let (edge, session, _sent) = edge_and_session();
-    let (recorder, sink) = recorder();
-    let mut stream = edge
-        .start_tunnel(session.clone(), spec(), StreamTerms::default())
-        .await
-        .unwrap();
-    stream.serve(recorder.clone());
+    let Served {
+        session,
+        mut stream,
+        recorder,
+        sink,
+        ..
+    } = served_tunnel().await;
     recorder.responded(200);
     // Usage first, then the metadata naming the model.
     for f in [
@@ -77,13 +106,13 @@ async fn usage_is_recorded_once_at_the_end_with_the_served_model_in_either_order
 
 #[tokio::test]
 async fn usage_that_arrived_is_recorded_when_the_client_leaves_before_the_end() {
-    let (edge, session, mut sent) = edge_and_session();
-    let (recorder, sink) = recorder();
-    let mut stream = edge
-        .start_tunnel(session.clone(), spec(), StreamTerms::default())
-        .await
-        .unwrap();
-    stream.serve(recorder.clone());
+    let Served {
+        session,
+        mut sent,
+        mut stream,
+        recorder,
+        sink,
+    } = served_tunnel().await;
     recorder.responded(200);
     for f in [Frame::Status(200), model("m"), usage(7)] {
         session.deliver_tunnel_frame(frame(&stream, f));
@@ -104,13 +133,13 @@ async fn usage_that_arrived_is_recorded_when_the_client_leaves_before_the_end() 
 
 #[tokio::test]
 async fn relayed_events_are_counted_for_a_client_that_leaves_without_usage() {
-    let (edge, session, _sent) = edge_and_session();
-    let (recorder, sink) = recorder();
-    let mut stream = edge
-        .start_tunnel(session.clone(), spec(), StreamTerms::default())
-        .await
-        .unwrap();
-    stream.serve(recorder.clone());
+    let Served {
+        session,
+        mut stream,
+        recorder,
+        sink,
+        ..
+    } = served_tunnel().await;
     recorder.dispatched("n1", "oa", "tunnel");
     recorder.responded(200);
     session.deliver_tunnel_frame(frame(&stream, Frame::Status(200)));
