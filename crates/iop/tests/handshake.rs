@@ -125,17 +125,18 @@ async fn a_second_connection_for_a_live_node_is_rejected_as_duplicate() {
 }
 
 #[tokio::test]
-async fn kill_9_of_the_node_shows_disconnected_within_a_second() {
+async fn kill_9_of_the_node_shows_disconnected_before_a_heartbeat_could_notice() {
     let dir = tempdir();
     let edge = start_edge(dir.path(), CONFIG).await;
     let mut node = start_node("n1", dir.path(), &edge.nodes, "token-one-0123456789", "");
     wait_ready(&edge, "n1").await;
     node.kill9();
-    let took = wait_status(&edge, Duration::from_secs(1), "n1 disconnected", |s| {
+    // The closed socket ends the connection at once; the heartbeat would take 5 s.
+    let took = wait_status(&edge, Duration::from_secs(4), "n1 disconnected", |s| {
         node_status(s, "n1")["connected"] == false
     })
     .await;
-    assert!(took <= Duration::from_secs(1), "took {took:?}");
+    assert!(took < Duration::from_secs(4), "took {took:?}");
     let s = common::status(&edge).await;
     assert_eq!(provider(&s, "n1", "mock")["health"], "offline");
 }

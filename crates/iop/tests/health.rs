@@ -206,7 +206,7 @@ async fn a_provider_failing_every_request_is_ejected_and_gets_none_until_its_tim
     assert!(send_sequentially(&edge, 10).await.is_empty());
     assert!(requests(&b).await - b_back >= 3, "b serves again");
     edge.proc
-        .wait_line("provider ejected", Duration::from_secs(1))
+        .wait_line("provider ejected", Duration::from_secs(10))
         .await;
 }
 
@@ -232,7 +232,7 @@ model_groups:
     let check = |status: u16, body: &str, took: Duration| {
         assert_eq!(status, 503, "{body}");
         // Far below the 30 s queue timeout: nothing waits.
-        assert!(took < Duration::from_secs(1), "took {took:?}");
+        assert!(took < Duration::from_secs(10), "took {took:?}");
         let v: Value = serde_json::from_str(body).unwrap();
         let message = v["error"]["message"].as_str().unwrap();
         assert_eq!(v["error"]["code"], "model_unavailable", "{body}");

@@ -1087,3 +1087,97 @@ async fn one_key_cannot_take_every_cli_session_from_the_others() {
         assert!(got.body.contains("event: complete"), "{got:?}");
     }
 }
+
+#[tokio::test]
+async fn a_link_dropped_after_accept_never_sends_the_request_again() {
+    // A slow provider (5 s per answer) behind a node whose link to the edge can be cut;
+    // the group waits for a reconnect, so an edge that retried would send it again.
+    let dir = tempdir();
+    let mock = start_mock(&["--tokens", "100", "--token-delay-ms", "50"]).await;
+    let config = format!(
+        "auth:\n  keys:\n    - {{name: ops, role: admin, key: {TEST_API_KEY}}}\nnodes:\n  - id: n1\n    token: token-n1-0123456789\n    providers:\n      - {{id: oa, kind: openai_compat, base_url: \"{}\"}}\nmodel_groups:\n  - {{name: g, members: [{{node: n1, provider: oa, model: mock-model}}], queue: {{wait_for_reconnect_sec: 30, timeout_sec: 30}}}}\n",
+        mock.openai_base()
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let proxy = CuttableProxy::start(&edge.nodes).await;
+    let _node = start_node(
+        "n1",
+        dir.path(),
+        &proxy.addr,
+        "token-n1-0123456789",
+        "reconnect: {max_attempts: 0, interval_sec: 1}",
+    );
+    wait_ready(&edge, "n1").await;
+    for stream in [false, true] {
+        let before = mock.stats().await["requests"].as_u64().unwrap();
+        let body = json!({"model": "g", "stream": stream, "messages": [{"role": "user", "content": "hi"}]});
+        let mut request = Some(tokio::spawn(
+            client()
+                .post(edge.url("/v1/chat/completions"))
+                .bearer_auth(TEST_API_KEY)
+                .json(&body)
+                .send(),
+        ));
+        // The provider has the request (a stream: the client has its first tokens).
+        let mut read = String::new();
+        let response = if stream {
+            let mut response = request.take().unwrap().await.unwrap().unwrap();
+            read_until(&mut response, &mut read, |b| b.contains("\"content\"")).await;
+            Some(response)
+        } else {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            while mock.stats().await["requests"].as_u64().unwrap() == before {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the provider never got it"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // The node acknowledges within 10 ms of sending it to the provider (a node
+            // lost inside those 10 ms is lost before accept, and failed over).
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            None
+        };
+        proxy.cut();
+        let (status, attempts, ended) = match response {
+            Some(mut response) => {
+                read_to_end(&mut response, &mut read, Duration::from_secs(20)).await;
+                (200, "1".to_string(), read)
+            }
+            None => {
+                let response =
+                    tokio::time::timeout(Duration::from_secs(20), request.take().unwrap())
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!(
+                                "the client gets an answer once the link is gone; edge log:\n{}",
+                                edge.proc.log()
+                            )
+                        })
+                        .unwrap()
+                        .unwrap();
+                let attempts = response.headers()["x-iop-attempts"]
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                let status = response.status().as_u16();
+                (status, attempts, response.text().await.unwrap())
+            }
+        };
+        assert!(
+            ended.contains("node_disconnected"),
+            "stream {stream}: {ended}"
+        );
+        if !stream {
+            assert_eq!((status, attempts.as_str()), (503, "1"), "{ended}");
+        }
+        proxy.restore();
+        wait_ready(&edge, "n1").await;
+        wait_idle(&edge).await;
+        assert_eq!(
+            mock.stats().await["requests"].as_u64().unwrap(),
+            before + 1,
+            "stream {stream}: the provider got the request once"
+        );
+    }
+}

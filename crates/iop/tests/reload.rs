@@ -69,7 +69,7 @@ async fn sighup_applies_new_capacity_groups_and_providers_without_dropping_anyon
     edge.proc
         .wait_line("config reloaded", Duration::from_secs(5))
         .await;
-    wait_status(&edge, Duration::from_secs(2), "both running", |s| {
+    wait_status(&edge, Duration::from_secs(10), "both running", |s| {
         provider_of(s, "n1", "mock")["in_flight"]["normal"] == 2
             && group_of(s, "pool")["waiting"]["normal"] == 0
     })
