@@ -53,37 +53,41 @@ struct Parts {
     immediate: Option<Immediate>,
 }
 
+/// The parts of a chat or generate request; `empty`: it asks for nothing but to load (or,
+/// with `keep_alive: 0`, unload) the model.
+fn generation_parts(
+    generation: request::Generation,
+    op: Operation,
+    canonical: serde_json::Value,
+    empty: bool,
+) -> Result<Parts, ApiError> {
+    let options = generation.options()?;
+    Ok(Parts {
+        immediate: empty.then(|| Immediate::Load {
+            unload: request::unloads(generation.keep_alive.as_ref()),
+        }),
+        canonical,
+        op,
+        stream: generation.stream(),
+        max_output_tokens: options.max_tokens,
+        model: generation.model,
+    })
+}
+
 /// Reads and checks a request of `endpoint` and translates it into the canonical form.
 pub fn decode(endpoint: Endpoint, body: &[u8]) -> Result<Decoded<'_>, ApiError> {
     let parts = match endpoint {
         Endpoint::Chat => {
-            let r: ChatRequest = request::parse(body)?;
-            let options = r.options()?;
-            Parts {
-                immediate: r.messages.is_empty().then(|| Immediate::Load {
-                    unload: request::unloads(r.keep_alive.as_ref()),
-                }),
-                canonical: r.canonical()?,
-                op: Operation::Chat,
-                stream: r.stream(),
-                max_output_tokens: options.max_tokens,
-                model: r.model,
-            }
+            let r = ChatRequest::parse(body)?;
+            let canonical = r.canonical()?;
+            let empty = r.fields.messages.is_empty();
+            generation_parts(r.generation, Operation::Chat, canonical, empty)?
         }
         Endpoint::Generate => {
-            let r: GenerateRequest = request::parse(body)?;
-            let options = r.options()?;
+            let r = GenerateRequest::parse(body)?;
             let (op, canonical) = r.canonical()?;
-            Parts {
-                immediate: (r.prompt.is_empty() && r.images.is_empty()).then(|| Immediate::Load {
-                    unload: request::unloads(r.keep_alive.as_ref()),
-                }),
-                canonical,
-                op,
-                stream: r.stream(),
-                max_output_tokens: options.max_tokens,
-                model: r.model,
-            }
+            let empty = r.fields.prompt.is_empty() && r.fields.images.is_empty();
+            generation_parts(r.generation, op, canonical, empty)?
         }
         Endpoint::Embed => {
             let r: EmbedRequest = request::parse(body)?;

@@ -61,31 +61,70 @@ pub struct Message {
     pub tool_call_id: String,
 }
 
-/// `POST /api/chat`.
+/// What `/api/chat` and `/api/generate` share: the model, whether to stream, the output
+/// format, the generation options, thinking and `keep_alive`.
 #[derive(Debug, Clone, Deserialize)]
-pub struct ChatRequest {
+pub struct Generation {
     pub model: String,
-    #[serde(default, deserialize_with = "nullable")]
-    pub messages: Vec<Message>,
     #[serde(default)]
     pub stream: Option<bool>,
     #[serde(default)]
     pub format: Option<Value>,
     #[serde(default)]
-    pub tools: Option<Vec<Value>>,
-    #[serde(default)]
     pub options: Option<Map<String, Value>>,
     #[serde(default)]
     pub think: Option<Think>,
-    /// Read only to answer an unload request (`keep_alive: 0` without messages).
+    /// Read only to answer a load or unload request (no messages, no prompt).
     #[serde(default)]
     pub keep_alive: Option<Value>,
 }
 
+impl Generation {
+    /// Streams unless the client said `"stream": false` (Ollama's default).
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(true)
+    }
+
+    pub fn options(&self) -> Result<Options, ApiError> {
+        Options::read(self.options.as_ref())
+    }
+}
+
+/// A request of `/api/chat` (`T` = [`Chat`]) or `/api/generate` ([`Generate`]): what both
+/// share, and the endpoint's own fields.
+#[derive(Debug, Clone)]
+pub struct Generating<T> {
+    pub generation: Generation,
+    pub fields: T,
+}
+
+impl<T: DeserializeOwned> Generating<T> {
+    /// Reads the shared fields, then the endpoint's own; an error names the field.
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        Ok(Self {
+            generation: parse(body)?,
+            fields: parse(body)?,
+        })
+    }
+}
+
+/// `POST /api/chat`.
+pub type ChatRequest = Generating<Chat>;
 /// `POST /api/generate`.
+pub type GenerateRequest = Generating<Generate>;
+
+/// The fields of `/api/chat` beyond [`Generation`].
 #[derive(Debug, Clone, Deserialize)]
-pub struct GenerateRequest {
-    pub model: String,
+pub struct Chat {
+    #[serde(default, deserialize_with = "nullable")]
+    pub messages: Vec<Message>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+}
+
+/// The fields of `/api/generate` beyond [`Generation`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct Generate {
     #[serde(default, deserialize_with = "nullable")]
     pub prompt: String,
     #[serde(default)]
@@ -94,18 +133,8 @@ pub struct GenerateRequest {
     pub system: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     pub images: Vec<String>,
-    #[serde(default)]
-    pub stream: Option<bool>,
     #[serde(default, deserialize_with = "nullable")]
     pub raw: bool,
-    #[serde(default)]
-    pub format: Option<Value>,
-    #[serde(default)]
-    pub options: Option<Map<String, Value>>,
-    #[serde(default)]
-    pub think: Option<Think>,
-    #[serde(default)]
-    pub keep_alive: Option<Value>,
 }
 
 /// `input` of `/api/embed`: one text or several.
@@ -245,27 +274,6 @@ pub fn unloads(keep_alive: Option<&Value>) -> bool {
     }
 }
 
-impl ChatRequest {
-    /// Streams unless the client said `"stream": false` (Ollama's default).
-    pub fn stream(&self) -> bool {
-        self.stream.unwrap_or(true)
-    }
-
-    pub fn options(&self) -> Result<Options, ApiError> {
-        Options::read(self.options.as_ref())
-    }
-}
-
-impl GenerateRequest {
-    pub fn stream(&self) -> bool {
-        self.stream.unwrap_or(true)
-    }
-
-    pub fn options(&self) -> Result<Options, ApiError> {
-        Options::read(self.options.as_ref())
-    }
-}
-
 impl EmbedRequest {
     pub fn texts(&self) -> Vec<&str> {
         match &self.input {
@@ -289,14 +297,22 @@ mod tests {
     use super::*;
 
     fn chat(v: Value) -> ChatRequest {
-        parse(v.to_string().as_bytes()).unwrap()
+        ChatRequest::parse(v.to_string().as_bytes()).unwrap()
     }
 
     #[test]
     fn stream_defaults_to_true_as_in_ollama() {
-        assert!(chat(json!({"model": "m"})).stream());
-        assert!(!chat(json!({"model": "m", "stream": false})).stream());
-        assert!(chat(json!({"model": "m", "stream": null})).stream());
+        assert!(chat(json!({"model": "m"})).generation.stream());
+        assert!(
+            !chat(json!({"model": "m", "stream": false}))
+                .generation
+                .stream()
+        );
+        assert!(
+            chat(json!({"model": "m", "stream": null}))
+                .generation
+                .stream()
+        );
     }
 
     #[test]
@@ -312,10 +328,10 @@ mod tests {
             assert_eq!(e.status, 400);
             assert_eq!(e.param.as_deref(), Some(param));
         }
-        let e = parse::<ChatRequest>(br#"{"model": "m", "messages": [{"role": 1}]}"#).unwrap_err();
+        let e = ChatRequest::parse(br#"{"model": "m", "messages": [{"role": 1}]}"#).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(e.param.unwrap().contains("messages[0].role"));
-        let e = parse::<ChatRequest>(br#"{"messages": []}"#).unwrap_err();
+        let e = ChatRequest::parse(br#"{"messages": []}"#).unwrap_err();
         assert!(e.message.contains("model"), "{}", e.message);
     }
 

@@ -25,7 +25,7 @@
 use serde_json::{Map, Value, json};
 
 use super::request::{
-    ChatRequest, EmbedRequest, EmbeddingsRequest, GenerateRequest, Message, Options, Think,
+    ChatRequest, EmbedRequest, EmbeddingsRequest, GenerateRequest, Generation, Message, Options,
     ToolCall, response_format, think_level,
 };
 use crate::canonical::{ApiError, Operation};
@@ -179,42 +179,33 @@ fn openai_messages(messages: &[Message]) -> Vec<Value> {
         .collect()
 }
 
-/// The common OpenAI fields: model, stream, options, format, reasoning effort.
-fn openai_common(
-    model: &str,
-    stream: bool,
-    options: &Options,
-    format: Option<&Value>,
-    think: Option<&Think>,
-) -> Result<Map<String, Value>, ApiError> {
-    let mut body = Map::new();
-    body.insert("model".into(), json!(model));
-    body.insert("stream".into(), json!(stream));
-    options.openai_fields(&mut body);
-    if let Some(format) = response_format(format)? {
-        body.insert("response_format".into(), format);
+impl Generation {
+    /// The OpenAI fields every request gets: model, stream, options, response format and
+    /// reasoning effort.
+    fn openai_common(&self) -> Result<Map<String, Value>, ApiError> {
+        let mut body = Map::new();
+        body.insert("model".into(), json!(self.model));
+        body.insert("stream".into(), json!(self.stream()));
+        self.options()?.openai_fields(&mut body);
+        if let Some(format) = response_format(self.format.as_ref())? {
+            body.insert("response_format".into(), format);
+        }
+        if let Some(level) = think_level(self.think.as_ref())? {
+            body.insert("reasoning_effort".into(), json!(level));
+        }
+        Ok(body)
     }
-    if let Some(level) = think_level(think)? {
-        body.insert("reasoning_effort".into(), json!(level));
-    }
-    Ok(body)
 }
 
 impl ChatRequest {
     /// The canonical chat request.
     pub fn canonical(&self) -> Result<Value, ApiError> {
-        let mut body = openai_common(
-            &self.model,
-            self.stream(),
-            &self.options()?,
-            self.format.as_ref(),
-            self.think.as_ref(),
-        )?;
+        let mut body = self.generation.openai_common()?;
         body.insert(
             "messages".into(),
-            Value::Array(openai_messages(&self.messages)),
+            Value::Array(openai_messages(&self.fields.messages)),
         );
-        if let Some(tools) = self.tools.as_ref().filter(|t| !t.is_empty()) {
+        if let Some(tools) = self.fields.tools.as_ref().filter(|t| !t.is_empty()) {
             body.insert("tools".into(), Value::Array(tools.clone()));
         }
         Ok(Value::Object(body))
@@ -226,7 +217,7 @@ impl GenerateRequest {
     /// prompt (with its images) as the user's message.
     fn messages(&self) -> Vec<Message> {
         let mut messages = Vec::new();
-        if let Some(system) = self.system.as_ref().filter(|s| !s.is_empty()) {
+        if let Some(system) = self.fields.system.as_ref().filter(|s| !s.is_empty()) {
             messages.push(Message {
                 role: "system".into(),
                 content: system.clone(),
@@ -235,8 +226,8 @@ impl GenerateRequest {
         }
         messages.push(Message {
             role: "user".into(),
-            content: self.prompt.clone(),
-            images: self.images.clone(),
+            content: self.fields.prompt.clone(),
+            images: self.fields.images.clone(),
             ..Default::default()
         });
         messages
@@ -245,22 +236,16 @@ impl GenerateRequest {
     /// The canonical request: a chat, or with `raw` the untemplated prompt as a
     /// completion.
     pub fn canonical(&self) -> Result<(Operation, Value), ApiError> {
-        let mut body = openai_common(
-            &self.model,
-            self.stream(),
-            &self.options()?,
-            self.format.as_ref(),
-            self.think.as_ref(),
-        )?;
-        if self.raw {
-            if !self.images.is_empty() {
+        let mut body = self.generation.openai_common()?;
+        if self.fields.raw {
+            if !self.fields.images.is_empty() {
                 return Err(ApiError::invalid_param(
                     "images",
                     "`raw` prompts cannot carry images for this model: send them without `raw`",
                 ));
             }
-            body.insert("prompt".into(), json!(self.prompt));
-            if let Some(suffix) = &self.suffix {
+            body.insert("prompt".into(), json!(self.fields.prompt));
+            if let Some(suffix) = &self.fields.suffix {
                 body.insert("suffix".into(), json!(suffix));
             }
             return Ok((Operation::Completion, Value::Object(body)));
@@ -295,11 +280,11 @@ impl EmbeddingsRequest {
 mod tests {
     use serde_json::json;
 
-    use super::super::request::{ChatRequest, GenerateRequest, parse};
+    use super::super::request::{ChatRequest, GenerateRequest};
     use super::*;
 
     fn chat(v: Value) -> ChatRequest {
-        parse(v.to_string().as_bytes()).unwrap()
+        ChatRequest::parse(v.to_string().as_bytes()).unwrap()
     }
 
     #[test]
@@ -400,7 +385,7 @@ mod tests {
 
     #[test]
     fn generate_is_a_chat_or_a_raw_completion() {
-        let g: GenerateRequest = parse(
+        let g = GenerateRequest::parse(
             json!({"model": "m", "prompt": "hi", "system": "sys", "images": ["R0lGODlh"]})
                 .to_string()
                 .as_bytes(),
@@ -416,7 +401,7 @@ mod tests {
             body["messages"][1]["content"][1]["image_url"]["url"],
             "data:image/gif;base64,R0lGODlh"
         );
-        let g: GenerateRequest = parse(
+        let g = GenerateRequest::parse(
             br#"{"model": "m", "prompt": "def f(", "suffix": "return 1", "raw": true, "stream": false}"#,
         )
         .unwrap();
