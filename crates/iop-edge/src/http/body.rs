@@ -2,7 +2,11 @@
 //! as JSON), and a body that could not be read is a 413 (over `limits.max_body_bytes`),
 //! a 408 (too slow) or a 400.
 
+use std::sync::Arc;
+
+use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, StatusCode, header};
 use iop_proto::ErrorCode;
 
@@ -75,14 +79,22 @@ fn find_cause<'a, E: std::error::Error + 'static>(
     None
 }
 
-/// The body of a JSON request, read whole within the limits.
-pub fn json_body(
-    edge: &Edge,
-    headers: &HeaderMap,
-    body: Result<axum::body::Bytes, BytesRejection>,
-) -> Result<axum::body::Bytes, ApiError> {
-    require_json(headers)?;
-    body.map_err(|r| body_error(r, edge))
+/// The body of a JSON request, read whole within the limits. As an extractor it is
+/// taken as `Result<JsonBody, ApiError>`, so that each endpoint answers a refusal in its
+/// own API's error shape.
+#[derive(Debug)]
+pub struct JsonBody(pub Bytes);
+
+impl FromRequest<Arc<Edge>> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, edge: &Arc<Edge>) -> Result<Self, ApiError> {
+        require_json(request.headers())?;
+        let bytes = Bytes::from_request(request, edge)
+            .await
+            .map_err(|r| body_error(r, edge))?;
+        Ok(JsonBody(bytes))
+    }
 }
 
 #[cfg(test)]

@@ -16,15 +16,14 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
+use super::body::JsonBody;
 use super::error::{self, with_attempts};
-use super::{answer, body, forward, passthrough, request_id};
+use super::{answer, forward, passthrough, request_id};
 use crate::auth::Caller;
 use crate::canonical::{ApiError, Canonical, ClientRequest, ModelRequest, Operation};
 use crate::ledger::RequestRecorder;
@@ -57,7 +56,7 @@ pub fn routes() -> Router<Arc<Edge>> {
                 move |State(edge): State<Arc<Edge>>,
                       Extension(caller): Extension<Caller>,
                       headers: HeaderMap,
-                      body: Result<Bytes, BytesRejection>| {
+                      body: Result<JsonBody, ApiError>| {
                     serve(edge, surface, caller, headers, body)
                 },
             ),
@@ -72,7 +71,7 @@ async fn serve(
     surface: Surface,
     caller: Caller,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<JsonBody, ApiError>,
 ) -> Response {
     let recorder = edge.start_request(surface.api(), &caller);
     match handle(&edge, surface, &caller, &headers, body, &recorder).await {
@@ -92,11 +91,11 @@ async fn handle(
     surface: Surface,
     caller: &Caller,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<JsonBody, ApiError>,
     recorder: &RequestRecorder,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
-    let body = body::json_body(edge, headers, body)?;
+    let JsonBody(body) = body?;
     let decoded = surface.decode(&body, headers)?;
     let translated = match &decoded.canonical {
         Canonical::Translated(bytes) => Some(ClientRequest::parse(bytes.as_slice())?),

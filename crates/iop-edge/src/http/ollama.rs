@@ -9,16 +9,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, Uri};
+use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post};
 use iop_proto::ErrorCode;
 use serde_json::{Value, json};
 
-use super::{body, error};
+use super::body::JsonBody;
+use super::error;
 use crate::auth::Caller;
 use crate::canonical::ApiError;
 use crate::config::{ModelGroupConfig, ProviderKind};
@@ -81,11 +80,10 @@ async fn not_supported(uri: Uri) -> Response {
 async fn show(
     State(edge): State<Arc<Edge>>,
     Extension(caller): Extension<Caller>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<JsonBody, ApiError>,
 ) -> Response {
     let result = async {
-        let body = body::json_body(&edge, &headers, body)?;
+        let JsonBody(body) = body?;
         let request: request::ShowRequest = request::parse(&body)?;
         let name = request.model().ok_or_else(|| {
             ApiError::bad_request("missing_model", "you must provide a `model`").with_param("model")

@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -22,7 +21,8 @@ use axum::routing::{delete, post};
 use futures::stream;
 use serde_json::json;
 
-use super::{body, forward, request_id};
+use super::body::JsonBody;
+use super::{forward, request_id};
 use crate::auth::Caller;
 use crate::canonical::ApiError;
 use crate::ledger::{ClientApi, RequestRecorder};
@@ -46,7 +46,7 @@ async fn submit(
     State(edge): State<Arc<Edge>>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<JsonBody, ApiError>,
 ) -> Response {
     let recorder = edge.start_request(ClientApi::Runs, &caller);
     match handle(&edge, &caller, &headers, body, &recorder).await {
@@ -65,10 +65,10 @@ async fn handle(
     edge: &Arc<Edge>,
     caller: &Caller,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<JsonBody, ApiError>,
     recorder: &RequestRecorder,
 ) -> Result<Response, ApiError> {
-    let body = body::json_body(edge, headers, body)?;
+    let JsonBody(body) = body?;
     let runs::RunRequest { node, mut spec } = runs::decode(&body)?;
     let node = edge.pick_node(node.as_deref())?.node_id.clone();
     let input = spec.input.len() + spec.messages.iter().map(|m| m.content.len()).sum::<usize>();
