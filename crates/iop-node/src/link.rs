@@ -84,6 +84,21 @@ impl EdgeLink {
         }
     }
 
+    /// A node that authenticates with its client certificate (`chain`, `key`) over TLS.
+    fn with_certificate(
+        edges: Vec<String>,
+        verification: EdgeVerification,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Self {
+        let credential = Credential::Certificate {
+            chain,
+            key,
+            source: "client_certificate",
+        };
+        Self::new(edges, Security::Tls(verification), credential)
+    }
+
     /// A node that authenticates with a static token.
     pub fn with_token(edges: Vec<String>, security: Security, token: String) -> Self {
         Self::new(edges, security, Credential::Token(token))
@@ -105,15 +120,7 @@ impl EdgeLink {
         }
         let key =
             PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
-        Ok(Self::new(
-            edges,
-            Security::Tls(verification),
-            Credential::Certificate {
-                chain,
-                key,
-                source: "client_certificate",
-            },
-        ))
+        Ok(Self::with_certificate(edges, verification, chain, key))
     }
 
     /// A node about to join with `join`; `extra_pins` are trusted besides the join
@@ -194,15 +201,7 @@ impl EdgeLink {
                 EdgeVerification::Pins(pins)
             }
         };
-        Ok(Self::new(
-            edges,
-            Security::Tls(verification),
-            Credential::Certificate {
-                chain,
-                key,
-                source: "client_certificate",
-            },
-        ))
+        Ok(Self::with_certificate(edges, verification, chain, key))
     }
 
     /// The edge address to dial now.

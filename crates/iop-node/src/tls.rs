@@ -111,14 +111,17 @@ pub fn client_config(
         EdgeVerification::Pins(pins) => {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(PinVerifier {
-                    pins: pins.clone(),
+                .with_custom_certificate_verifier(Arc::new(EdgeVerifier {
+                    pins: Some(pins.clone()),
                     provider,
                 }))
         }
         EdgeVerification::InsecureSkipVerify => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerifier { provider })),
+            .with_custom_certificate_verifier(Arc::new(EdgeVerifier {
+                pins: None,
+                provider,
+            })),
     };
     let config = match client_cert {
         Some((chain, key)) => builder
@@ -148,9 +151,12 @@ pub fn server_name(
     }
 }
 
+/// Verifies the edge by the pin of its CA (the pinned key must sign the chain), or —
+/// `pins: None`, `insecure_skip_tls_verify` only — accepts any certificate. Handshake
+/// signatures are checked either way.
 #[derive(Debug)]
-struct PinVerifier {
-    pins: Vec<Pin>,
+struct EdgeVerifier {
+    pins: Option<Vec<Pin>>,
     provider: Arc<CryptoProvider>,
 }
 
@@ -159,7 +165,7 @@ fn pin_of(cert: &CertificateDer<'_>) -> Option<Pin> {
     Some(Pin::of_spki(parsed.subject_public_key_info().as_ref()))
 }
 
-impl ServerCertVerifier for PinVerifier {
+impl ServerCertVerifier for EdgeVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -168,15 +174,18 @@ impl ServerCertVerifier for PinVerifier {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
+        let Some(pins) = &self.pins else {
+            return Ok(ServerCertVerified::assertion());
+        };
         let presented: Vec<(usize, Pin)> = intermediates
             .iter()
             .enumerate()
             .filter_map(|(i, c)| pin_of(c).map(|p| (i, p)))
             .collect();
-        let Some(&(index, _)) = presented.iter().find(|(_, p)| self.pins.contains(p)) else {
+        let Some(&(index, _)) = presented.iter().find(|(_, p)| pins.contains(p)) else {
             return Err(Error::InvalidCertificate(CertificateError::Other(
                 OtherError(Arc::new(PinMismatch {
-                    expected: self.pins.clone(),
+                    expected: pins.clone(),
                     presented: presented.into_iter().map(|(_, p)| p).collect(),
                 })),
             )));
@@ -197,59 +206,6 @@ impl ServerCertVerifier for PinVerifier {
             now,
             self.provider.signature_verification_algorithms.all,
         )?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// Accepts any certificate: `insecure_skip_tls_verify` only.
-#[derive(Debug)]
-struct NoVerifier {
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for NoVerifier {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, Error> {
         Ok(ServerCertVerified::assertion())
     }
 
@@ -320,8 +276,8 @@ mod tests {
     }
 
     fn verify(pins: Vec<Pin>, chain: &[CertificateDer<'static>]) -> Result<(), Error> {
-        let verifier = PinVerifier {
-            pins,
+        let verifier = EdgeVerifier {
+            pins: Some(pins),
             provider: provider(),
         };
         verifier
