@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use iop_proto::envelope::kind;
 use iop_proto::pb::{self, envelope::Message};
+use iop_proto::heartbeat;
 use iop_proto::{ByteStream, FrameError, FrameReader, Heartbeat, Outbound, split_stream};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::{timeout, timeout_at};
+use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -338,11 +339,11 @@ impl Connection {
                 _ = tokio::time::sleep_until(ready_deadline), if self.session.is_none() => {
                     return format!("no accepted NodeReadyRequest within {ready_timeout_sec}s of registering (limits.nodes.ready_timeout_sec): claim released");
                 }
-                frame = timeout_at(heartbeat.deadline(), self.reader.next()) => match frame {
-                    Err(_) => return heartbeat.timeout_reason("node"),
-                    Ok(None) => return "connection closed by the node".into(),
-                    Ok(Some(Err(err))) => return format!("bad frame: {err}"),
-                    Ok(Some(Ok(envelope))) => {
+                frame = heartbeat::next_frame(heartbeat.deadline(), &mut self.reader) => match frame {
+                    None => return heartbeat.timeout_reason("node"),
+                    Some(None) => return "connection closed by the node".into(),
+                    Some(Some(Err(err))) => return format!("bad frame: {err}"),
+                    Some(Some(Ok(envelope))) => {
                         heartbeat.seen();
                         self.dispatch(node_id, generation, envelope).await;
                     }

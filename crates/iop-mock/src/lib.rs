@@ -385,6 +385,9 @@ fn cut_at_stop(pieces: Vec<String>, stops: &[String]) -> (Vec<String>, u32, bool
     (kept, generated, true)
 }
 
+/// The largest request body the mock reads.
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
 pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {
     let stats = Arc::new(MockStats::default());
     let mock = Mock {
@@ -417,6 +420,8 @@ pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {
             mock.clone(),
             observe_headers,
         ))
+        // Like an inference server, it takes prompts of many megabytes.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(mock);
     (router, stats)
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use iop_proto::heartbeat;
 use iop_proto::envelope::kind;
 use iop_proto::pb::{self, envelope::Message};
 use iop_proto::{ByteStream, FrameError, FrameReader, Heartbeat, Outbound, split_stream};
@@ -382,11 +383,11 @@ impl Session {
                 _ = tokio::time::sleep(HEALTH_RETRY), if retry_health => {
                     retry_health = self.report_health(&mut reported);
                 }
-                frame = timeout_at(heartbeat.deadline(), self.reader.next()) => match frame {
-                    Err(_) => return retry(heartbeat.timeout_reason("edge")),
-                    Ok(None) => return retry("the edge closed the connection"),
-                    Ok(Some(Err(e))) => return retry(format!("bad frame from the edge: {e}")),
-                    Ok(Some(Ok(envelope))) => {
+                frame = heartbeat::next_frame(heartbeat.deadline(), &mut self.reader) => match frame {
+                    None => return retry(heartbeat.timeout_reason("edge")),
+                    Some(None) => return retry("the edge closed the connection"),
+                    Some(Some(Err(e))) => return retry(format!("bad frame from the edge: {e}")),
+                    Some(Some(Ok(envelope))) => {
                         heartbeat.seen();
                         if let Some(end) = self.dispatch(envelope) {
                             return end;

@@ -2,10 +2,15 @@
 //! [`HEARTBEAT_INTERVAL`], and the peer counted gone after [`HEARTBEAT_TIMEOUT`] without a
 //! frame of any kind. A closed socket is noticed at once by the reader; this is the fallback
 //! for a peer that goes silent (power loss, partition, a stopped process).
+//!
+//! Silence is judged by what the link received: when the deadline is noticed, a frame the
+//! link already holds still counts ([`next_frame`]), so a process whose event
+//! loop ran late does not drop a peer that kept talking.
 
 use std::time::Duration;
 
-use tokio::time::{Instant, Interval, MissedTickBehavior};
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::time::{Instant, Interval, MissedTickBehavior, timeout_at};
 
 use crate::pb;
 
@@ -64,6 +69,19 @@ impl Heartbeat {
     }
 }
 
+/// The next item of `frames` (`Some(None)` when they end), or `None` when the peer stayed
+/// silent past `deadline`: only if nothing is waiting on the link when the deadline is
+/// noticed.
+pub async fn next_frame<S: Stream + Unpin>(
+    deadline: Instant,
+    frames: &mut S,
+) -> Option<Option<S::Item>> {
+    match timeout_at(deadline, frames.next()).await {
+        Ok(frame) => Some(frame),
+        Err(_) => frames.next().now_or_never(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,5 +97,19 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         hb.seen();
         assert_eq!(hb.deadline(), Instant::now() + HEARTBEAT_TIMEOUT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_waiting_when_the_deadline_is_noticed_still_counts() {
+        let past = Instant::now() - Duration::from_secs(1);
+        // A late loop: the deadline has passed, but the link holds a frame.
+        let mut waiting = futures::stream::iter([7]);
+        assert_eq!(next_frame(past, &mut waiting).await, Some(Some(7)));
+        assert_eq!(next_frame(past, &mut waiting).await, Some(None));
+        // Nothing on the link: the peer is gone once the deadline passes.
+        let mut silent = futures::stream::pending::<u8>();
+        let deadline = Instant::now() + HEARTBEAT_TIMEOUT;
+        assert_eq!(next_frame(deadline, &mut silent).await, None);
+        assert_eq!(Instant::now(), deadline);
     }
 }

@@ -5,7 +5,10 @@
 //! Parsing is strict where an ambiguity could let a request mean one thing to the edge and
 //! another to the backend: a top-level key given twice is refused (the edge would read the
 //! first, most backends the last), and so is nesting deeper than [`MAX_JSON_DEPTH`]
-//! (checked without recursion, so no depth can overflow a stack).
+//! (checked without recursion, so no depth can overflow a stack). A body with more than
+//! [`MAX_JSON_CONTAINERS`] arrays and objects is refused before anything is built from it:
+//! decoding builds a tree of every one of them, hundreds of bytes each, so a few megabytes
+//! of tiny objects would cost the edge hundreds of megabytes.
 //!
 //! Pure: no I/O.
 
@@ -32,10 +35,17 @@ pub struct ClientRequest<'a> {
 /// Deepest nesting of arrays and objects accepted in a request body.
 pub const MAX_JSON_DEPTH: usize = 64;
 
-/// Refuses JSON nested deeper than `max` arrays and objects. One pass over the bytes, no
-/// recursion; strings (and the brackets inside them) are skipped.
-pub fn check_depth(body: &[u8], max: usize) -> Result<(), ApiError> {
+/// Most arrays and objects accepted in a request body, all levels together. A long agent
+/// conversation has some thousands (a message, its content parts, its tool calls); 140,000
+/// one-character text blocks fit in 4 MiB.
+pub const MAX_JSON_CONTAINERS: usize = 50_000;
+
+/// Refuses JSON nested deeper than `max` arrays and objects, or holding more than
+/// `max_containers` of them. One pass over the bytes, no recursion; strings (and the
+/// brackets inside them) are skipped.
+pub fn check_shape(body: &[u8], max: usize, max_containers: usize) -> Result<(), ApiError> {
     let mut depth = 0usize;
+    let mut containers = 0usize;
     let mut i = 0;
     while i < body.len() {
         match body[i] {
@@ -55,6 +65,15 @@ pub fn check_depth(body: &[u8], max: usize) -> Result<(), ApiError> {
             }
             b'{' | b'[' => {
                 depth += 1;
+                containers += 1;
+                if containers > max_containers {
+                    return Err(ApiError::bad_request(
+                        "invalid_json",
+                        format!(
+                            "the request body holds more than {max_containers} JSON arrays and objects"
+                        ),
+                    ));
+                }
                 if depth > max {
                     return Err(ApiError::bad_request(
                         "invalid_json",
@@ -73,7 +92,7 @@ pub fn check_depth(body: &[u8], max: usize) -> Result<(), ApiError> {
 /// A JSON body of a fixed shape (the runs API): strict (unknown and duplicate fields are
 /// errors, from the serde derive), depth-checked, and an error names the field in `param`.
 pub fn parse_typed<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    check_depth(body, MAX_JSON_DEPTH)?;
+    check_shape(body, MAX_JSON_DEPTH, MAX_JSON_CONTAINERS)?;
     let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -110,7 +129,7 @@ impl<'a> ClientRequest<'a> {
                 "the request body must be a JSON object",
             ));
         }
-        check_depth(body, MAX_JSON_DEPTH)?;
+        check_shape(body, MAX_JSON_DEPTH, MAX_JSON_CONTAINERS)?;
         let request = serde_json::from_str::<ClientRequest>(text).map_err(|e| {
             ApiError::bad_request(
                 "invalid_json",
@@ -347,6 +366,23 @@ mod tests {
     }
 
     #[test]
+    fn a_body_of_too_many_arrays_and_objects_is_refused() {
+        let block = r#"{"type":"text","text":"a"},"#;
+        let many = |n: usize| {
+            let blocks = block.repeat(n);
+            format!(r#"{{"messages":[{}]}}"#, blocks.trim_end_matches(','))
+        };
+        // The top-level object and the array count too.
+        ClientRequest::parse(many(MAX_JSON_CONTAINERS - 2).as_bytes()).unwrap();
+        let e = ClientRequest::parse(many(MAX_JSON_CONTAINERS - 1).as_bytes()).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("more than 50000 JSON arrays and objects"));
+        // Brackets inside strings are text.
+        let text = format!(r#"{{"x":"{}"}}"#, "{}".repeat(MAX_JSON_CONTAINERS));
+        ClientRequest::parse(text.as_bytes()).unwrap();
+    }
+
+    #[test]
     fn deep_nesting_is_refused_without_recursion() {
         let deep = format!("{{\"x\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
         let e = ClientRequest::parse(deep.as_bytes()).unwrap_err();
@@ -355,7 +391,7 @@ mod tests {
         let ok = format!("{{\"x\":{}{}}}", "[".repeat(63), "]".repeat(63));
         ClientRequest::parse(ok.as_bytes()).unwrap();
         // A body that ends in an escape inside a string is the parser's to refuse.
-        assert!(check_depth(b"\"\\", MAX_JSON_DEPTH).is_ok());
+        assert!(check_shape(b"\"\\", MAX_JSON_DEPTH, 1).is_ok());
         assert!(parse_typed::<serde_json::Value>(b"{\"a\":\"\\").is_err());
         // Brackets inside strings do not count, escaped quotes do not end the string.
         let s = format!("{{\"x\":\"\\\"{}\"}}", "[".repeat(1000));

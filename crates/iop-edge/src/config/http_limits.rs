@@ -14,6 +14,10 @@ pub const DEFAULT_IDLE_TIMEOUT_SEC: u64 = 60;
 pub const DEFAULT_WRITE_TIMEOUT_SEC: u64 = 60;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+pub const DEFAULT_LARGE_BODY_BYTES: usize = 256 * 1024;
+pub const DEFAULT_LARGE_BODY_WORKERS: usize = 2;
+pub const DEFAULT_LARGE_BODIES_PER_KEY: usize = 8;
+pub const DEFAULT_LARGE_BODIES_WAITING: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +44,19 @@ pub struct HttpLimitsConfig {
     /// stream (a longer one ends with `response.failed` and is cancelled).
     #[serde(default = "default_max_response_bytes")]
     pub max_response_bytes: usize,
+    /// A request body at least this large is decoded (parsed, translated) on a worker
+    /// thread instead of the event loop that serves every connection and node link.
+    #[serde(default = "default_large_body_bytes")]
+    pub large_body_bytes: usize,
+    /// Large bodies decoded at once (worker threads busy with them).
+    #[serde(default = "default_large_body_workers")]
+    pub large_body_workers: usize,
+    /// Large bodies one key may have decoding or waiting at once; more are answered 429.
+    #[serde(default = "default_large_bodies_per_key")]
+    pub large_bodies_per_key: usize,
+    /// Large bodies waiting for a worker, all keys together; more are answered 503.
+    #[serde(default = "default_large_bodies_waiting")]
+    pub large_bodies_waiting: usize,
 }
 
 fn default_header_timeout() -> u64 {
@@ -60,6 +77,18 @@ fn default_max_connections() -> usize {
 fn default_max_response_bytes() -> usize {
     DEFAULT_MAX_RESPONSE_BYTES
 }
+fn default_large_body_bytes() -> usize {
+    DEFAULT_LARGE_BODY_BYTES
+}
+fn default_large_body_workers() -> usize {
+    DEFAULT_LARGE_BODY_WORKERS
+}
+fn default_large_bodies_per_key() -> usize {
+    DEFAULT_LARGE_BODIES_PER_KEY
+}
+fn default_large_bodies_waiting() -> usize {
+    DEFAULT_LARGE_BODIES_WAITING
+}
 
 impl Default for HttpLimitsConfig {
     fn default() -> Self {
@@ -70,6 +99,10 @@ impl Default for HttpLimitsConfig {
             write_timeout_sec: DEFAULT_WRITE_TIMEOUT_SEC,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            large_body_bytes: DEFAULT_LARGE_BODY_BYTES,
+            large_body_workers: DEFAULT_LARGE_BODY_WORKERS,
+            large_bodies_per_key: DEFAULT_LARGE_BODIES_PER_KEY,
+            large_bodies_waiting: DEFAULT_LARGE_BODIES_WAITING,
         }
     }
 }
@@ -109,6 +142,18 @@ impl HttpLimitsConfig {
                 "max_connections".into(),
                 "must be between 1 and 1048576".into(),
             ));
+        }
+        for (field, value, max) in [
+            ("large_body_workers", self.large_body_workers, 256),
+            ("large_bodies_per_key", self.large_bodies_per_key, 1 << 16),
+            ("large_bodies_waiting", self.large_bodies_waiting, 1 << 16),
+        ] {
+            if value == 0 || value > max {
+                return Err(FieldError::new(
+                    field.into(),
+                    format!("must be between 1 and {max}"),
+                ));
+            }
         }
         if self.max_response_bytes < 1024 {
             return Err(FieldError::new(

@@ -22,6 +22,7 @@ pub mod auth;
 pub mod body;
 pub mod cors;
 pub mod deadlines;
+pub mod decode;
 pub mod error;
 pub mod forward;
 pub mod front;
@@ -51,7 +52,7 @@ pub use server::serve_http;
 /// CORS and the body limit).
 pub fn router(edge: Arc<Edge>) -> Router {
     let admin = admin::admin_routes().route_layer(middleware::from_fn(auth::require_admin));
-    let authenticated = model::routes()
+    let authenticated = model::routes(&edge)
         .merge(models::routes())
         .merge(ollama::routes())
         .merge(runs::routes())

@@ -16,16 +16,16 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use axum::Router;
-use axum::extract::{Extension, State};
+use axum::extract::{Extension, Request, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
-use super::body::JsonBody;
+use super::decode::LargeBodies;
 use super::error::{self, with_attempts};
 use super::{answer, forward, passthrough, request_id};
 use crate::auth::Caller;
-use crate::canonical::{ApiError, Canonical, ClientRequest, ModelRequest, Operation};
+use crate::canonical::{ApiError, ModelRequest, Operation};
 use crate::ledger::RequestRecorder;
 use crate::service::Edge;
 use crate::service::dispatch::{Answer, RequestContext};
@@ -33,7 +33,8 @@ use crate::service::pipeline::{AdmitTarget, TokenEstimate};
 use crate::surfaces::{AnswerMeta, Surface, ollama};
 
 /// The model endpoints of every API (behind authentication).
-pub fn routes() -> Router<Arc<Edge>> {
+pub fn routes(edge: &Edge) -> Router<Arc<Edge>> {
+    let large = LargeBodies::new(&edge.config().limits.http);
     let endpoints = [
         ("/v1/chat/completions", Surface::OpenAi(Operation::Chat)),
         ("/v1/completions", Surface::OpenAi(Operation::Completion)),
@@ -50,14 +51,21 @@ pub fn routes() -> Router<Arc<Edge>> {
     ];
     let mut router = Router::new();
     for (path, surface) in endpoints {
+        let large = large.clone();
         router = router.route(
             path,
             post(
                 move |State(edge): State<Arc<Edge>>,
                       Extension(caller): Extension<Caller>,
                       headers: HeaderMap,
-                      body: Result<JsonBody, ApiError>| {
-                    serve(edge, surface, caller, headers, body)
+                      body: Request| {
+                    let request = Incoming {
+                        surface,
+                        caller,
+                        headers,
+                        body,
+                    };
+                    serve(edge, large, request)
                 },
             ),
         );
@@ -65,16 +73,20 @@ pub fn routes() -> Router<Arc<Edge>> {
     router
 }
 
-/// Serves one request of `surface`, recording it whatever ends it.
-async fn serve(
-    edge: Arc<Edge>,
+/// One request as it arrived at a model endpoint.
+struct Incoming {
     surface: Surface,
     caller: Caller,
     headers: HeaderMap,
-    body: Result<JsonBody, ApiError>,
-) -> Response {
-    let recorder = edge.start_request(surface.api(), &caller);
-    match handle(&edge, surface, &caller, &headers, body, &recorder).await {
+    /// The request, its body not read yet.
+    body: Request,
+}
+
+/// Serves one request, recording it whatever ends it.
+async fn serve(edge: Arc<Edge>, large: Arc<LargeBodies>, incoming: Incoming) -> Response {
+    let surface = incoming.surface;
+    let recorder = edge.start_request(surface.api(), &incoming.caller);
+    match handle(&edge, &large, incoming, &recorder).await {
         Ok(response) => {
             recorder.responded(response.status().as_u16());
             response
@@ -88,24 +100,22 @@ async fn serve(
 
 async fn handle(
     edge: &Arc<Edge>,
-    surface: Surface,
-    caller: &Caller,
-    headers: &HeaderMap,
-    body: Result<JsonBody, ApiError>,
+    large: &Arc<LargeBodies>,
+    incoming: Incoming,
     recorder: &RequestRecorder,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
-    let JsonBody(body) = body?;
-    let decoded = surface.decode(&body, headers)?;
-    let translated = match &decoded.canonical {
-        Canonical::Translated(bytes) => Some(ClientRequest::parse(bytes.as_slice())?),
-        _ => None,
-    };
-    let canonical = match &decoded.canonical {
-        Canonical::Client => Ok(&decoded.native.request),
-        Canonical::Translated(_) => Ok(translated.as_ref().expect("parsed above")),
-        Canonical::Refused(refusal) => Err(refusal),
-    };
+    let Incoming {
+        surface,
+        caller,
+        headers,
+        body,
+    } = incoming;
+    let (caller, headers) = (&caller, &headers);
+    let key = caller.key_name().unwrap_or("");
+    let prepared = large.read_and_decode(edge, key, surface, body).await?;
+    let decoded = prepared.decoded();
+    let canonical = prepared.canonical();
     let mut request = ModelRequest {
         group: &decoded.model,
         op: decoded.op,
@@ -146,7 +156,7 @@ async fn handle(
                 dispatched: served.dispatched,
                 created: SystemTime::now(),
             };
-            let renderer = surface.renderer(&decoded, meta);
+            let renderer = surface.renderer(decoded, meta);
             let limit = edge.config().limits.http.max_response_bytes;
             answer::respond(source, renderer, decoded.stream, limit).await
         }

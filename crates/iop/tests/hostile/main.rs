@@ -6,4 +6,5 @@ mod common;
 
 mod cli;
 mod http;
+mod load;
 mod node_listener;

@@ -62,7 +62,8 @@ pub fn check(request: &ClientRequest) -> Result<Checked, ApiError> {
             return Err(invalid("max_tokens", &range));
         }
     };
-    match request.typed::<Vec<Value>>("messages") {
+    // Raw: counting the messages must not build them.
+    match request.typed::<Vec<&serde_json::value::RawValue>>("messages") {
         Ok(Some(m)) if !m.is_empty() => {}
         Ok(None) => {
             let why = "`messages` is required (a non-empty array of messages)";
