@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use iop_proto::envelope::kind;
-use iop_proto::pb::{self, envelope::Message};
 use iop_proto::heartbeat;
+use iop_proto::pb::{self, envelope::Message};
 use iop_proto::{ByteStream, FrameError, FrameReader, Heartbeat, Outbound, split_stream};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
@@ -106,7 +106,7 @@ pub async fn serve_nodes(
 async fn accept_connection(
     edge: Arc<Edge>,
     gate: Arc<NodeGate>,
-    slot: UnauthenticatedSlot,
+    mut slot: UnauthenticatedSlot,
     stream: TcpStream,
     peer: SocketAddr,
     tls: Option<Arc<NodeListenerTls>>,
@@ -121,10 +121,19 @@ async fn accept_connection(
     let within = edge.config().limits.nodes.tls_handshake_timeout();
     let accepted = tokio::select! {
         _ = shutdown.cancelled() => return,
+        _ = slot.evicted() => {
+            edge.telemetry.metrics.count_node_refusal(Notice::Evicted.label());
+            return;
+        }
         accepted = tls.accept(stream, within) => accepted,
     };
     let err = match accepted {
         Ok((stream, link)) => {
+            // A client certificate the handshake verified is a credential: the connection
+            // leaves the unauthenticated pool now (its registration still checks it).
+            if link.client_cert().is_some() {
+                slot.authenticated();
+            }
             return handle_connection(edge, gate, slot, stream, peer, link).await;
         }
         Err(err) => err,
@@ -200,12 +209,19 @@ impl Connection {
         self.gate.note(notice)
     }
 
-    async fn run(&mut self, slot: UnauthenticatedSlot) {
+    async fn run(&mut self, mut slot: UnauthenticatedSlot) {
         let (limits, max_frame_bytes) = {
             let config = self.edge.config();
             (config.limits.nodes.clone(), config.max_frame_bytes)
         };
-        let first = match timeout(limits.register_timeout(), self.reader.next()).await {
+        let first = tokio::select! {
+            _ = slot.evicted() => {
+                self.edge.telemetry.metrics.count_node_refusal(Notice::Evicted.label());
+                return;
+            }
+            first = timeout(limits.register_timeout(), self.reader.next()) => first,
+        };
+        let first = match first {
             Err(_) => {
                 if self.notice(Notice::RegisterTimeout) {
                     tracing::warn!(peer = %self.peer, "closing connection: no RegisterRequest within {}s (limits.nodes.register_timeout_sec; further ones are summarized)", limits.register_timeout_sec);
@@ -240,7 +256,13 @@ impl Connection {
             }
         };
         let now = Instant::now();
-        if let Err((retry_after, log)) = self.gate.check_credential_attempt(self.ip, now) {
+        // A verified client certificate cannot be guessed: it is never held back by what
+        // others at its address sent.
+        let throttled = match self.link.client_cert() {
+            Some(_) => Ok(()),
+            None => self.gate.check_credential_attempt(self.ip, now),
+        };
+        if let Err((retry_after, log)) = throttled {
             self.edge
                 .telemetry
                 .metrics
@@ -316,6 +338,12 @@ impl Connection {
                 reject_reason: rejection.wire_reason() as i32,
                 reason: rejection.to_string(),
                 node_id: rejection.node_id().to_string(),
+                retry_after_ms: match rejection {
+                    Rejection::Throttled { retry_after } => u64::try_from(retry_after.as_millis())
+                        .unwrap_or(u64::MAX)
+                        .max(1),
+                    _ => 0,
+                },
                 ..Default::default()
             })
             .await;

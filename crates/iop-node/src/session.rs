@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use iop_proto::heartbeat;
 use iop_proto::envelope::kind;
+use iop_proto::heartbeat;
 use iop_proto::pb::{self, envelope::Message};
 use iop_proto::{ByteStream, FrameError, FrameReader, Heartbeat, Outbound, split_stream};
 use tokio::net::TcpStream;
@@ -43,14 +43,36 @@ pub enum SessionEnd {
     Shutdown,
     /// Retrying cannot help (bad credentials, a config this node cannot apply).
     Fatal(String),
-    /// Try again under the reconnect policy. `was_ready` resets the attempt budget.
-    Retry { error: String, was_ready: bool },
+    /// Try again under the reconnect policy. `was_ready` resets the attempt budget;
+    /// `next` says when the next attempt may come.
+    Retry {
+        error: String,
+        was_ready: bool,
+        next: NextAttempt,
+    },
+}
+
+/// When the next attempt may come, within the reconnect interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextAttempt {
+    /// After the full interval.
+    Interval,
+    /// After this long (the edge said when it will listen to this address again).
+    After(Duration),
+    /// As soon as the edge accepts connections (at once if it does now): the edge could
+    /// not be reached, or a ready connection was lost.
+    WhenReachable,
 }
 
 fn retry(error: impl Into<String>) -> SessionEnd {
+    retry_next(error, NextAttempt::Interval)
+}
+
+fn retry_next(error: impl Into<String>, next: NextAttempt) -> SessionEnd {
     SessionEnd::Retry {
         error: error.into(),
         was_ready: false,
+        next,
     }
 }
 
@@ -74,14 +96,20 @@ pub async fn run_session(
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
             target.link.advance();
-            return retry(format!("cannot connect to the edge at {addr}: {e}"));
+            return retry_next(
+                format!("cannot connect to the edge at {addr}: {e}"),
+                NextAttempt::WhenReachable,
+            );
         }
         Err(_) => {
             target.link.advance();
-            return retry(format!(
-                "connecting to the edge at {addr} timed out after {}s",
-                DIAL_TIMEOUT.as_secs()
-            ));
+            return retry_next(
+                format!(
+                    "connecting to the edge at {addr} timed out after {}s",
+                    DIAL_TIMEOUT.as_secs()
+                ),
+                NextAttempt::WhenReachable,
+            );
         }
     };
     let end = match target.link.security() {
@@ -131,9 +159,9 @@ async fn handshake(
                     "{mismatch} (edge {addr}). Nothing was sent. Check the pin (--edge-pin, the join string): the edge prints its pin at start. If the edge's CA was rotated, add the new pin"
                 )));
             }
-            let hint = if e.to_string().contains("corrupt message")
-                || e.kind() == std::io::ErrorKind::UnexpectedEof
-            {
+            let hint = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                " (the edge closed the connection before the handshake finished: it may be turning away connections over its limits.nodes caps; if this never stops, check that its node listener is not plaintext)"
+            } else if e.to_string().contains("corrupt message") {
                 " (is the edge's node listener plaintext? then both sides must say insecure_plaintext)"
             } else {
                 ""
@@ -231,9 +259,13 @@ fn refused(addr: &str, response: &pb::RegisterResponse) -> SessionEnd {
             "the edge could not build this node's config: {reason}"
         )),
         // Someone at this node's address sent bad credentials: the wait passes.
-        R::Throttled => retry(format!(
-            "the edge is holding back registrations from this address: {reason}"
-        )),
+        R::Throttled => retry_next(
+            format!("the edge is holding back registrations from this address: {reason}"),
+            match response.retry_after_ms {
+                0 => NextAttempt::Interval,
+                ms => NextAttempt::After(Duration::from_millis(ms)),
+            },
+        ),
         _ => retry(format!("the edge rejected the registration: {reason}")),
     }
 }
@@ -334,6 +366,7 @@ impl Session {
             SessionEnd::Retry { error, .. } => SessionEnd::Retry {
                 error,
                 was_ready: true,
+                next: NextAttempt::WhenReachable,
             },
             other => other,
         }

@@ -3,14 +3,23 @@
 //! wait `reconnect.interval_sec`, try again, give up after `reconnect.max_attempts`
 //! consecutive failed attempts (0 = never). A session that reached ready resets the count.
 //! Fatal errors (bad token, unappliable config) end at once; so does local shutdown.
+//!
+//! Within the interval the node does not sit idle when the edge is already back: after a
+//! lost connection or an edge it could not reach, it checks cheaply whether the edge
+//! accepts connections ([`crate::edge_probe`], not counted as an attempt) and attempts as
+//! soon as it does; a registration the edge throttled is attempted again when the edge
+//! said it would listen, not a whole interval later.
 
 use std::sync::Arc;
+
+use futures::FutureExt;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ReconnectConfig;
+use crate::edge_probe;
 use crate::runtime::NodeRuntime;
-use crate::session::{EdgeTarget, SessionEnd, run_session};
+use crate::session::{EdgeTarget, NextAttempt, SessionEnd, run_session};
 
 /// Why the supervisor stopped, other than local shutdown.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,7 +50,11 @@ pub async fn supervise(
                 tracing::error!(%message, "fatal: not retrying");
                 return Err(NodeExit::Fatal(message));
             }
-            SessionEnd::Retry { error, was_ready } => {
+            SessionEnd::Retry {
+                error,
+                was_ready,
+                next,
+            } => {
                 if was_ready {
                     failures = 0;
                     tracing::warn!(%error, "connection to the edge lost; reconnecting");
@@ -59,10 +72,25 @@ pub async fn supervise(
                     }
                 }
                 let interval = policy.interval();
-                tracing::info!(retry_in_sec = interval.as_secs_f64(), edge = %target.link.edge_addr(), "waiting before the next attempt");
+                let edge = target.link.edge_addr().to_string();
+                let wait = match next {
+                    NextAttempt::Interval => {
+                        tracing::info!(retry_in_sec = interval.as_secs_f64(), %edge, "waiting before the next attempt");
+                        tokio::time::sleep(interval).boxed()
+                    }
+                    NextAttempt::After(hint) => {
+                        let wait = hint.min(interval);
+                        tracing::info!(retry_in_sec = wait.as_secs_f64(), %edge, "waiting as long as the edge asked before the next attempt");
+                        tokio::time::sleep(wait).boxed()
+                    }
+                    NextAttempt::WhenReachable => {
+                        tracing::info!(retry_in_sec = interval.as_secs_f64(), %edge, "next attempt as soon as the edge accepts connections, at the latest after the interval");
+                        edge_probe::until_reachable(edge, interval).boxed()
+                    }
+                };
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(interval) => {}
+                    _ = wait => {}
                 }
             }
         }

@@ -376,7 +376,10 @@ mod tests {
         ClientRequest::parse(many(MAX_JSON_CONTAINERS - 2).as_bytes()).unwrap();
         let e = ClientRequest::parse(many(MAX_JSON_CONTAINERS - 1).as_bytes()).unwrap_err();
         assert_eq!(e.status, 400);
-        assert!(e.message.contains("more than 50000 JSON arrays and objects"));
+        assert!(
+            e.message
+                .contains("more than 50000 JSON arrays and objects")
+        );
         // Brackets inside strings are text.
         let text = format!(r#"{{"x":"{}"}}"#, "{}".repeat(MAX_JSON_CONTAINERS));
         ClientRequest::parse(text.as_bytes()).unwrap();

@@ -23,16 +23,16 @@ use std::mem;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use futures::StreamExt;
 use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, header};
+use futures::StreamExt;
 use iop_proto::ErrorCode;
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
+use super::body::JsonBody;
 use crate::canonical::{ApiError, Canonical, ClientRequest, Decoded};
 use crate::config::HttpLimitsConfig;
-use super::body::JsonBody;
 use crate::service::Edge;
 use crate::surfaces::Surface;
 
@@ -191,13 +191,13 @@ impl LargeBodies {
             drop(worker);
             decoded
         })
-            .await
-            .unwrap_or_else(|e| {
-                Err(ApiError::of(
-                    ErrorCode::Internal,
-                    format!("decoding the request failed: {e}"),
-                ))
-            })?;
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::of(
+                ErrorCode::Internal,
+                format!("decoding the request failed: {e}"),
+            ))
+        })?;
         Ok(Prepared {
             _turn: Some(turn),
             ..decoded

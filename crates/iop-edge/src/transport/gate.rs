@@ -1,5 +1,7 @@
 //! The node listener's gate before authentication: caps on connections that have not
-//! registered yet (in total and per source address, TLS handshakes included), the
+//! authenticated yet (in total and per source address, TLS handshakes included; a full
+//! pool makes room for a newcomer from a lighter address by closing the oldest connection
+//! of the heaviest one), the
 //! bad-credential throttle, and the periodic summary that replaces a log line per refused
 //! connection, failed handshake or guessed credential.
 //!
@@ -8,12 +10,13 @@
 //! when the connection registers or ends. The gate decides nothing about nodes: the
 //! registry still authenticates.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::NodeLimitsConfig;
 use crate::throttle::{FailureSummary, FailureThrottle, ThrottlePolicy, address_group};
@@ -51,10 +54,12 @@ pub enum Notice {
     BadCredential,
     /// A registration refused because its address is throttled.
     Throttled,
+    /// An unauthenticated connection closed to make room for a newer one.
+    Evicted,
 }
 
 impl Notice {
-    const ALL: [Notice; 10] = [
+    const ALL: [Notice; 11] = [
         Notice::BadCredential,
         Notice::Throttled,
         Notice::OverTotalCap,
@@ -65,6 +70,7 @@ impl Notice {
         Notice::OversizedFirstFrame,
         Notice::UndecodableFirstFrame,
         Notice::NotRegister,
+        Notice::Evicted,
     ];
 
     fn index(self) -> usize {
@@ -84,6 +90,7 @@ impl Notice {
             Notice::NotRegister => "not_register",
             Notice::BadCredential => "bad_credential",
             Notice::Throttled => "throttled",
+            Notice::Evicted => "evicted",
         }
     }
 
@@ -105,6 +112,9 @@ impl Notice {
             Notice::OversizedFirstFrame => format!("{n} oversized first frame{s}"),
             Notice::UndecodableFirstFrame => format!("{n} undecodable first frame{s}"),
             Notice::NotRegister => format!("{n} first frame{s} other than register"),
+            Notice::Evicted => format!(
+                "{n} unauthenticated connection{s} closed to make room (oldest of the address holding the most)"
+            ),
         }
     }
 }
@@ -159,40 +169,91 @@ impl Notices {
     }
 }
 
-/// Connections admitted and not registered yet, in total and per address group.
+/// Connections admitted and not registered yet, in total and per address group, each
+/// under an id in the order they were opened.
+///
+/// Full, the pool makes room for a newcomer by closing the oldest connection of the
+/// address group that holds the most, as long as that group would still hold at least as
+/// many as the newcomer's: anonymous connections from many addresses then only displace
+/// each other, and a node from any other address always gets in. The per-address cap
+/// binds only when the pool is full (a newcomer from an address holding that many is
+/// refused rather than displacing anyone), so many nodes behind one address (a NAT) all
+/// get in after an edge restart while the pool has room.
 #[derive(Debug, Default)]
 pub struct UnauthenticatedCounts {
     total: usize,
-    per_address: HashMap<IpAddr, usize>,
+    next_id: u64,
+    per_address: HashMap<IpAddr, BTreeSet<u64>>,
+}
+
+/// What [`UnauthenticatedCounts::try_open`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// Admitted under this id.
+    Admitted(u64),
+    /// Admitted under this id, after closing the connection with the other id.
+    Evicting { id: u64, evicted: u64 },
+}
+
+impl Opened {
+    pub fn id(self) -> u64 {
+        match self {
+            Opened::Admitted(id) | Opened::Evicting { id, .. } => id,
+        }
+    }
 }
 
 impl UnauthenticatedCounts {
-    /// Admits one more connection from `addr` unless that would pass a cap.
+    /// Admits one more connection from `addr`, making room if the pool is full (see the
+    /// type's doc), or says which cap refused it.
     pub fn try_open(
         &mut self,
         addr: IpAddr,
         max_total: usize,
         max_per_address: usize,
-    ) -> Result<(), Notice> {
-        if self.total >= max_total {
-            return Err(Notice::OverTotalCap);
-        }
+    ) -> Result<Opened, Notice> {
         let key = address_group(addr);
-        let here = self.per_address.entry(key).or_insert(0);
-        if *here >= max_per_address {
-            return Err(Notice::OverAddressCap);
+        let here = self.per_address.get(&key).map_or(0, BTreeSet::len);
+        let mut evicted = None;
+        if self.total >= max_total {
+            if here >= max_per_address {
+                return Err(Notice::OverAddressCap);
+            }
+            let heaviest = self
+                .per_address
+                .iter()
+                .max_by_key(|(_, ids)| ids.len())
+                .map(|(group, ids)| (*group, ids.len()));
+            match heaviest {
+                Some((group, held)) if held >= here + 2 => {
+                    let ids = self.per_address.get_mut(&group).expect("listed");
+                    let oldest = ids.pop_first().expect("not empty");
+                    if ids.is_empty() {
+                        self.per_address.remove(&group);
+                    }
+                    self.total -= 1;
+                    evicted = Some(oldest);
+                }
+                _ => return Err(Notice::OverTotalCap),
+            }
         }
-        *here += 1;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.per_address.entry(key).or_default().insert(id);
         self.total += 1;
-        Ok(())
+        Ok(match evicted {
+            Some(evicted) => Opened::Evicting { id, evicted },
+            None => Opened::Admitted(id),
+        })
     }
 
-    /// One admitted connection from `addr` registered or ended.
-    pub fn close(&mut self, addr: IpAddr) {
+    /// The connection `id` from `addr` registered or ended (nothing if it was evicted).
+    pub fn close(&mut self, addr: IpAddr, id: u64) {
         let key = address_group(addr);
-        if let Some(here) = self.per_address.get_mut(&key) {
-            *here -= 1;
-            if *here == 0 {
+        if let Some(ids) = self.per_address.get_mut(&key)
+            && ids.remove(&id)
+        {
+            if ids.is_empty() {
                 self.per_address.remove(&key);
             }
             self.total -= 1;
@@ -213,6 +274,8 @@ impl UnauthenticatedCounts {
 #[derive(Debug)]
 struct GateState {
     counts: UnauthenticatedCounts,
+    /// Cancelled to close an admitted connection the pool evicts.
+    evict: HashMap<u64, CancellationToken>,
     throttle: FailureThrottle,
     notices: Notices,
     window_started: Instant,
@@ -229,6 +292,7 @@ impl NodeGate {
         Arc::new(Self {
             state: Mutex::new(GateState {
                 counts: UnauthenticatedCounts::default(),
+                evict: HashMap::new(),
                 throttle: FailureThrottle::new(CREDENTIAL_THROTTLE),
                 notices: Notices::default(),
                 window_started: now,
@@ -236,7 +300,8 @@ impl NodeGate {
         })
     }
 
-    /// Admits a new connection from `addr` under `limits`, or says why not (counted).
+    /// Admits a new connection from `addr` under `limits` (closing an older one to make
+    /// room, counted as [`Notice::Evicted`]), or says why not (counted).
     pub fn admit(
         self: &Arc<Self>,
         addr: IpAddr,
@@ -248,11 +313,23 @@ impl NodeGate {
             limits.max_unauthenticated,
             limits.max_unauthenticated_per_address,
         ) {
-            Ok(()) => Ok(UnauthenticatedSlot {
-                gate: self.clone(),
-                addr,
-                open: true,
-            }),
+            Ok(opened) => {
+                if let Opened::Evicting { evicted, .. } = opened {
+                    if let Some(token) = state.evict.remove(&evicted) {
+                        token.cancel();
+                    }
+                    state.notices.note(Notice::Evicted);
+                }
+                let evicted = CancellationToken::new();
+                state.evict.insert(opened.id(), evicted.clone());
+                Ok(UnauthenticatedSlot {
+                    gate: self.clone(),
+                    addr,
+                    id: opened.id(),
+                    evicted,
+                    open: true,
+                })
+            }
             Err(notice) => Err((notice, state.notices.note(notice))),
         }
     }
@@ -302,29 +379,44 @@ impl NodeGate {
         self.state.lock().counts.total()
     }
 
-    fn release(&self, addr: IpAddr) {
-        self.state.lock().counts.close(addr);
+    fn release(&self, addr: IpAddr, id: u64) {
+        let mut state = self.state.lock();
+        state.counts.close(addr, id);
+        state.evict.remove(&id);
     }
 }
 
-/// One admitted, not yet registered connection; dropping it (or registering) frees its
-/// place under the caps.
+/// One admitted, not yet authenticated connection; dropping it (or authenticating) frees
+/// its place under the caps.
 #[derive(Debug)]
 pub struct UnauthenticatedSlot {
     gate: Arc<NodeGate>,
     addr: IpAddr,
+    id: u64,
+    evicted: CancellationToken,
     open: bool,
 }
 
 impl UnauthenticatedSlot {
-    /// The connection registered: it no longer counts as unauthenticated.
-    pub fn authenticated(mut self) {
+    /// The connection proved who it is (a client certificate the handshake verified, or a
+    /// registration): it no longer counts as unauthenticated.
+    pub fn authenticated(&mut self) {
         self.release();
+    }
+
+    /// Resolves when the pool closes this connection to make room for a newer one (never,
+    /// once it authenticated).
+    pub async fn evicted(&self) {
+        if self.open {
+            self.evicted.cancelled().await;
+        } else {
+            std::future::pending().await
+        }
     }
 
     fn release(&mut self) {
         if std::mem::take(&mut self.open) {
-            self.gate.release(self.addr);
+            self.gate.release(self.addr, self.id);
         }
     }
 }
@@ -352,56 +444,126 @@ mod tests {
     }
 
     #[test]
-    fn caps_hold_per_address_and_in_total() {
+    fn the_address_cap_binds_only_when_the_pool_is_full() {
         let mut c = UnauthenticatedCounts::default();
-        assert!(c.try_open(ip("10.0.0.1"), 3, 2).is_ok());
-        assert!(c.try_open(ip("10.0.0.1"), 3, 2).is_ok());
+        // Room in the pool: one address may pass its cap of 1.
+        for _ in 0..3 {
+            assert!(c.try_open(ip("10.0.0.1"), 4, 1).is_ok());
+        }
+        assert!(c.try_open(ip("10.0.0.2"), 4, 1).is_ok());
+        // Full: an address at its cap is refused, another displaces the heaviest.
         assert_eq!(
-            c.try_open(ip("10.0.0.1"), 3, 2),
+            c.try_open(ip("10.0.0.2"), 4, 1),
             Err(Notice::OverAddressCap)
         );
-        assert!(c.try_open(ip("10.0.0.2"), 3, 2).is_ok());
-        assert_eq!(c.try_open(ip("10.0.0.3"), 3, 2), Err(Notice::OverTotalCap));
-        c.close(ip("10.0.0.1"));
-        assert!(c.try_open(ip("10.0.0.3"), 3, 2).is_ok());
-        assert_eq!(c.total(), 3);
+        assert!(matches!(
+            c.try_open(ip("10.0.0.3"), 4, 1),
+            Ok(Opened::Evicting { .. })
+        ));
+        assert_eq!(c.total(), 4);
+    }
+
+    #[test]
+    fn a_full_pool_evicts_the_oldest_of_the_heaviest_address_for_a_lighter_one() {
+        let mut c = UnauthenticatedCounts::default();
+        let a: Vec<u64> = (0..3)
+            .map(|_| c.try_open(ip("10.0.0.1"), 4, 4).unwrap().id())
+            .collect();
+        c.try_open(ip("10.0.0.2"), 4, 4).unwrap();
+        // Full. A newcomer from a third address displaces the oldest of 10.0.0.1.
+        assert_eq!(
+            c.try_open(ip("10.0.0.3"), 4, 4),
+            Ok(Opened::Evicting {
+                id: 4,
+                evicted: a[0]
+            })
+        );
+        // 10.0.0.1 (2) against 10.0.0.2 (1): 2 < 1 + 2, nobody is displaced.
+        assert_eq!(c.try_open(ip("10.0.0.2"), 4, 4), Err(Notice::OverTotalCap));
+        // An address cannot displace its own connections.
+        assert_eq!(c.try_open(ip("10.0.0.1"), 4, 4), Err(Notice::OverTotalCap));
+        // The evicted connection's own close changes nothing.
+        c.close(ip("10.0.0.1"), a[0]);
+        assert_eq!(c.total(), 4);
+    }
+
+    #[test]
+    fn anonymous_churn_from_many_addresses_never_keeps_a_node_out() {
+        // 20 addresses with 16 connections each want in, re-opening every one closed,
+        // against a pool of 256: a node from another address is admitted whenever it
+        // tries, and keeps its place while the others churn.
+        let mut c = UnauthenticatedCounts::default();
+        let mut live: Vec<(IpAddr, u64)> = Vec::new();
+        let attackers: Vec<IpAddr> = (1..=20).map(|i| ip(&format!("10.1.0.{i}"))).collect();
+        let node = ip("192.0.2.7");
+        let mut node_id = None;
+        for round in 0..2000 {
+            let from = attackers[round % 20];
+            match c.try_open(from, 256, 16) {
+                Ok(Opened::Evicting { id, evicted }) => {
+                    assert_ne!(Some(evicted), node_id, "the node was displaced");
+                    live.retain(|(_, i)| *i != evicted);
+                    live.push((from, id));
+                }
+                Ok(Opened::Admitted(id)) => live.push((from, id)),
+                Err(_) => {}
+            }
+            if round == 1000 {
+                node_id = Some(c.try_open(node, 256, 16).expect("the node gets in").id());
+            }
+        }
+        assert_eq!(c.total(), 256);
+        c.close(node, node_id.unwrap());
+        assert_eq!(c.total(), 255);
     }
 
     #[test]
     fn ipv6_hosts_of_one_64_share_a_cap() {
         let mut c = UnauthenticatedCounts::default();
-        assert!(c.try_open(ip("2001:db8::1"), 10, 1).is_ok());
+        assert!(c.try_open(ip("2001:db8::1"), 1, 1).is_ok());
         assert_eq!(
-            c.try_open(ip("2001:db8::2"), 10, 1),
+            c.try_open(ip("2001:db8::2"), 1, 1),
             Err(Notice::OverAddressCap)
         );
-        assert!(c.try_open(ip("2001:db8:0:1::1"), 10, 1).is_ok());
+        c.try_open(ip("2001:db8:0:1::1"), 2, 1).unwrap();
     }
 
     #[test]
     fn closing_frees_the_entry() {
         let mut c = UnauthenticatedCounts::default();
-        for _ in 0..3 {
-            c.try_open(ip("10.0.0.1"), 10, 5).unwrap();
-        }
-        for _ in 0..3 {
-            c.close(ip("10.0.0.1"));
+        let ids: Vec<u64> = (0..3)
+            .map(|_| c.try_open(ip("10.0.0.1"), 10, 5).unwrap().id())
+            .collect();
+        for id in ids {
+            c.close(ip("10.0.0.1"), id);
         }
         assert_eq!((c.total(), c.addresses()), (0, 0));
     }
 
-    #[test]
-    fn slots_release_on_drop_and_on_authentication() {
+    #[tokio::test]
+    async fn slots_release_on_drop_and_on_authentication_and_eviction_closes_one() {
         let gate = NodeGate::new(Instant::now());
         let l = limits(2, 2);
         let a = gate.admit(ip("10.0.0.1"), &l).unwrap();
-        let b = gate.admit(ip("10.0.0.1"), &l).unwrap();
+        let mut b = gate.admit(ip("10.0.0.1"), &l).unwrap();
+        // Full: a newcomer from another address displaces the oldest (a).
+        let c = gate.admit(ip("10.0.0.2"), &l).unwrap();
+        tokio::time::timeout(Duration::from_secs(1), a.evicted())
+            .await
+            .expect("the oldest is told to close");
         let (notice, log) = gate.admit(ip("10.0.0.2"), &l).unwrap_err();
         assert_eq!((notice, log), (Notice::OverTotalCap, true));
         let (_, log) = gate.admit(ip("10.0.0.2"), &l).unwrap_err();
         assert!(!log, "only the first of a kind per window is logged");
         drop(a);
         b.authenticated();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), b.evicted())
+                .await
+                .is_err(),
+            "an authenticated connection is never evicted"
+        );
+        drop(c);
         assert_eq!(gate.unauthenticated(), 0);
     }
 

@@ -156,7 +156,6 @@ async fn costly_bodies_leave_the_control_plane_alone(n: usize, edge_args: &[&str
     }
 }
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_costly_bodies_from_one_key_drop_no_node() {
     costly_bodies_leave_the_control_plane_alone(30, &[]).await;

@@ -8,3 +8,4 @@ mod cli;
 mod http;
 mod load;
 mod node_listener;
+mod node_return;
