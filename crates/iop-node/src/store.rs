@@ -104,7 +104,16 @@ enum Op {
 pub struct StoreError {
     db: String,
     #[source]
-    source: rusqlite::Error,
+    source: StoreCause,
+}
+
+/// What failed when the run store was opened.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreCause {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("cannot create it with mode 0600: {0}")]
+    File(#[from] std::io::Error),
 }
 
 /// What the store did since the node started.
@@ -171,6 +180,40 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Creates the run store's file with mode 0600 if it is missing (SQLite gives its WAL and
+/// shared-memory files the same mode) and tightens an existing one: it holds prompts and
+/// answers. For a `file:` URI (the default) the file it names; an in-memory database is
+/// left alone.
+fn create_private(db: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let Some(path) = file_of(db) else {
+        return Ok(());
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
+/// The file `db` (a path or a `file:` URI) names, if it names one.
+fn file_of(db: &str) -> Option<&str> {
+    let Some(uri) = db.strip_prefix("file:") else {
+        return (!db.is_empty() && db != ":memory:").then_some(db);
+    };
+    let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
+    if query.split('&').any(|p| p == "mode=memory") {
+        return None;
+    }
+    // file:///abs/path and file://localhost/abs/path name /abs/path.
+    let path = match path.strip_prefix("//") {
+        Some(rest) => &rest[rest.find('/')?..],
+        None => path,
+    };
+    (!path.is_empty() && path != ":memory:" && !path.contains('%')).then_some(path)
+}
+
 impl RunStore {
     /// Opens (creating if needed) the database at `db`, a path or a `file:` URI, and marks
     /// the runs a previous process left `running` as `interrupted`.
@@ -179,14 +222,18 @@ impl RunStore {
     }
 
     fn open_with_queue(db: &str, queue: usize) -> Result<(Self, StoreThread), StoreError> {
-        let err = |source| StoreError {
+        let err = |source: rusqlite::Error| StoreError {
             db: db.to_string(),
-            source,
+            source: source.into(),
         };
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_URI
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        create_private(db).map_err(|e| StoreError {
+            db: db.to_string(),
+            source: e.into(),
+        })?;
         let conn = Connection::open_with_flags(db, flags).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;

@@ -125,19 +125,22 @@ impl Rejection {
                 | Rejection::Revoked { .. }
                 | Rejection::JoinToken(_)
                 | Rejection::Credential(_)
+                | Rejection::Protocol(_)
         )
     }
 
     /// A refusal anyone can provoke without holding a real credential (a guessed token or
-    /// join token, a malformed credential): reported in the listener's periodic summary,
-    /// not one line each. Refusals that need a real credential (revoked, an expired or
-    /// used-up join token, a certificate naming an unknown node) are logged each time.
+    /// join token, a malformed credential or registration, e.g. a join without a CSR):
+    /// reported in the listener's periodic summary, not one line each. Refusals that need
+    /// a real credential (revoked, an expired or used-up join token, a certificate naming
+    /// an unknown node) are logged each time.
     pub fn is_guess(&self) -> bool {
         matches!(
             self,
             Rejection::UnknownToken
                 | Rejection::JoinToken(JoinError::Unknown)
                 | Rejection::Credential(_)
+                | Rejection::Protocol(_)
         )
     }
 

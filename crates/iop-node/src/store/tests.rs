@@ -18,6 +18,39 @@ fn rows_in(dir: &tempfile::TempDir) -> Vec<(String, String, Option<i64>, Option<
         .unwrap()
 }
 
+#[test]
+fn the_store_and_its_journal_are_private_to_the_node() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    // An existing file readable by others is tightened too.
+    std::fs::write(&path, b"").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (store, thread) = open(&dir);
+    store.started("r1", "mock", "m", "", false);
+    drop(store);
+    thread.join();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        let mode = entry.metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", entry.path().display());
+    }
+}
+
+#[test]
+fn the_file_a_uri_names_is_made_private() {
+    assert_eq!(file_of("runs.db"), Some("runs.db"));
+    assert_eq!(file_of("file:iop.db?cache=shared&mode=rwc"), Some("iop.db"));
+    assert_eq!(
+        file_of("file:///var/lib/iop/runs.db"),
+        Some("/var/lib/iop/runs.db")
+    );
+    assert_eq!(file_of("file://localhost/x.db"), Some("/x.db"));
+    assert_eq!(file_of("file:x?mode=memory&cache=shared"), None);
+    assert_eq!(file_of(":memory:"), None);
+    assert_eq!(file_of("file::memory:"), None);
+}
+
 #[tokio::test]
 async fn one_row_per_run_with_its_final_status() {
     let dir = tempfile::tempdir().unwrap();
@@ -54,7 +87,12 @@ async fn the_spec_default_uri_form_opens() {
     assert_eq!(store.recent(1).await.len(), 1);
     drop(store);
     thread.join();
-    assert!(dir.path().join("iop.db").exists());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.path().join("iop.db"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
 }
 
 #[test]

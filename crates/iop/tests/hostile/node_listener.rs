@@ -769,3 +769,75 @@ fn python_with_openai() -> Option<String> {
     eprintln!("SDK part skipped: {python} has no `openai` package (scripts/test.sh installs it)");
     None
 }
+
+/// Sends one join without a certificate signing request on a fresh TLS connection from
+/// `source`; whether the edge answered.
+async fn join_without_csr(source: &str, addr: &str) -> bool {
+    let Ok(stream) = tls_connect_from(source, addr).await else {
+        return false;
+    };
+    let (mut reader, outbound, writer) =
+        iop_proto::split_stream(stream, iop_proto::DEFAULT_MAX_FRAME_BYTES);
+    let writer = tokio::spawn(writer.run());
+    let request = pb::RegisterRequest {
+        join_token: "iopjoin-0123456789abcdef".into(),
+        node_version: "test".into(),
+        hostname: "attacker".into(),
+        ..Default::default()
+    };
+    let answered = match outbound.send(request).await {
+        Ok(()) => tokio::time::timeout(Duration::from_secs(10), async {
+            use futures::StreamExt;
+            matches!(
+                reader.next().await,
+                Some(Ok(pb::Envelope {
+                    message: Some(Message::RegisterResponse(_)),
+                }))
+            )
+        })
+        .await
+        .unwrap_or(false),
+        Err(_) => false,
+    };
+    writer.abort();
+    answered
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_joins_without_a_csr_cost_a_few_log_lines() {
+    let dir = tempdir();
+    let config = format!(
+        r#"
+limits:
+  nodes: {{summary_interval_sec: 5}}
+nodes:
+  - id: n1
+    token: {TOKEN}
+    providers:
+      - {{id: mock, kind: mock}}
+"#
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let addr = edge.nodes.clone();
+        workers.spawn(async move {
+            let mut answered = 0;
+            for _ in 0..1250 {
+                answered += join_without_csr("127.0.0.2", &addr).await as u32;
+            }
+            answered
+        });
+    }
+    let mut answered = 0;
+    while let Some(n) = workers.join_next().await {
+        answered += n.unwrap();
+    }
+    assert!(answered > 9_000, "only {answered} of 10000 answered");
+    // A node elsewhere is not held back.
+    let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
+    wait_ready(&edge, "n1").await;
+    let log = edge.proc.log();
+    let warnings = log.lines().filter(|l| l.contains("WARN")).count();
+    assert!(warnings < 20, "{warnings} warnings:\n{log}");
+}
