@@ -180,6 +180,7 @@ mod tests {
             consecutive_failures: 1,
             base: Duration::from_secs(60),
             max: Duration::from_secs(60),
+            ..Default::default()
         };
         assert!(matches!(
             h.record(&ProviderOutcome::failure("HTTP 502"), t0, &policy, || true),

@@ -5,7 +5,9 @@
 //! `/api/tags`, `/api/ps`, `/api/show`). For tests, benchmarks and `iop demo`.
 //!
 //! It misbehaves on purpose by model name, for fault tests:
-//! - `fail-500`: answers 500 with an OpenAI error body (embeddings too);
+//! - `fail-500`: answers 500 with an OpenAI error body (embeddings too); so does any
+//!   request whose prompt holds `mock:fail-500` (a request that crashes its backend, as a
+//!   client could send one);
 //! - `error-mid-stream`: fails halfway through (an SSE error event / a broken NDJSON line);
 //! - `torn-mid-stream`: streams half its events and half of the next one (cut inside its
 //!   JSON), then breaks the connection (OpenAI API, streaming);
@@ -222,6 +224,8 @@ struct Plan {
     reasoning: bool,
     prompt_tokens: u64,
     finish: &'static str,
+    /// The prompt asks for a 500 (`mock:fail-500`).
+    poisoned: bool,
 }
 
 impl Plan {
@@ -300,6 +304,7 @@ impl Mock {
             finish = "stop";
         }
         Plan {
+            poisoned: prompt.contains("mock:fail-500"),
             reasoning: self.config.reasoning || model.contains("reasoning"),
             model,
             pieces,

@@ -71,7 +71,7 @@ async fn openai_answer(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
         Ok(begun) => begun,
         Err(e) => return bad_request(e),
     };
-    if plan.model.contains("fail-500") || mock.faults.requests_fail() {
+    if plan.model.contains("fail-500") || plan.poisoned || mock.faults.requests_fail() {
         tracked.finish();
         return openai_error(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -16,6 +16,7 @@ pub const DEFAULT_HEALTHY_AFTER: u32 = 2;
 pub const DEFAULT_EJECT_AFTER: u32 = 3;
 pub const DEFAULT_EJECT_BASE_SEC: f64 = 30.0;
 pub const DEFAULT_EJECT_MAX_SEC: f64 = 300.0;
+pub const DEFAULT_MAX_EJECTED_PERCENT: u32 = 50;
 
 const MIN_INTERVAL_SEC: f64 = 0.1;
 const MAX_INTERVAL_SEC: f64 = 3600.0;
@@ -83,6 +84,19 @@ pub struct EjectionConfig {
     /// ...up to this.
     #[serde(default = "default_eject_max_sec")]
     pub max_sec: f64,
+    /// Distinct API keys whose requests must be among a streak of failures a request
+    /// could cause (a 5xx answer, a timeout, a broken stream) before it ejects. Default: 2
+    /// on an edge with two keys or more, else 1.
+    #[serde(default)]
+    pub distinct_keys: Option<u32>,
+    /// The most of a model group's members ejected at once, in percent; one member
+    /// always may be.
+    #[serde(default = "default_max_ejected_percent")]
+    pub max_ejected_percent: u32,
+}
+
+fn default_max_ejected_percent() -> u32 {
+    DEFAULT_MAX_EJECTED_PERCENT
 }
 
 fn default_eject_after() -> u32 {
@@ -101,16 +115,22 @@ impl Default for EjectionConfig {
             consecutive_failures: DEFAULT_EJECT_AFTER,
             base_sec: DEFAULT_EJECT_BASE_SEC,
             max_sec: DEFAULT_EJECT_MAX_SEC,
+            distinct_keys: None,
+            max_ejected_percent: DEFAULT_MAX_EJECTED_PERCENT,
         }
     }
 }
 
 impl EjectionConfig {
-    pub fn policy(&self) -> EjectionPolicy {
+    /// The policy on an edge with `keys` API keys.
+    pub fn policy(&self, keys: usize) -> EjectionPolicy {
+        let default_keys = if keys >= 2 { 2 } else { 1 };
         EjectionPolicy {
             consecutive_failures: self.consecutive_failures,
             base: Duration::from_secs_f64(self.base_sec),
             max: Duration::from_secs_f64(self.max_sec),
+            distinct_callers: self.distinct_keys.map_or(default_keys, |n| n as usize),
+            max_ejected_percent: self.max_ejected_percent,
         }
     }
 }
@@ -171,6 +191,18 @@ impl HealthConfig {
             return Err(FieldError::new(
                 "ejection.base_sec".into(),
                 format!("must be positive and at most {MAX_EJECT_SEC}"),
+            ));
+        }
+        if e.distinct_keys.is_some_and(|n| !(1..=16).contains(&n)) {
+            return Err(FieldError::new(
+                "ejection.distinct_keys".into(),
+                "must be between 1 and 16".into(),
+            ));
+        }
+        if !(1..=100).contains(&e.max_ejected_percent) {
+            return Err(FieldError::new(
+                "ejection.max_ejected_percent".into(),
+                "must be between 1 and 100".into(),
             ));
         }
         if !(e.max_sec >= e.base_sec && e.max_sec <= MAX_EJECT_SEC) {

@@ -421,7 +421,7 @@ fn health_settings_have_defaults_and_per_provider_overrides() {
         std::time::Duration::from_secs(2)
     );
     assert_eq!(
-        c.health.ejection.policy().base,
+        c.health.ejection.policy(0).base,
         std::time::Duration::from_secs(5)
     );
     assert_eq!(c.model_groups[0].queue.wait_for_reconnect_sec, 10);

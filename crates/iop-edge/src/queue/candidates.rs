@@ -74,17 +74,30 @@ impl<W> Scheduler<W> {
     }
 
     /// Whether `account` may be ejected: every group it belongs to keeps another member
-    /// that is online and not excluded.
+    /// that is online and not excluded, and has fewer members ejected than the policy's
+    /// share allows.
     fn may_eject(&self, account: AccountId, now: Instant) -> bool {
         self.groups
             .iter()
             .filter(|g| !g.direct && g.members.iter().any(|m| m.account == account))
             .all(|g| {
-                g.members.iter().any(|m| {
-                    m.account != account
-                        && self.leases.serves_any(m.account)
-                        && !self.health_excluded(m.account, now)
-                })
+                let ejected = g
+                    .members
+                    .iter()
+                    .filter(|m| {
+                        m.account != account
+                            && self
+                                .health
+                                .get(&m.account)
+                                .is_some_and(|h| h.ejection().is_ejected(now))
+                    })
+                    .count();
+                ejected < self.ejection.max_ejected(g.members.len())
+                    && g.members.iter().any(|m| {
+                        m.account != account
+                            && self.leases.serves_any(m.account)
+                            && !self.health_excluded(m.account, now)
+                    })
             })
     }
 

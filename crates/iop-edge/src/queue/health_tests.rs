@@ -39,6 +39,7 @@ fn two_members(t0: Instant) -> Scheduler<u32> {
         consecutive_failures: 2,
         base: 10 * SEC,
         max: 60 * SEC,
+        ..Default::default()
     });
     s.node_ready("a", Generation(1), t0);
     s.node_ready("b", Generation(2), t0);
@@ -368,6 +369,7 @@ fn a_retry_skips_ejected_members_and_those_it_failed_on_but_never_ends_with_none
         consecutive_failures: 1,
         base: 10 * SEC,
         max: 60 * SEC,
+        ..Default::default()
     });
     for (node, generation) in [("a", 1), ("b", 2), ("c", 3)] {
         s.node_ready(node, Generation(generation), t0);
@@ -447,5 +449,30 @@ fn native_runs_reach_an_ejected_provider_and_do_not_keep_it_in_rotation() {
     assert!(matches!(
         s.admit_direct(&ProviderKey::new("a", "p"), Lane::Normal, 8, t0),
         Admission::Offline { .. }
+    ));
+}
+
+#[test]
+fn no_more_than_the_policys_share_of_a_group_is_ejected_at_once() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new([], [group("g", &["a", "b", "c", "d"], Duration::ZERO)]);
+    s.set_ejection_policy(EjectionPolicy {
+        consecutive_failures: 1,
+        base: 10 * SEC,
+        max: 60 * SEC,
+        max_ejected_percent: 50,
+        ..Default::default()
+    });
+    for (node, generation) in [("a", 1), ("b", 2), ("c", 3), ("d", 4)] {
+        s.node_ready(node, Generation(generation), t0);
+    }
+    // Half of four: two go out, the third failing member stays in (its failures count).
+    assert!(matches!(fail(&mut s, "a", t0), Verdict::Ejected { .. }));
+    assert!(matches!(fail(&mut s, "b", t0), Verdict::Ejected { .. }));
+    assert!(matches!(fail(&mut s, "c", t0), Verdict::Kept { .. }));
+    // Once one is back, another may go.
+    assert!(matches!(
+        fail(&mut s, "c", t0 + 11 * SEC),
+        Verdict::Ejected { .. }
     ));
 }

@@ -418,9 +418,15 @@ impl AdmissionControl {
                 node_id = node,
                 provider,
                 failures,
-                "provider keeps failing but is not ejected: it is the last usable member of a model group"
+                "provider keeps failing but is not ejected: it is the last usable member of a model group, or as many of a group as health.ejection.max_ejected_percent allows are out"
             ),
-            Verdict::Kept { .. } => {}
+            Verdict::OneCaller { failures } if *failures == threshold => tracing::warn!(
+                node_id = node,
+                provider,
+                failures,
+                "provider keeps failing, but only for one key's requests: not ejected (it may be what that key sends)"
+            ),
+            Verdict::Kept { .. } | Verdict::OneCaller { .. } => {}
             Verdict::Unchanged => {}
         }
         Some(verdict)

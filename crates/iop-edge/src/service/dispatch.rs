@@ -33,7 +33,7 @@ use super::admission::{AdmitError, Admitted, Target, clock};
 use super::answer::AnswerSource;
 use super::route::{self, Route, Work};
 use super::run::RunStream;
-use super::stream::{Reports, StreamLimits, StreamTerms};
+use super::stream::{AttemptOf, Reports, StreamLimits, StreamTerms};
 use super::tunnel::{TunnelHead, TunnelStream};
 use crate::canonical::{ApiError, LaneInputs, ModelRequest};
 use crate::ejection::ProviderOutcome;
@@ -178,21 +178,20 @@ impl Edge {
     /// ejection ([`Edge::report_provider_outcome`]).
     pub(crate) fn attempt_finished(
         &self,
-        node: &str,
-        provider: &str,
+        of: &AttemptOf,
         failure: Option<ErrorCode>,
         provider_status: Option<u32>,
     ) {
-        let outcome = ProviderOutcome::of(failure, provider_status);
-        if let ProviderOutcome::Failure { reason } = &outcome {
+        let outcome = ProviderOutcome::of(failure, provider_status, &of.caller);
+        if let ProviderOutcome::Failure { reason, .. } = &outcome {
             tracing::debug!(
-                node_id = node,
-                provider,
+                node_id = &*of.node,
+                provider = &*of.provider,
                 reason,
                 "attempt failed at the provider"
             );
         }
-        self.report_provider_outcome(node, provider, outcome, clock());
+        self.report_provider_outcome(&of.node, &of.provider, outcome, clock());
     }
 
     /// Dispatches a request to a member of its model group `request.group`, retrying
@@ -387,10 +386,15 @@ impl Edge {
             route,
         } = member;
         let Admitted { grant, guard, .. } = admitted;
+        let attempt_of = AttemptOf {
+            node: grant.node.clone(),
+            provider: grant.provider.clone(),
+            caller: ctx.api_key.as_deref().unwrap_or("").into(),
+        };
         let terms = StreamTerms {
             lease: Some(guard),
             reports: Reports {
-                member: Some((grant.node.clone(), grant.provider.clone())),
+                member: Some(attempt_of.clone()),
                 recorder: None,
             },
             limits: StreamLimits {
@@ -399,7 +403,7 @@ impl Edge {
             },
         };
         let not_sent = |edge: &Edge, error: super::errors::SubmitError| {
-            edge.attempt_finished(&grant.node, &grant.provider, Some(error.code()), None);
+            edge.attempt_finished(&attempt_of, Some(error.code()), None);
             Attempt::Failed {
                 error: error.into(),
                 accepted: false,

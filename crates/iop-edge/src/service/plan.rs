@@ -102,7 +102,7 @@ impl AdmissionPlan {
             providers,
             groups,
             policies,
-            ejection: config.health.ejection.policy(),
+            ejection: config.health.ejection.policy(config.auth.keys.len()),
         }
     }
 }

@@ -179,8 +179,19 @@ pub trait StreamItem: Send + Sized + 'static {
 /// ejection) and, once the stream serves the client's request, the request's record.
 #[derive(Debug, Default)]
 pub struct Reports {
-    pub member: Option<(Arc<str>, Arc<str>)>,
+    /// The member the stream's attempt went to, and whose request it was (for passive
+    /// ejection).
+    pub member: Option<AttemptOf>,
     pub recorder: Option<RequestRecorder>,
+}
+
+/// An attempt's member and caller.
+#[derive(Debug, Clone)]
+pub struct AttemptOf {
+    pub node: Arc<str>,
+    pub provider: Arc<str>,
+    /// The API key's name (empty for the anonymous caller).
+    pub caller: Arc<str>,
 }
 
 /// What a stream holds besides its frames: the provider slot (until its end), where its
@@ -422,9 +433,8 @@ impl<T: StreamItem> StreamCore<T> {
         if let Some(recorder) = &self.reports.recorder {
             recorder.stream_ended(failure);
         }
-        if let Some((node, provider)) = &self.reports.member {
-            self.edge
-                .attempt_finished(node, provider, failure, self.status);
+        if let Some(of) = &self.reports.member {
+            self.edge.attempt_finished(of, failure, self.status);
         }
     }
 

@@ -5,6 +5,7 @@
 mod common;
 
 mod cli;
+mod ejection;
 mod http;
 mod load;
 mod node_listener;

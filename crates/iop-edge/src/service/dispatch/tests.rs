@@ -110,6 +110,11 @@ model_groups:
             s.health_view(account, clock()).ejected_until.is_some()
         })
     };
+    let of_b = AttemptOf {
+        node: "b".into(),
+        provider: "p".into(),
+        caller: "k".into(),
+    };
     // Refusals that say nothing about the provider never eject it...
     for code in [
         ErrorCode::ProviderRateLimited,
@@ -117,19 +122,19 @@ model_groups:
         ErrorCode::ClientAbort,
     ] {
         for _ in 0..5 {
-            edge.attempt_finished("b", "p", Some(code), None);
+            edge.attempt_finished(&of_b, Some(code), None);
         }
     }
     assert!(!ejected("b"));
     // ...and a success in between resets the count.
-    edge.attempt_finished("b", "p", Some(ErrorCode::ProviderUnreachable), None);
-    edge.attempt_finished("b", "p", Some(ErrorCode::ProviderUnreachable), None);
-    edge.attempt_finished("b", "p", None, None);
-    edge.attempt_finished("b", "p", Some(ErrorCode::ProviderUnreachable), None);
+    edge.attempt_finished(&of_b, Some(ErrorCode::ProviderUnreachable), None);
+    edge.attempt_finished(&of_b, Some(ErrorCode::ProviderUnreachable), None);
+    edge.attempt_finished(&of_b, None, None);
+    edge.attempt_finished(&of_b, Some(ErrorCode::ProviderUnreachable), None);
     assert!(!ejected("b"));
     // Three provider failures in a row (the default) eject it.
-    edge.attempt_finished("b", "p", Some(ErrorCode::ProviderOverloaded), None);
-    edge.attempt_finished("b", "p", Some(ErrorCode::BrokenStream), None);
+    edge.attempt_finished(&of_b, Some(ErrorCode::ProviderOverloaded), None);
+    edge.attempt_finished(&of_b, Some(ErrorCode::BrokenStream), None);
     assert!(ejected("b"));
     assert!(!ejected("a"));
 }
