@@ -14,6 +14,7 @@ pub const DEFAULT_IDLE_TIMEOUT_SEC: u64 = 60;
 pub const DEFAULT_WRITE_TIMEOUT_SEC: u64 = 60;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 pub const DEFAULT_LARGE_BODY_BYTES: usize = 256 * 1024;
 pub const DEFAULT_LARGE_BODY_WORKERS: usize = 2;
 pub const DEFAULT_LARGE_BODIES_PER_KEY: usize = 8;
@@ -39,6 +40,15 @@ pub struct HttpLimitsConfig {
     /// Open HTTP connections at most; more are answered 503 and closed at once.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Open HTTP connections from one address (an IPv6 /64 counts as one) at most; more
+    /// are answered 503 and closed at once. Trusted proxies are not capped.
+    #[serde(default = "default_max_connections_per_address")]
+    pub max_connections_per_address: usize,
+    /// Load balancers and reverse proxies in front of the edge (addresses or CIDR
+    /// ranges): their `X-Forwarded-For` names the client, and they are not capped per
+    /// address. Nobody else's `X-Forwarded-For` is believed.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
     /// Largest answer the edge assembles into one non-streamed JSON response (a longer one
     /// ends the request with 502 and cancels it), or holds for a translated Responses
     /// stream (a longer one ends with `response.failed` and is cancelled).
@@ -74,6 +84,9 @@ fn default_write_timeout() -> u64 {
 fn default_max_connections() -> usize {
     DEFAULT_MAX_CONNECTIONS
 }
+fn default_max_connections_per_address() -> usize {
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+}
 fn default_max_response_bytes() -> usize {
     DEFAULT_MAX_RESPONSE_BYTES
 }
@@ -98,6 +111,8 @@ impl Default for HttpLimitsConfig {
             idle_timeout_sec: DEFAULT_IDLE_TIMEOUT_SEC,
             write_timeout_sec: DEFAULT_WRITE_TIMEOUT_SEC,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            trusted_proxies: Vec::new(),
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             large_body_bytes: DEFAULT_LARGE_BODY_BYTES,
             large_body_workers: DEFAULT_LARGE_BODY_WORKERS,
@@ -154,6 +169,15 @@ impl HttpLimitsConfig {
                     format!("must be between 1 and {max}"),
                 ));
             }
+        }
+        if self.max_connections_per_address == 0 || self.max_connections_per_address > 1 << 20 {
+            return Err(FieldError::new(
+                "max_connections_per_address".into(),
+                "must be between 1 and 1048576".into(),
+            ));
+        }
+        if let Err(e) = crate::http::client_addr::TrustedProxies::parse(&self.trusted_proxies) {
+            return Err(FieldError::new("trusted_proxies".into(), e));
         }
         if self.max_response_bytes < 1024 {
             return Err(FieldError::new(

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
+
+use super::client_addr::ClientAddr;
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -71,10 +73,14 @@ fn identify(edge: &Edge, request: &mut Request, from: KeyHeaders) -> Result<(), 
             "missing API key: send it as {how}"
         )));
     };
-    let source = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| throttle_key(c.0.ip()));
+    // The client's address: behind a trusted proxy, the one it forwarded for.
+    let source = match request.extensions().get::<ClientAddr>() {
+        Some(client) => Some(throttle_key(client.0)),
+        None => request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| throttle_key(c.0.ip())),
+    };
     if let Some(source) = source
         && let Err(wait) = edge.keys.failures().check(source, Instant::now())
     {

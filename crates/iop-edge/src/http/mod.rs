@@ -20,6 +20,7 @@ pub mod admin;
 pub mod answer;
 pub mod auth;
 pub mod body;
+pub mod client_addr;
 pub mod cors;
 pub mod deadlines;
 pub mod decode;

@@ -1,6 +1,8 @@
 //! The HTTP listener: an accept loop over hyper's HTTP/1.1 server, so that every
-//! connection is bounded — at most `limits.http.max_connections` open (more are answered
-//! 503 and closed at once), and each one under the deadlines of [`super::deadlines`].
+//! connection is bounded — at most `limits.http.max_connections` open, at most
+//! `max_connections_per_address` from one address ([`super::client_addr`]; more are
+//! answered 503 and closed at once), and each one under the deadlines of
+//! [`super::deadlines`]. Every request carries its [`ClientAddr`].
 //!
 //! A connection is served by [`serve_connection`], generic over its byte stream: with
 //! `http_tls` the connection's own task first runs the TLS handshake ([`super::tls`]),
@@ -24,6 +26,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::App;
+use super::client_addr::{AddressSlot, ClientAddr, ConnectionsPerAddress, TrustedProxies};
 use super::deadlines::{Activity, DeadlineIo, Expired, ResponseBody, TimedBody};
 use super::tls::HttpTls;
 use crate::config::HttpLimitsConfig;
@@ -91,6 +94,11 @@ pub async fn serve_http(
         );
     }
     let slots = Arc::new(Semaphore::new(cap));
+    let trusted = TrustedProxies::parse(&limits.trusted_proxies)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let per_address =
+        ConnectionsPerAddress::new(limits.max_connections_per_address, trusted.clone());
+    let mut refused_per_address = RateLimitedLog::default();
     let app = App::new(edge.clone());
     let shutdown = edge.shutdown_token().clone();
     let mut connections = JoinSet::new();
@@ -129,11 +137,31 @@ pub async fn serve_http(
             }
             continue;
         };
+        let Some(address_slot) = per_address.open(peer.ip()) else {
+            if tls.is_none() {
+                refuse_address(&tcp);
+            }
+            drop(tcp);
+            if let Some(n) = accepted_log(&mut refused_per_address) {
+                tracing::warn!(
+                    %peer,
+                    refused = n,
+                    max = limits.max_connections_per_address,
+                    "HTTP connections from one address over limits.http.max_connections_per_address: refusing its new connections"
+                );
+            }
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let (app, limits, shutdown) = (app.clone(), limits.clone(), shutdown.clone());
+        let source = Source {
+            peer,
+            trusted: trusted.clone(),
+            _slots: (permit, address_slot),
+        };
         match tls.clone() {
             None => {
-                connections.spawn(serve_connection(tcp, peer, app, limits, shutdown, permit));
+                connections.spawn(serve_connection(tcp, source, app, limits, shutdown));
             }
             Some(tls) => {
                 connections.spawn(async move {
@@ -143,9 +171,7 @@ pub async fn serve_http(
                         stream = handshake => stream,
                     };
                     match stream {
-                        Ok(stream) => {
-                            serve_connection(stream, peer, app, limits, shutdown, permit).await
-                        }
+                        Ok(stream) => serve_connection(stream, source, app, limits, shutdown).await,
                         Err(err) => tracing::debug!(%peer, %err, "HTTP TLS handshake failed"),
                     }
                 });
@@ -161,14 +187,15 @@ pub async fn serve_http(
 /// client closes it, a deadline passes, or shutdown lets its last response finish.
 pub async fn serve_connection<S>(
     io: S,
-    peer: SocketAddr,
+    source: Source,
     app: App,
     limits: HttpLimitsConfig,
     shutdown: CancellationToken,
-    _slot: OwnedSemaphorePermit,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let peer = source.peer;
+    let trusted = source.trusted.clone();
     let activity = Activity::new(limits.header_timeout(), limits.idle_timeout());
     let io = DeadlineIo::new(io, activity.clone(), limits.write_timeout(), peer);
     let body_timeout = limits.body_timeout();
@@ -176,6 +203,8 @@ pub async fn serve_connection<S>(
     let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
         let busy = requests.request_started();
         request.extensions_mut().insert(ConnectInfo(peer));
+        let client = ClientAddr(trusted.client_of(peer.ip(), request.headers()));
+        request.extensions_mut().insert(client);
         let request = request.map(|body| axum::body::Body::new(TimedBody::new(body, body_timeout)));
         let app = app.clone();
         async move {
@@ -218,6 +247,25 @@ pub async fn serve_connection<S>(
             }
         }
     }
+}
+
+/// Where a connection comes from, and its places under the connection caps (held until
+/// it closes).
+pub struct Source {
+    pub peer: SocketAddr,
+    pub trusted: TrustedProxies,
+    _slots: (OwnedSemaphorePermit, AddressSlot),
+}
+
+/// Answers a connection over its address's cap without waiting on it: one non-blocking
+/// write of a 503, then the socket is closed.
+fn refuse_address(tcp: &TcpStream) {
+    const BODY: &str = r#"{"error":{"message":"this address has as many connections open as the edge allows one address (limits.http.max_connections_per_address); close some or retry shortly","type":"server_error","param":null,"code":"too_many_connections"}}"#;
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = tcp.try_write(response.as_bytes());
 }
 
 /// Answers a connection over the cap without waiting on it: one non-blocking write of a

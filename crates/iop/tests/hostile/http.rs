@@ -123,7 +123,7 @@ async fn slow_heads_and_endless_bodies_are_cut_while_real_clients_are_served() {
     iop_edge::fdlimit::raise_open_files_limit().unwrap();
     let dir = tempdir();
     // A long idle timeout, so only the header and body deadlines can close these.
-    let limits = "{http: {header_timeout_sec: 1, body_timeout_sec: 2, idle_timeout_sec: 30, max_connections: 5000}}";
+    let limits = "{http: {header_timeout_sec: 1, body_timeout_sec: 2, idle_timeout_sec: 30, max_connections: 5000, max_connections_per_address: 5000}}";
     let (edge, _node) = edge_with_node(dir.path(), &mock_config(limits, "")).await;
     let addr: SocketAddr = edge.http.parse().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -252,6 +252,53 @@ async fn an_oversized_request_head_is_refused() {
             .status(),
         200
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holding_thousands_of_connections_locks_no_one_else_out() {
+    iop_edge::fdlimit::raise_open_files_limit().unwrap();
+    let dir = tempdir();
+    // The default caps: 4096 connections, 256 from one address.
+    let (edge, _node) = edge_with_node(dir.path(), &mock_config("{}", "")).await;
+    let addr = edge.http.clone();
+    // 4,500 half-open connections from one address, each waiting to send its request.
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..4500 {
+        let stream = crate::common::node_wire::connect_from("127.0.0.2", &addr)
+            .await
+            .unwrap();
+        held.push(stream);
+    }
+    // Over the address's cap, the edge answers 503 at once and closes.
+    for stream in held.iter_mut().skip(256) {
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer))
+            .await
+            .expect("a connection over the address cap was not closed")
+            .ok();
+        assert!(answer.contains("max_connections_per_address"), "{answer}");
+        refused += 1;
+    }
+    assert_eq!(refused, 4500 - 256);
+    // Another address is served at once, while those 256 are still open.
+    for _ in 0..10 {
+        let response = client()
+            .post(edge.url("/v1/chat/completions"))
+            .json(&chat_body("mock"))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    edge.proc
+        .wait_line(
+            "limits.http.max_connections_per_address",
+            Duration::from_secs(5),
+        )
+        .await;
+    drop(held);
 }
 
 #[tokio::test]
