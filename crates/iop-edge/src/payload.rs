@@ -35,6 +35,7 @@ fn provider_spec(p: &ProviderConfig, health: &HealthConfig) -> pb::ProviderSpec 
         api_key_env: p.api_key_env.clone().unwrap_or_default(),
         api_key: p.api_key.clone().unwrap_or_default(),
         request_timeout_sec: p.request_timeout_sec.unwrap_or(0),
+        stream_head_timeout_sec: p.stream_head_timeout_sec.unwrap_or(0),
         headers: p.headers.clone().into_iter().collect(),
         cli: p.cli.as_ref().map(|c| pb::CliSpec {
             argv: c.argv.clone(),

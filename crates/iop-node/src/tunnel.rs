@@ -31,7 +31,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::adapters::AdapterError;
-use crate::adapters::http::{HttpProvider, RawResponse};
+use crate::adapters::http::{HeadWait, HttpProvider, RawResponse};
 use crate::instance::AdapterInstance;
 use crate::runtime::{Connection, NodeRuntime};
 use crate::usage::{UsageDialect, UsageObserver};
@@ -249,11 +249,17 @@ impl NodeRuntime {
             .iter()
             .filter(|h| !DROPPED_REQUEST_HEADERS.contains(&h.name.to_ascii_lowercase().as_str()))
             .map(|h| (h.name.as_str(), h.value.as_slice()));
+        let wait = if request.stream {
+            HeadWait::Streamed
+        } else {
+            HeadWait::Whole
+        };
         let exchange = provider.exchange(
             &request.method,
             &request.path,
             headers,
             request.body.clone(),
+            wait,
         );
         tokio::pin!(exchange);
         let accept_after = tokio::time::sleep(self.accept_grace);

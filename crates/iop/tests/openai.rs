@@ -33,7 +33,7 @@ nodes:
       - {{id: oac, kind: vllm, base_url: "{c}"}}
       - {{id: ol, kind: ollama, base_url: "{o}"}}
       - {{id: dead, kind: openai_compat, base_url: "http://127.0.0.1:9/v1"}}
-      - {{id: impatient, kind: openai_compat, base_url: "{a}", request_timeout_sec: 1}}
+      - {{id: impatient, kind: openai_compat, base_url: "{a}", request_timeout_sec: 1, stream_head_timeout_sec: 2}}
 model_groups:
   - {{name: tunnel, members: [{{node: n1, provider: oa, model: mock-model}}]}}
   - {{name: cached, members: [{{node: n1, provider: oac, model: mock-model}}]}}
@@ -540,6 +540,16 @@ async fn provider_failures_become_useful_errors() {
     let (status, _, body) = post(&url, &chat("hang", false)).await;
     assert_eq!(status, 504, "{body}");
     assert_eq!(error_of(&body)["code"], "provider_timeout");
+    // A streamed request waits for its head the stream timeout, then times out alike.
+    let (status, _, body) = post(&url, &chat("hang", true)).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(
+        error_of(&body)["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer within 2s"),
+        "{body}"
+    );
     // A provider 5xx through the tunnel is the provider's own response.
     let (status, _, body) = post(&url, &chat("fail", false)).await;
     assert_eq!(status, 500);

@@ -33,6 +33,8 @@ pub struct TunnelSpec {
     pub usage_injected: bool,
     /// The client's request id, for the node's logs (the provider gets it in `headers`).
     pub client_request_id: String,
+    /// The answer is streamed (the node awaits the head for the stream timeout).
+    pub stream: bool,
 }
 
 /// What a client accepts back.

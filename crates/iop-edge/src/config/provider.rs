@@ -85,8 +85,15 @@ pub struct ProviderConfig {
     /// The provider's API key inline (development only; it travels to the node).
     #[serde(default)]
     pub api_key: Option<String>,
+    /// Seconds the provider may take to answer a request that is not streamed with its
+    /// response head, which comes once the whole answer is generated (default 600).
     #[serde(default)]
     pub request_timeout_sec: Option<u32>,
+    /// Seconds the provider may take to answer a streamed request with its response head,
+    /// which servers send once the prompt is taken in at the latest (default 120: a
+    /// backend that never answers gives its slot back after this).
+    #[serde(default)]
+    pub stream_head_timeout_sec: Option<u32>,
     /// Seconds the provider's stream may stay silent once its response began (default
     /// 300); a longer stall ends the request with `provider_idle_timeout`.
     #[serde(default)]

@@ -121,6 +121,7 @@ pub fn work(
             let mut spec = TunnelSpec::post_json(provider, native.api.path(), body, accept);
             spec.headers.extend(native.headers.iter().cloned());
             spec.usage_injected = inject;
+            spec.stream = request.stream;
             Work::Tunnel(spec)
         }
         Route::Tunnel => {
@@ -131,12 +132,10 @@ pub fn work(
                 && traits.inject_stream_usage
                 && !codec::openai_request::client_asked(canonical);
             let body = codec::openai_request::provider_body(canonical, upstream, inject);
-            Work::Tunnel(TunnelSpec::post_json(
-                provider,
-                request.op.api().provider_path(),
-                body,
-                accept,
-            ))
+            let mut spec =
+                TunnelSpec::post_json(provider, request.op.api().provider_path(), body, accept);
+            spec.stream = request.stream;
+            Work::Tunnel(spec)
         }
         Route::Run => {
             let canonical = request.canonical.expect("decided: a canonical request");

@@ -111,6 +111,7 @@ impl Edge {
                     initial_credit: STREAM_WINDOW,
                     usage_injected: spec.usage_injected,
                     client_request_id: spec.client_request_id,
+                    stream: spec.stream,
                 }
             })
             .await?;

@@ -49,8 +49,25 @@ pub struct RawResponse {
     pub body: BoxStream<'static, Result<Bytes, AdapterError>>,
 }
 
-/// How long a provider may take to answer with a response head, unless configured.
+/// How long a provider may take to answer a request that is not streamed with its
+/// response head (it comes once the whole answer is generated), unless configured.
 pub const DEFAULT_HEAD_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long a provider may take to answer a streamed request with its response head,
+/// unless configured. Servers send it once the prompt is taken in at the latest (vLLM and
+/// llama-server at once, Ollama with its first token, after loading the model and the
+/// prompt): two minutes fit a cold model load and a long prompt's prefill, and a backend
+/// that never answers gives its slot back after that.
+pub const DEFAULT_STREAM_HEAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Which head timeout a request is under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadWait {
+    /// The answer streams: the head comes before it is generated.
+    Streamed,
+    /// The head comes with the whole answer.
+    Whole,
+}
 
 #[derive(Debug, Clone)]
 pub struct HttpProvider {
@@ -60,6 +77,7 @@ pub struct HttpProvider {
     authority: String,
     headers: HeaderMap,
     head_timeout: Duration,
+    stream_head_timeout: Duration,
     client: reqwest::Client,
     /// Set for `http://` providers.
     plain: Option<PlainEndpoint>,
@@ -113,6 +131,11 @@ impl HttpProvider {
             } else {
                 DEFAULT_HEAD_TIMEOUT
             },
+            stream_head_timeout: if spec.stream_head_timeout_sec > 0 {
+                Duration::from_secs(spec.stream_head_timeout_sec as u64)
+            } else {
+                DEFAULT_STREAM_HEAD_TIMEOUT
+            },
             client: clients.reqwest.clone(),
             plain: match parsed.scheme_str() {
                 Some("http") => Some(PlainEndpoint::new(&parsed)?),
@@ -155,15 +178,26 @@ impl HttpProvider {
         request
     }
 
-    /// Sends a request and waits for the response head, up to the provider's timeout.
+    /// How long the head of an `answer` may take.
+    fn head_timeout(&self, answer: HeadWait) -> Duration {
+        match answer {
+            HeadWait::Streamed => self.stream_head_timeout,
+            HeadWait::Whole => self.head_timeout,
+        }
+    }
+
+    /// Sends a request and waits for the response head, up to the provider's timeout for
+    /// its kind of `answer`.
     pub async fn send(
         &self,
         request: reqwest::RequestBuilder,
+        answer: HeadWait,
     ) -> Result<reqwest::Response, AdapterError> {
-        match tokio::time::timeout(self.head_timeout, request.send()).await {
+        let within = self.head_timeout(answer);
+        match tokio::time::timeout(within, request.send()).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(err)) => Err(self.transport_error(&err)),
-            Err(_) => Err(self.head_timeout_error()),
+            Err(_) => Err(self.head_timeout_error(within)),
         }
     }
 
@@ -172,8 +206,9 @@ impl HttpProvider {
     pub async fn accepted(
         &self,
         request: reqwest::RequestBuilder,
+        answer: HeadWait,
     ) -> Result<reqwest::Response, AdapterError> {
-        let response = self.send(request).await?;
+        let response = self.send(request, answer).await?;
         if response.status().is_success() {
             Ok(response)
         } else {
@@ -190,7 +225,9 @@ impl HttpProvider {
         path: &str,
         headers: impl Iterator<Item = (&str, &[u8])>,
         body: Bytes,
+        answer: HeadWait,
     ) -> Result<RawResponse, AdapterError> {
+        let within = self.head_timeout(answer);
         let method = http::Method::from_bytes(method.as_bytes()).unwrap_or(http::Method::POST);
         let Some(plain) = &self.plain else {
             let mut request = self.request(method, path);
@@ -203,7 +240,7 @@ impl HttpProvider {
                     request = request.header(name, value);
                 }
             }
-            let response = self.send(request.body(body)).await?;
+            let response = self.send(request.body(body), answer).await?;
             let (status, out_headers, sse) = head_of(response.status(), response.headers());
             let id = self.clone();
             let body = response
@@ -241,14 +278,13 @@ impl HttpProvider {
         let request = request.body(Full::new(body)).map_err(|e| {
             AdapterError::new(ErrorCode::BadRequest, format!("provider {}: {e}", self.id))
         })?;
-        let response = match tokio::time::timeout(self.head_timeout, plain.pool.send(request)).await
-        {
+        let response = match tokio::time::timeout(within, plain.pool.send(request)).await {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
                 let (code, what) = plain_failure(&err);
                 return Err(AdapterError::new(code, self.chain(&what, &err)));
             }
-            Err(_) => return Err(self.head_timeout_error()),
+            Err(_) => return Err(self.head_timeout_error(within)),
         };
         let (status, out_headers, sse) = head_of(response.status(), response.headers());
         let id = self.id.clone();
@@ -269,13 +305,13 @@ impl HttpProvider {
         })
     }
 
-    fn head_timeout_error(&self) -> AdapterError {
+    fn head_timeout_error(&self, within: Duration) -> AdapterError {
         AdapterError::new(
             ErrorCode::ProviderTimeout,
             format!(
                 "provider {} did not answer within {}s",
                 self.id,
-                self.head_timeout.as_secs()
+                within.as_secs()
             ),
         )
     }

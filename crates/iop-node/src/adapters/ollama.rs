@@ -13,6 +13,7 @@ use iop_proto::pb;
 use serde_json::{Value, json};
 
 use super::{Adapter, AdapterError, HttpProvider, RunInput};
+use crate::adapters::http::HeadWait;
 use crate::sink::RunSink;
 
 #[derive(Debug)]
@@ -47,7 +48,7 @@ impl OllamaAdapter {
                 )));
             }
         };
-        let response = self.provider.accepted(request).await?;
+        let response = self.provider.accepted(request, HeadWait::Whole).await?;
         response
             .json::<Value>()
             .await
@@ -63,7 +64,7 @@ impl Adapter for OllamaAdapter {
             .request(reqwest::Method::POST, "/api/chat")
             .json(&chat::request_body(&input)?);
         let request = self.provider.with_headers(request, &input.provider_headers);
-        let response = self.provider.accepted(request).await?;
+        let response = self.provider.accepted(request, HeadWait::Streamed).await?;
         sink.start(&input.target).await?;
         let mut answer = Answer {
             run_id: &input.run_id,

@@ -10,6 +10,7 @@ use iop_proto::ErrorCode;
 use serde_json::{Value, json};
 
 use super::{Adapter, AdapterError, HttpProvider, RunInput};
+use crate::adapters::http::HeadWait;
 use crate::sink::RunSink;
 use crate::usage::{UsageDialect, from_openai};
 
@@ -43,7 +44,7 @@ impl Adapter for OpenAiCompatAdapter {
             .header("accept", "text/event-stream")
             .json(&self.body(&input));
         let request = self.provider.with_headers(request, &input.provider_headers);
-        let response = self.provider.accepted(request).await?;
+        let response = self.provider.accepted(request, HeadWait::Streamed).await?;
         sink.start(&input.target).await?;
         let mut events = response.bytes_stream().eventsource();
         let mut usage = None;
