@@ -526,6 +526,32 @@ mod tests {
     }
 
     #[test]
+    fn a_throttled_registration_comes_back_when_the_edge_said() {
+        let throttled = |ms| {
+            refused(
+                "edge:7700",
+                &pb::RegisterResponse {
+                    reject_reason: pb::RegisterRejectReason::Throttled as i32,
+                    retry_after_ms: ms,
+                    ..Default::default()
+                },
+            )
+        };
+        assert!(matches!(
+            throttled(300),
+            SessionEnd::Retry { next: NextAttempt::After(d), .. } if d == Duration::from_millis(300)
+        ));
+        // An edge that names no time: the interval.
+        assert!(matches!(
+            throttled(0),
+            SessionEnd::Retry {
+                next: NextAttempt::Interval,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn a_throttled_registration_is_retried_and_refused_credentials_are_fatal() {
         use pb::RegisterRejectReason as R;
         assert!(matches!(refusal(R::Throttled), SessionEnd::Retry { .. }));

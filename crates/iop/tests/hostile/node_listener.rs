@@ -821,3 +821,69 @@ nodes:
     let warnings = log.lines().filter(|l| l.contains("WARN")).count();
     assert!(warnings < 20, "{warnings} warnings:\n{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_client_certificate_is_never_held_back_by_its_addresss_guesses() {
+    let dir = tempdir();
+    let ca = TestCa::new("operator CA");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (server_cert, server_key) = ca.server_cert(&["iop-edge", "127.0.0.1"]);
+    let chain = write("edge.pem", &format!("{server_cert}{}", ca.cert_pem));
+    let key = write("edge.key", &server_key);
+    let ca_file = write("ca.pem", &ca.cert_pem);
+    let config = format!(
+        r#"
+node_tls: {{mode: provided, cert: "{chain}", key: "{key}", client_ca: "{ca_file}"}}
+nodes:
+  - id: gpu
+    providers:
+      - {{id: mock, kind: mock}}
+"#
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    // Someone at the node's address guesses tokens until the address is throttled.
+    let mut throttled = false;
+    for i in 0..50 {
+        let answer = register_once("127.0.0.7", &edge.nodes, &format!("guess-{i:016}"))
+            .await
+            .unwrap();
+        if answer.reject_reason() == pb::RegisterRejectReason::Throttled {
+            throttled = true;
+            break;
+        }
+    }
+    assert!(throttled, "the guesses were never throttled");
+    // The node's certificate, verified by the handshake, gets in from that address at once.
+    let (cert, key) = ca.client_cert("gpu");
+    let tcp = connect_from("127.0.0.7", &edge.nodes).await.unwrap();
+    let tls = raw_tls_handshake_with_cert(tcp, &cert, &key).await.unwrap();
+    let (mut reader, outbound, writer) =
+        iop_proto::split_stream(tls, iop_proto::DEFAULT_MAX_FRAME_BYTES);
+    let writer = tokio::spawn(writer.run());
+    outbound
+        .send(pb::RegisterRequest {
+            node_version: "test".into(),
+            hostname: "gpu".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        use futures::StreamExt;
+        match reader.next().await {
+            Some(Ok(pb::Envelope {
+                message: Some(Message::RegisterResponse(r)),
+            })) => *r,
+            other => panic!("expected a register response, got {other:?}"),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(answer.accepted, "{}", answer.reason);
+    assert_eq!(answer.node_id, "gpu");
+    writer.abort();
+}
