@@ -100,6 +100,9 @@ async fn a_waiter_queued_across_a_reconnect_is_dispatched_exactly_once() {
         FAST_RECONNECT,
     );
     wait_ready(&edge, "n1").await;
+    // The node's side of the handshake done too, so the cut is a lost connection.
+    node.wait_line("dispatch-ready", Duration::from_secs(10))
+        .await;
 
     proxy.cut();
     wait_status(&edge, Duration::from_secs(10), "n1 disconnected", |s| {

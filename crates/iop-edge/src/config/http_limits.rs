@@ -14,7 +14,7 @@ pub const DEFAULT_IDLE_TIMEOUT_SEC: u64 = 60;
 pub const DEFAULT_WRITE_TIMEOUT_SEC: u64 = 60;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
-pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 1024;
 pub const DEFAULT_LARGE_BODY_BYTES: usize = 256 * 1024;
 pub const DEFAULT_LARGE_BODY_WORKERS: usize = 2;
 pub const DEFAULT_LARGE_BODIES_PER_KEY: usize = 8;
@@ -176,7 +176,7 @@ impl HttpLimitsConfig {
                 "must be between 1 and 1048576".into(),
             ));
         }
-        if let Err(e) = crate::http::client_addr::TrustedProxies::parse(&self.trusted_proxies) {
+        if let Err(e) = parse_proxies(&self.trusted_proxies) {
             return Err(FieldError::new("trusted_proxies".into(), e));
         }
         if self.max_response_bytes < 1024 {
@@ -195,4 +195,17 @@ impl HttpLimitsConfig {
             ..self.clone()
         } != *new
     }
+}
+
+/// `trusted_proxies` as address ranges: addresses and CIDR ranges (`10.0.0.0/8`,
+/// `192.0.2.7`, `2001:db8::/32`).
+pub fn parse_proxies(entries: &[String]) -> Result<Vec<ipnet::IpNet>, String> {
+    entries
+        .iter()
+        .map(|e| {
+            e.parse::<ipnet::IpNet>()
+                .or_else(|_| e.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| format!("{e:?} is not an IP address or CIDR range"))
+        })
+        .collect()
 }

@@ -33,15 +33,7 @@ pub struct TrustedProxies(Vec<IpNet>);
 impl TrustedProxies {
     /// Parses addresses and CIDR ranges (`10.0.0.0/8`, `192.0.2.7`, `2001:db8::/32`).
     pub fn parse(entries: &[String]) -> Result<Self, String> {
-        entries
-            .iter()
-            .map(|e| {
-                e.parse::<IpNet>()
-                    .or_else(|_| e.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| format!("{e:?} is not an IP address or CIDR range"))
-            })
-            .collect::<Result<_, _>>()
-            .map(Self)
+        crate::config::parse_proxies(entries).map(Self)
     }
 
     pub fn contains(&self, addr: IpAddr) -> bool {

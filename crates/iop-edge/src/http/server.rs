@@ -93,16 +93,24 @@ pub async fn serve_http(
             "limits.http.max_connections is more than the open-files limit allows: serving at most {cap} HTTP connections"
         );
     }
-    let slots = Arc::new(Semaphore::new(cap));
     let trusted = TrustedProxies::parse(&limits.trusted_proxies)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let per_address =
-        ConnectionsPerAddress::new(limits.max_connections_per_address, trusted.clone());
-    let mut refused_per_address = RateLimitedLog::default();
+    let mut gate = ConnectionGate {
+        slots: Arc::new(Semaphore::new(cap)),
+        cap,
+        per_address: ConnectionsPerAddress::new(
+            limits.max_connections_per_address,
+            trusted.clone(),
+        ),
+        max_per_address: limits.max_connections_per_address,
+        trusted,
+        tls: tls.is_some(),
+        refused: RateLimitedLog::default(),
+        refused_per_address: RateLimitedLog::default(),
+    };
     let app = App::new(edge.clone());
     let shutdown = edge.shutdown_token().clone();
     let mut connections = JoinSet::new();
-    let mut refused = RateLimitedLog::default();
     let mut accept_errors = RateLimitedLog::default();
     loop {
         let accepted = tokio::select! {
@@ -122,43 +130,12 @@ pub async fn serve_http(
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            // A TLS client could not read a plaintext 503: it is just closed.
-            if tls.is_none() {
-                refuse(&tcp);
-            }
+        let Some(source) = gate.admit(&tcp, peer) else {
             drop(tcp);
-            if let Some(n) = accepted_log(&mut refused) {
-                tracing::warn!(
-                    refused = n,
-                    open = cap,
-                    "HTTP connection cap reached (limits.http.max_connections): refusing new connections"
-                );
-            }
-            continue;
-        };
-        let Some(address_slot) = per_address.open(peer.ip()) else {
-            if tls.is_none() {
-                refuse_address(&tcp);
-            }
-            drop(tcp);
-            if let Some(n) = accepted_log(&mut refused_per_address) {
-                tracing::warn!(
-                    %peer,
-                    refused = n,
-                    max = limits.max_connections_per_address,
-                    "HTTP connections from one address over limits.http.max_connections_per_address: refusing its new connections"
-                );
-            }
             continue;
         };
         let _ = tcp.set_nodelay(true);
         let (app, limits, shutdown) = (app.clone(), limits.clone(), shutdown.clone());
-        let source = Source {
-            peer,
-            trusted: trusted.clone(),
-            _slots: (permit, address_slot),
-        };
         match tls.clone() {
             None => {
                 connections.spawn(serve_connection(tcp, source, app, limits, shutdown));
@@ -246,6 +223,58 @@ pub async fn serve_connection<S>(
                 return;
             }
         }
+    }
+}
+
+/// The caps a new connection passes: the whole table, then its address's share.
+struct ConnectionGate {
+    slots: Arc<Semaphore>,
+    cap: usize,
+    per_address: Arc<ConnectionsPerAddress>,
+    max_per_address: usize,
+    trusted: TrustedProxies,
+    /// Whether connections speak TLS (a TLS client could not read a plaintext 503).
+    tls: bool,
+    refused: RateLimitedLog,
+    refused_per_address: RateLimitedLog,
+}
+
+impl ConnectionGate {
+    /// The new connection's places under the caps, or `None` when it was refused (a 503
+    /// written to it, the refusal counted and now and then logged).
+    fn admit(&mut self, tcp: &TcpStream, peer: SocketAddr) -> Option<Source> {
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            if !self.tls {
+                refuse(tcp);
+            }
+            if let Some(n) = accepted_log(&mut self.refused) {
+                tracing::warn!(
+                    refused = n,
+                    open = self.cap,
+                    "HTTP connection cap reached (limits.http.max_connections): refusing new connections"
+                );
+            }
+            return None;
+        };
+        let Some(address_slot) = self.per_address.open(peer.ip()) else {
+            if !self.tls {
+                refuse_address(tcp);
+            }
+            if let Some(n) = accepted_log(&mut self.refused_per_address) {
+                tracing::warn!(
+                    %peer,
+                    refused = n,
+                    max = self.max_per_address,
+                    "HTTP connections from one address over limits.http.max_connections_per_address: refusing its new connections"
+                );
+            }
+            return None;
+        };
+        Some(Source {
+            peer,
+            trusted: self.trusted.clone(),
+            _slots: (permit, address_slot),
+        })
     }
 }
 

@@ -258,7 +258,7 @@ async fn an_oversized_request_head_is_refused() {
 async fn one_address_holding_thousands_of_connections_locks_no_one_else_out() {
     iop_edge::fdlimit::raise_open_files_limit().unwrap();
     let dir = tempdir();
-    // The default caps: 4096 connections, 256 from one address.
+    // The default caps: 4096 connections, 1024 from one address.
     let (edge, _node) = edge_with_node(dir.path(), &mock_config("{}", "")).await;
     let addr = edge.http.clone();
     // 4,500 half-open connections from one address, each waiting to send its request.
@@ -271,7 +271,7 @@ async fn one_address_holding_thousands_of_connections_locks_no_one_else_out() {
         held.push(stream);
     }
     // Over the address's cap, the edge answers 503 at once and closes.
-    for stream in held.iter_mut().skip(256) {
+    for stream in held.iter_mut().skip(1024) {
         let mut answer = String::new();
         tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer))
             .await
@@ -280,8 +280,8 @@ async fn one_address_holding_thousands_of_connections_locks_no_one_else_out() {
         assert!(answer.contains("max_connections_per_address"), "{answer}");
         refused += 1;
     }
-    assert_eq!(refused, 4500 - 256);
-    // Another address is served at once, while those 256 are still open.
+    assert_eq!(refused, 4500 - 1024);
+    // Another address is served at once, while those 1024 are still open.
     for _ in 0..10 {
         let response = client()
             .post(edge.url("/v1/chat/completions"))
