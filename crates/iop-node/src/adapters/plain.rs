@@ -14,7 +14,8 @@
 //! kept it alive; dropping a [`PlainBody`] early closes it, which is how the provider
 //! learns that the client went away. An idle connection the provider closed is noticed
 //! when it is taken out, and a request that such a connection refused before writing it
-//! is sent again on a new one.
+//! is sent again on a new one; so is one a reused connection took and then closed under
+//! without a byte of answer (the provider's idle timeout crossing the request), once.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -103,14 +104,22 @@ impl PlainPool {
         self: &Arc<Self>,
         mut request: http::Request<Full<Bytes>>,
     ) -> Result<http::Response<PlainBody>, PlainError> {
+        // Once a reused connection closed under a written request, the next try takes a
+        // fresh one, and is the last.
+        let mut fresh_only = false;
         loop {
-            let (reused, mut sender, conn) = match self.take_idle() {
+            let idle = if fresh_only { None } else { self.take_idle() };
+            let (reused, mut sender, conn) = match idle {
                 Some(idle) => (true, idle.sender, idle.conn),
                 None => {
                     let (sender, conn) = self.connect().await?;
                     (false, sender, conn)
                 }
             };
+            // A reused connection the provider closes as the request goes out (its idle
+            // timeout and our request crossing) fails with nothing read back: that request
+            // was never answered, so it is sent once more on a fresh connection.
+            let spare = reused.then(|| copy_of(&request));
             let mut conn = Some(conn);
             let response = {
                 // Unconstrained: the response callback is polled with a no-op waker, so it
@@ -130,12 +139,24 @@ impl PlainPool {
                     };
                     return Ok(http::Response::from_parts(head, body));
                 }
-                Ok(Err(mut refused)) => match refused.take_message() {
+                Ok(Err(mut refused)) => match (refused.take_message(), spare) {
                     // The connection closed before the request was written: a reused one
                     // the provider had let go of. Send it again on a fresh one.
-                    Some(unsent) if reused => request = unsent,
+                    (Some(unsent), _) if reused => request = unsent,
+                    (_, Some(spare)) if closed_unanswered(refused.error()) => {
+                        request = spare;
+                        fresh_only = true;
+                    }
                     _ => return Err(refused.into_error().into()),
                 },
+                Err(PlainError::Closed) if spare.is_some() => {
+                    request = spare.expect("checked");
+                    fresh_only = true;
+                }
+                Err(PlainError::Http(err)) if spare.is_some() && closed_unanswered(&err) => {
+                    request = spare.expect("checked");
+                    fresh_only = true;
+                }
                 Err(err) => return Err(err),
             }
         }
@@ -191,6 +212,21 @@ impl PlainPool {
             });
         }
     }
+}
+
+/// The connection closed before any byte of the response came back.
+fn closed_unanswered(err: &hyper::Error) -> bool {
+    err.is_incomplete_message() || err.is_canceled()
+}
+
+/// A copy of `request` to send again (its body is shared bytes).
+fn copy_of(request: &http::Request<Full<Bytes>>) -> http::Request<Full<Bytes>> {
+    let mut copy = http::Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    copy
 }
 
 /// Polls what the connection feeds (`fed`, with a no-op waker) and the connection itself
@@ -297,6 +333,9 @@ mod tests {
         Silently,
         /// Says `connection: close` in the first response and closes after it.
         Announced,
+        /// Keeps a connection after its first response, and closes it, unanswered, when
+        /// a second request arrives on it (its idle timeout crossing that request).
+        UnderTheNextRequest,
     }
 
     /// A provider that answers every request on a connection with a chunked event stream,
@@ -312,6 +351,7 @@ mod tests {
                 count.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
+                    let mut served = 0;
                     loop {
                         let mut chunk = [0u8; 4096];
                         let n = match socket.read(&mut chunk).await {
@@ -325,6 +365,10 @@ mod tests {
                                 break;
                             }
                             buf.drain(..end + 4 + 2);
+                            served += 1;
+                            if served == 2 && matches!(closing, Closing::UnderTheNextRequest) {
+                                return;
+                            }
                             let close = match closing {
                                 Closing::Announced => "connection: close\r\n",
                                 _ => "",
@@ -337,7 +381,7 @@ mod tests {
                             }
                             response.push_str("0\r\n\r\n");
                             socket.write_all(response.as_bytes()).await.unwrap();
-                            if !matches!(closing, Closing::Never) {
+                            if matches!(closing, Closing::Silently | Closing::Announced) {
                                 return;
                             }
                         }
@@ -392,6 +436,19 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_request_a_reused_connection_closed_under_unanswered_is_sent_once_more() {
+        let (addr, accepted) = provider(Closing::UnderTheNextRequest).await;
+        let pool = PlainPool::new(addr.clone());
+        for _ in 0..4 {
+            assert_eq!(body_of(&pool, &addr).await, BODY);
+        }
+        // Every request after the first goes out on the connection the last one left,
+        // which the provider closes under it; it is sent again on a fresh connection and
+        // answered there: four answers, four connections.
+        assert_eq!(accepted.load(Ordering::SeqCst), 4);
     }
 
     #[tokio::test]
