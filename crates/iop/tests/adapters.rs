@@ -160,7 +160,7 @@ async fn ollama_format_images_and_refusals() {
 }
 
 #[tokio::test]
-async fn the_mock_adapter_honours_stop_and_refuses_what_it_cannot_do() {
+async fn the_mock_adapter_honours_stop_calls_tools_and_refuses_what_it_cannot_do() {
     let s = setup().await;
     let (status, body) = chat(
         &s,
@@ -173,8 +173,24 @@ async fn the_mock_adapter_honours_stop_and_refuses_what_it_cannot_do() {
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     // The tokens generated, the one that completed the stop sequence included.
     assert_eq!(v["usage"]["completion_tokens"], 3);
+    // Offered tools, it calls the first; after the tool's result it answers in text.
+    let mut body =
+        json!({"model": "mock", "tools": tools(), "messages": [{"role": "user", "content": "x"}]});
+    let (status, text) = chat(&s, body.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{text}");
+    let call = v["choices"][0]["message"]["tool_calls"][0].clone();
+    assert_eq!(call["type"], "function", "{text}");
+    body["messages"].as_array_mut().unwrap().extend([
+        json!({"role": "assistant", "content": null, "tool_calls": [call.clone()]}),
+        json!({"role": "tool", "tool_call_id": call["id"], "content": "done"}),
+    ]);
+    let (status, text) = chat(&s, body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{text}");
     for (extra, param) in [
-        (json!({"tools": tools()}), "`tools`"),
         (
             json!({"response_format": {"type": "json_object"}}),
             "`response_format`",

@@ -457,8 +457,12 @@ async fn what_cannot_be_honoured_is_refused_in_each_apis_error_shape() {
             "previous_response_id",
         ),
         (
-            json!({"model": "mock", "input": "x", "tools": [{"type": "web_search"}]}),
+            json!({"model": "mock", "input": "x", "tools": [{"type": "crystal_ball"}]}),
             "tools[0].type",
+        ),
+        (
+            json!({"model": "mock", "input": "x", "tool_choice": {"type": "web_search"}}),
+            "tool_choice",
         ),
         (
             json!({"model": "ollama", "input": "x", "background": true}),

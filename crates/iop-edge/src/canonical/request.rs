@@ -166,6 +166,17 @@ pub struct LaneInputs {
 /// The canonical fields that hold a prompt.
 const PROMPT_FIELDS: &[&str] = &["messages", "prompt", "input", "tools"];
 
+/// The input tokens the edge estimates for a canonical request (its prompt fields' JSON,
+/// four bytes a token), as admission reserves them.
+pub fn estimate_input_tokens(canonical: &ClientRequest) -> u64 {
+    let bytes: usize = PROMPT_FIELDS
+        .iter()
+        .filter_map(|f| canonical.raw(f))
+        .map(|raw| raw.get().len())
+        .sum();
+    (bytes as u64).div_ceil(4)
+}
+
 impl ModelRequest<'_> {
     /// What the lane estimate reads: characters of the prompt's text (this walks every
     /// message, so it is asked only for groups with a long-context threshold).
@@ -188,15 +199,10 @@ impl ModelRequest<'_> {
     /// its JSON (messages, prompt or input, and tools). An estimate, marked as one
     /// wherever it is used; it never replaces what a provider reports.
     pub fn input_estimate(&self) -> u64 {
-        let bytes = match self.canonical {
-            Ok(canonical) => PROMPT_FIELDS
-                .iter()
-                .filter_map(|f| canonical.raw(f))
-                .map(|raw| raw.get().len())
-                .sum(),
-            Err(_) => self.native.request.raw_len(),
-        };
-        (bytes as u64).div_ceil(4)
+        match self.canonical {
+            Ok(canonical) => estimate_input_tokens(canonical),
+            Err(_) => (self.native.request.raw_len() as u64).div_ceil(4),
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Reading a request's body: its `Content-Type` must be JSON (a body without one is read
-//! as JSON), and a body that could not be read is a 413 (over `limits.max_body_bytes`),
-//! a 408 (too slow) or a 400.
+//! as JSON; on Ollama's API any is, as Ollama's own server does), and a body that could
+//! not be read is a 413 (over `limits.max_body_bytes`), a 408 (too slow) or a 400.
 
 use std::sync::Arc;
 
@@ -85,15 +85,42 @@ fn find_cause<'a, E: std::error::Error + 'static>(
 #[derive(Debug)]
 pub struct JsonBody(pub Bytes);
 
-impl FromRequest<Arc<Edge>> for JsonBody {
-    type Rejection = ApiError;
-
-    async fn from_request(request: Request, edge: &Arc<Edge>) -> Result<Self, ApiError> {
-        require_json(request.headers())?;
+impl JsonBody {
+    /// Reads `request`'s body within the limits; with `any_content_type` (Ollama's API,
+    /// whose own server reads a JSON body whatever its `Content-Type` says, as `curl -d`
+    /// sends it) without looking at the `Content-Type`.
+    pub async fn read(
+        request: Request,
+        edge: &Arc<Edge>,
+        any_content_type: bool,
+    ) -> Result<Self, ApiError> {
+        if !any_content_type {
+            require_json(request.headers())?;
+        }
         let bytes = Bytes::from_request(request, edge)
             .await
             .map_err(|r| body_error(r, edge))?;
         Ok(JsonBody(bytes))
+    }
+}
+
+impl FromRequest<Arc<Edge>> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, edge: &Arc<Edge>) -> Result<Self, ApiError> {
+        Self::read(request, edge, false).await
+    }
+}
+
+/// The body of a request to Ollama's API: JSON whatever its `Content-Type`.
+#[derive(Debug)]
+pub struct OllamaBody(pub Bytes);
+
+impl FromRequest<Arc<Edge>> for OllamaBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, edge: &Arc<Edge>) -> Result<Self, ApiError> {
+        Ok(OllamaBody(JsonBody::read(request, edge, true).await?.0))
     }
 }
 

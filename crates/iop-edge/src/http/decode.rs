@@ -23,7 +23,7 @@ use std::mem;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::Request;
 use axum::http::{HeaderMap, header};
 use futures::StreamExt;
 use iop_proto::ErrorCode;
@@ -160,7 +160,8 @@ impl LargeBodies {
             _ => None,
         };
         let headers = request.headers().clone();
-        let body = JsonBody::from_request(request, edge).await?.0;
+        let any_content_type = matches!(surface, Surface::Ollama(_));
+        let body = JsonBody::read(request, edge, any_content_type).await?.0;
         self.decode(turn, key, surface, body, &headers).await
     }
 

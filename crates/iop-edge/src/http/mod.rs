@@ -22,6 +22,7 @@ pub mod auth;
 pub mod body;
 pub mod client_addr;
 pub mod cors;
+pub mod count_tokens;
 pub mod deadlines;
 pub mod decode;
 pub mod error;
@@ -54,6 +55,7 @@ pub use server::serve_http;
 pub fn router(edge: Arc<Edge>) -> Router {
     let admin = admin::admin_routes().route_layer(middleware::from_fn(auth::require_admin));
     let authenticated = model::routes(&edge)
+        .merge(count_tokens::routes())
         .merge(models::routes())
         .merge(ollama::routes())
         .merge(runs::routes())
@@ -148,6 +150,9 @@ auth:
         assert_eq!(status_of(KEYS, "GET", "/metrics", admin).await, 200);
         assert_eq!(status_of(KEYS, "GET", "/v1/models", alice).await, 200);
         assert_eq!(status_of(KEYS, "GET", "/healthz", None).await, 200);
+        // Clients check the endpoint with `HEAD /` before their first request.
+        assert_eq!(status_of(KEYS, "HEAD", "/", None).await, 200);
+        assert_eq!(status_of(KEYS, "GET", "/", None).await, 200);
         // The status page holds no data: it is open, its data is not.
         assert_eq!(status_of(KEYS, "GET", "/ui", None).await, 200);
         assert_eq!(

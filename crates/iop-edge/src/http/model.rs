@@ -146,9 +146,13 @@ async fn handle(
     };
     let served = edge.serve_model(&request, &ctx).await?;
     let attempts = served.attempts;
+    // What a translation left out is said on translated answers (a member that serves the
+    // client's API itself got the request whole).
+    let mut notes = None;
     let response = match served.answer {
         Answer::Native { head, stream } => passthrough::respond_head(head, stream, surface),
         Answer::Events(source) => {
+            notes = surface.notes(decoded);
             let meta = AnswerMeta {
                 id: source.id().to_string(),
                 model: group.clone(),
@@ -161,8 +165,11 @@ async fn handle(
             answer::respond(source, renderer, decoded.stream, limit).await
         }
     };
-    Ok(with_attempts(
-        response.map_err(|e| e.with_attempts(attempts))?,
-        attempts,
-    ))
+    let mut response = with_attempts(response.map_err(|e| e.with_attempts(attempts))?, attempts);
+    if let Some((name, value)) = notes
+        && let Ok(value) = axum::http::HeaderValue::from_str(&value)
+    {
+        response.headers_mut().insert(name, value);
+    }
+    Ok(response)
 }

@@ -16,7 +16,7 @@ use axum::routing::{any, delete, get, post};
 use iop_proto::ErrorCode;
 use serde_json::{Value, json};
 
-use super::body::JsonBody;
+use super::body::OllamaBody;
 use super::error;
 use crate::auth::Caller;
 use crate::canonical::ApiError;
@@ -80,10 +80,10 @@ async fn not_supported(uri: Uri) -> Response {
 async fn show(
     State(edge): State<Arc<Edge>>,
     Extension(caller): Extension<Caller>,
-    body: Result<JsonBody, ApiError>,
+    body: Result<OllamaBody, ApiError>,
 ) -> Response {
     let result = async {
-        let JsonBody(body) = body?;
+        let OllamaBody(body) = body?;
         let request: request::ShowRequest = request::parse(&body)?;
         let name = request.model().ok_or_else(|| {
             ApiError::bad_request("missing_model", "you must provide a `model`").with_param("model")

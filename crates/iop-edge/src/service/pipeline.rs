@@ -80,6 +80,28 @@ impl Edge {
     /// a name no group has) goes on the request's record, and what the limits hold (a
     /// concurrency place, a token reservation) is held by the record until the request
     /// ends. Returns the model group's name (empty for a run).
+    /// The model group `name` resolves to, if `caller` may use it; else the 404 that names
+    /// `models_endpoint`, where the client lists the models it may use.
+    pub(crate) fn model_group_for(
+        &self,
+        caller: &Caller,
+        name: &str,
+        models_endpoint: &str,
+    ) -> Result<String, ApiError> {
+        let config = self.config();
+        config
+            .resolve_group(name)
+            .filter(|g| caller.may_use_model(&g.name))
+            .map(|g| g.name.clone())
+            .ok_or_else(|| {
+                ApiError::model_not_found(format!(
+                    "the model `{name}` does not exist or you do not have access to it; \
+                     {models_endpoint} lists the models you can use"
+                ))
+                .with_param("model")
+            })
+    }
+
     pub(crate) fn admit(
         &self,
         caller: &Caller,
@@ -91,22 +113,16 @@ impl Edge {
             AdmitTarget::Model {
                 name,
                 models_endpoint,
-            } => {
-                let config = self.config();
-                let Some(group) = config
-                    .resolve_group(name)
-                    .filter(|g| caller.may_use_model(&g.name))
-                else {
+            } => match self.model_group_for(caller, name, models_endpoint) {
+                Ok(group) => {
+                    recorder.set_group(&group);
+                    group
+                }
+                Err(e) => {
                     recorder.set_group(&unknown_model_label(name));
-                    return Err(ApiError::model_not_found(format!(
-                        "the model `{name}` does not exist or you do not have access to it; \
-                         {models_endpoint} lists the models you can use"
-                    ))
-                    .with_param("model"));
-                };
-                recorder.set_group(&group.name);
-                group.name.clone()
-            }
+                    return Err(e);
+                }
+            },
             AdmitTarget::Run {
                 node,
                 adapter,

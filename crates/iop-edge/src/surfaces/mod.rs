@@ -120,6 +120,18 @@ impl Surface {
         }
     }
 
+    /// Headers every answer to `decoded` carries: for the Responses API, the built-in
+    /// tools its translation left out (`x-iop-dropped-tools`).
+    pub fn notes(self, decoded: &Decoded) -> Option<(&'static str, String)> {
+        match self {
+            Surface::Responses => {
+                let dropped = responses::request::dropped_tools(&decoded.native.request);
+                (!dropped.is_empty()).then(|| ("x-iop-dropped-tools", dropped.join(",")))
+            }
+            _ => None,
+        }
+    }
+
     /// The renderer of an answer to `decoded`.
     pub fn renderer(self, decoded: &Decoded, meta: AnswerMeta) -> Renderer {
         let streaming = decoded.stream;

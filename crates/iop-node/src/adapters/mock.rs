@@ -12,14 +12,21 @@
 //! A configured `text` without words answers with the default text.
 //!
 //! It honours `max_tokens` and `stop` (the answer ends before the first stop sequence,
-//! finish reason `stop`), and refuses with `bad_request` what it cannot do: `tools`, a
+//! finish reason `stop`), and refuses with `bad_request` what it cannot do: a
 //! `response_format` other than `text`, and `n` above 1.
+//!
+//! Offered `tools`, it calls one, deterministically, so an agent can run a whole turn
+//! against it: unless the conversation ends with a tool result, it calls the first tool
+//! with arguments that fit its schema (each required property: a string `"mock"`, a number
+//! `1`, `true`, `[]`, an object built the same way, or an enum's first value), finish reason
+//! `tool_calls`; after a tool result it answers with its text.
 
 use iop_proto::ErrorCode;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use iop_proto::pb;
+use serde_json::{Value, json};
 
 use super::{Adapter, AdapterError, RunInput};
 use crate::sink::RunSink;
@@ -49,10 +56,6 @@ fn refuse_unsupported(options: &pb::GenerationOptions) -> Result<(), AdapterErro
             "`n` is {n}, but the mock adapter answers with one choice: send n = 1 (or leave it out)"
         ));
     }
-    let tools: Option<Vec<serde_json::Value>> = serde_json::from_str(&options.tools_json).ok();
-    if !options.tools_json.is_empty() && tools.is_none_or(|t| !t.is_empty()) {
-        return refuse("`tools`: the mock adapter cannot call tools; leave `tools` out".into());
-    }
     if !options.response_format_json.is_empty() {
         let format: serde_json::Value =
             serde_json::from_str(&options.response_format_json).unwrap_or_default();
@@ -64,6 +67,73 @@ fn refuse_unsupported(options: &pb::GenerationOptions) -> Result<(), AdapterErro
         }
     }
     Ok(())
+}
+
+/// The tool call the mock makes for `input`: the first offered tool, unless the
+/// conversation ends with a tool result (then it answers in text).
+fn tool_call(input: &RunInput) -> Option<pb::ToolCall> {
+    let tools: Vec<Value> = serde_json::from_str(&input.options.tools_json).ok()?;
+    let function = tools.first()?.get("function")?;
+    if input
+        .chat_messages()
+        .last()
+        .is_some_and(|m| m.role == "tool")
+    {
+        return None;
+    }
+    let name = function.get("name")?.as_str()?.to_string();
+    let arguments = function
+        .get("parameters")
+        .map_or_else(|| json!({}), fitting_value);
+    let id: String = input
+        .run_id
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(12)
+        .collect();
+    Some(pb::ToolCall {
+        id: format!("call_{id}"),
+        name,
+        arguments: arguments.to_string(),
+    })
+}
+
+/// A value that fits the JSON schema `schema` (its required properties only).
+fn fitting_value(schema: &Value) -> Value {
+    if let Some(first) = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|e| e.first())
+    {
+        return first.clone();
+    }
+    let kind = match schema.get("type") {
+        Some(Value::Array(kinds)) => kinds
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|k| *k != "null")
+            .unwrap_or("null"),
+        Some(Value::String(kind)) => kind.as_str(),
+        _ if schema.get("properties").is_some() => "object",
+        _ => "string",
+    };
+    match kind {
+        "object" => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let required = schema.get("required").and_then(Value::as_array);
+            let mut object = serde_json::Map::new();
+            for name in required.into_iter().flatten().filter_map(Value::as_str) {
+                let property = properties.and_then(|p| p.get(name)).unwrap_or(&Value::Null);
+                object.insert(name.to_string(), fitting_value(property));
+            }
+            Value::Object(object)
+        }
+        "integer" | "number" => json!(1),
+        "boolean" => json!(true),
+        "array" => json!([]),
+        "null" => Value::Null,
+        _ => json!("mock"),
+    }
 }
 
 /// Ends an answer generated token by token before the first stop sequence, holding back
@@ -156,6 +226,18 @@ impl Adapter for MockAdapter {
                 sink.reasoning(&format!("thinking-{i} ")).await?;
             }
         }
+        if let Some(call) = tool_call(&input) {
+            let output_tokens = call.arguments.len().div_ceil(4) as u64;
+            sink.tool_calls(vec![call]).await?;
+            let usage = pb::Usage {
+                input_tokens: prompt_words(&input),
+                output_tokens,
+                reasoning_tokens: None,
+                cached_input_tokens: None,
+            };
+            sink.complete(Some(usage), "tool_calls").await?;
+            return Ok(());
+        }
         let mut stop = StopScanner::new(&input.options.stop);
         let mut generated = 0u64;
         for i in 0..tokens {
@@ -186,13 +268,8 @@ impl Adapter for MockAdapter {
         if input.target.contains("mock-no-terminal") {
             return Ok(());
         }
-        let prompt_words = input
-            .chat_messages()
-            .iter()
-            .map(|m| m.content.split_whitespace().count() as u64)
-            .sum();
         let usage = pb::Usage {
-            input_tokens: prompt_words,
+            input_tokens: prompt_words(&input),
             output_tokens: generated
                 + if self.spec.reasoning {
                     REASONING_DELTAS
@@ -207,9 +284,42 @@ impl Adapter for MockAdapter {
     }
 }
 
+/// The prompt's words, the mock's count of input tokens.
+fn prompt_words(input: &RunInput) -> u64 {
+    input
+        .chat_messages()
+        .iter()
+        .map(|m| m.content.split_whitespace().count() as u64)
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn arguments_fit_the_tools_schema() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "command": {"type": "array", "items": {"type": "string"}},
+                "path": {"type": "string"},
+                "mode": {"enum": ["fast", "slow"]},
+                "depth": {"type": "integer"},
+                "opts": {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]},
+                "optional": {"type": "string"}
+            },
+            "required": ["command", "path", "mode", "depth", "opts"]
+        });
+        assert_eq!(
+            fitting_value(&schema),
+            json!({"command": [], "path": "mock", "mode": "fast", "depth": 1, "opts": {"x": true}})
+        );
+        assert_eq!(
+            fitting_value(&json!({"type": ["null", "number"]})),
+            json!(1)
+        );
+    }
 
     /// What a scanner sends for `tokens`, one string per token, and whether it stopped.
     fn scan(tokens: &[&str], stops: &[&str]) -> (Vec<String>, bool) {
@@ -270,13 +380,6 @@ mod tests {
         );
         assert!(
             refused(pb::GenerationOptions {
-                tools_json: r#"[{"type":"function","function":{"name":"f"}}]"#.into(),
-                ..Default::default()
-            })
-            .contains("`tools`")
-        );
-        assert!(
-            refused(pb::GenerationOptions {
                 response_format_json: r#"{"type":"json_object"}"#.into(),
                 ..Default::default()
             })
@@ -286,7 +389,7 @@ mod tests {
             pb::GenerationOptions::default(),
             pb::GenerationOptions {
                 n: Some(1),
-                tools_json: "[]".into(),
+                tools_json: r#"[{"type":"function","function":{"name":"f"}}]"#.into(),
                 response_format_json: r#"{"type":"text"}"#.into(),
                 ..Default::default()
             },

@@ -41,6 +41,7 @@ pub fn admin_routes() -> Router<Arc<Edge>> {
 /// Routes that are always open (the probes, the status page).
 pub fn open_routes() -> Router<Arc<Edge>> {
     Router::new()
+        .route("/", get(root))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(ui::routes())
@@ -75,6 +76,12 @@ async fn status(State(edge): State<Arc<Edge>>) -> Response {
         })
         .collect();
     axum::Json(body).into_response()
+}
+
+/// `GET /` (and `HEAD /`, which clients such as Claude Code use to check the endpoint):
+/// 200, like an Ollama server's "Ollama is running".
+async fn root() -> &'static str {
+    "iop edge is running"
 }
 
 async fn healthz() -> Response {

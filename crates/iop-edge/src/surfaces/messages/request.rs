@@ -5,10 +5,13 @@
 //! `output_config.format` and `metadata.user_id` become their chat counterparts.
 //!
 //! Refused with a 400 naming the field: server tools (web search, code execution, …),
-//! documents, search results, MCP servers, containers, context management and anything
-//! the API does not define. `thinking` is accepted (a model that reasons streams its
-//! reasoning as thinking blocks) and so are cache-control hints; earlier thinking blocks
-//! in the conversation are dropped (a chat request has no place for them).
+//! documents, search results, MCP servers, containers and anything the API does not
+//! define. `thinking` is accepted (a model that reasons streams its reasoning as thinking
+//! blocks) and so are cache-control hints and `context_management` (its edits only clear
+//! old tool results once a context grows past a threshold; iop sends the whole
+//! conversation); earlier thinking blocks in the conversation are dropped (a chat request
+//! has no place for them). A `system` message inside `messages` (Claude Code sends them)
+//! becomes a system turn in its place.
 
 use serde_json::{Map, Value, json};
 
@@ -116,7 +119,6 @@ pub fn to_chat(request: &ClientRequest) -> Result<Map<String, Value>, ApiError> 
     for (key, what) in [
         ("container", "containers (server-side code execution)"),
         ("mcp_servers", "MCP servers"),
-        ("context_management", "context management"),
     ] {
         if present(&body, key).is_some() {
             return Err(unsupported(
@@ -164,20 +166,28 @@ pub fn to_chat(request: &ClientRequest) -> Result<Map<String, Value>, ApiError> 
 fn system(body: &Map<String, Value>) -> Result<Option<String>, ApiError> {
     match present(body, "system") {
         None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
+        some => system_text(some, "system").map(Some),
+    }
+}
+
+/// System text at `at`: a string, or text blocks joined by lines (their `cache_control`
+/// hints ignored).
+fn system_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
+    match content {
+        Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(blocks)) => {
             let mut text = Vec::new();
             for (i, block) in blocks.iter().enumerate() {
-                let at = format!("system[{i}]");
+                let at = format!("{at}[{i}]");
                 let block = object(block, &at)?;
                 if string(block, "type", &at)? != "text" {
                     return Err(invalid(&join(&at, "type"), "`text`"));
                 }
                 text.push(string(block, "text", &at)?);
             }
-            Ok(Some(text.join("\n")))
+            Ok(text.join("\n"))
         }
-        Some(_) => Err(invalid("system", "a string or an array of text blocks")),
+        _ => Err(invalid(at, "a string or an array of text blocks")),
     }
 }
 
@@ -284,12 +294,16 @@ fn message(message: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), A
     only_known(message, &["role", "content"], at)?;
     let role = match string(message, "role", at)? {
         r @ ("user" | "assistant") => r,
+        // Mid-conversation instructions (Claude Code sends them): a system turn in place.
+        "system" => {
+            let text = system_text(message.get("content"), &join(at, "content"))?;
+            messages.push(json!({"role": "system", "content": text}));
+            return Ok(());
+        }
         other => {
             return Err(invalid(
                 &join(at, "role"),
-                &format!(
-                    "`user` or `assistant` (not {other:?}; the system prompt goes in `system`)"
-                ),
+                &format!("`user`, `assistant` or `system` (not {other:?})"),
             ));
         }
     };
@@ -592,6 +606,48 @@ mod tests {
     }
 
     #[test]
+    fn what_claude_code_sends_is_accepted() {
+        // Its first request, as captured: context management, thinking with an effort,
+        // cache hints everywhere, metadata, and system turns inside the conversation.
+        let c = chat(json!({
+            "model": "g",
+            "max_tokens": 32000,
+            "stream": true,
+            "system": [
+                {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "Be concise."}
+            ],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+                {"role": "system", "content": "The user changed directory."},
+                {"role": "user", "content": "list files"}
+            ],
+            "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}],
+            "metadata": {"user_id": "user_abc_session_1"},
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}
+        }))
+        .unwrap();
+        let roles: Vec<&str> = c["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "user", "system", "user"]);
+        assert_eq!(
+            c["messages"][0]["content"],
+            "You are Claude Code.\nBe concise."
+        );
+        assert_eq!(c["messages"][2]["content"], "The user changed directory.");
+        assert_eq!(c["user"], "user_abc_session_1");
+        assert_eq!(c["reasoning_effort"], "high");
+        assert!(c.get("context_management").is_none());
+        assert_eq!(c["tools"][0]["function"]["name"], "Bash");
+    }
+
+    #[test]
     fn what_cannot_be_honoured_is_a_400_naming_the_field() {
         let base = |extra: Value| {
             let mut b = json!({"model": "g", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]});
@@ -620,8 +676,12 @@ mod tests {
             (base(json!({"top_k": -1})), "top_k"),
             (base(json!({"system": 5})), "system"),
             (
-                base(json!({"messages": [{"role": "system", "content": "x"}]})),
+                base(json!({"messages": [{"role": "tool", "content": "x"}]})),
                 "messages[0].role",
+            ),
+            (
+                base(json!({"messages": [{"role": "system", "content": 5}]})),
+                "messages[0].content",
             ),
             (
                 base(

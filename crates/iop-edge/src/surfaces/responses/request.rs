@@ -6,10 +6,12 @@
 //!
 //! What iop cannot honour is refused with a 400 naming the field: `previous_response_id`
 //! and `conversation` (iop keeps no response store: send the whole conversation),
-//! `background`, built-in tools (web search, file search, …), file inputs, `prompt`
-//! templates and anything the API does not define. Fields that only ask for something to
-//! be kept or reported (`store`, `include`, `metadata`, `service_tier`, prompt-cache
-//! hints) are accepted; nothing is stored. Reasoning items from earlier turns are dropped
+//! `background`, file inputs, `prompt` templates, a `tool_choice` that requires a built-in
+//! tool, and anything the API does not define. Built-in tools (web search, file search, …)
+//! offered in `tools` are left out and named in the response's `x-iop-dropped-tools`: the
+//! model answers without them. Fields that only ask for something to be kept or reported
+//! (`store`, `include`, `metadata`, `client_metadata`, `service_tier`, prompt-cache hints)
+//! are accepted; nothing is stored. Reasoning items from earlier turns are dropped
 //! (a chat request has no place for them).
 
 use serde_json::{Map, Value, json};
@@ -45,6 +47,7 @@ const KNOWN: &[&str] = &[
     "service_tier",
     "prompt_cache_key",
     "prompt_cache_retention",
+    "client_metadata",
     "safety_identifier",
     "truncation",
     "top_logprobs",
@@ -137,7 +140,7 @@ pub fn to_chat(request: &ClientRequest) -> Result<Map<String, Value>, ApiError> 
     if let Some(user) = opt_string(&body, "user", "")? {
         chat.insert("user".into(), user.into());
     }
-    translated::tools(&body, &mut chat, tool)?;
+    tools(&body, &mut chat)?;
     if let Some(choice) = present(&body, "tool_choice") {
         chat.insert("tool_choice".into(), tool_choice(choice)?);
     }
@@ -207,11 +210,17 @@ fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), ApiError> {
             "`max_tool_calls` is not supported: it limits built-in tools, which iop does not run",
         ));
     }
-    for key in ["store", "metadata", "include", "stream_options"] {
+    for key in [
+        "store",
+        "metadata",
+        "include",
+        "stream_options",
+        "client_metadata",
+    ] {
         match (key, present(body, key)) {
             (_, None) => {}
             ("store", Some(v)) if !v.is_boolean() => return Err(invalid(key, "a boolean")),
-            ("metadata" | "stream_options", Some(v)) if !v.is_object() => {
+            ("metadata" | "stream_options" | "client_metadata", Some(v)) if !v.is_object() => {
                 return Err(invalid(key, "an object"));
             }
             ("include", Some(v)) if !v.is_array() => return Err(invalid(key, "an array")),
@@ -408,7 +417,58 @@ fn message_content(content: Option<&Value>, at: &str, role: &str) -> Result<Valu
     Ok(Value::Array(out))
 }
 
-/// A Responses function tool as a chat tool; built-in tools are refused.
+/// Built-in tools the backend runs for OpenAI (iop's backends run none): a request that
+/// offers them is served without them, and the response says which were dropped
+/// (`x-iop-dropped-tools`). One that *requires* one (`tool_choice`) is still refused.
+const HOSTED_TOOLS: &[&str] = &[
+    "web_search",
+    "web_search_preview",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "local_shell",
+    "mcp",
+];
+
+/// The built-in tools `request` offers, which its translation leaves out.
+pub fn dropped_tools(request: &ClientRequest) -> Vec<String> {
+    let Ok(Some(tools)) = request.typed::<Vec<Value>>("tools") else {
+        return Vec::new();
+    };
+    tools
+        .iter()
+        .filter_map(|t| t.get("type")?.as_str())
+        .filter(|t| HOSTED_TOOLS.contains(t))
+        .map(String::from)
+        .collect()
+}
+
+/// The chat tools for the request's `tools`: function tools as they are, built-in tools
+/// left out.
+fn tools(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let Some(tools) = crate::canonical::fields::opt_array(body, "tools", "")? else {
+        return Ok(());
+    };
+    let mut out = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let hosted = t
+            .get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|kind| HOSTED_TOOLS.contains(&kind));
+        if !hosted {
+            out.push(tool(t, &at)?);
+        }
+    }
+    if !out.is_empty() {
+        chat.insert("tools".into(), Value::Array(out));
+    }
+    Ok(())
+}
+
+/// A Responses function tool as a chat tool; other kinds are refused.
 fn tool(tool: &Value, at: &str) -> Result<Value, ApiError> {
     let t = object(tool, at)?;
     match string(t, "type", at)? {
@@ -434,8 +494,8 @@ fn tool(tool: &Value, at: &str) -> Result<Value, ApiError> {
         other => Err(unsupported(
             &join(at, "type"),
             format!(
-                "the built-in tool `{other}` is not available through iop: only function tools \
-                 (the client runs them) are"
+                "the tool type `{other}` is not available through iop: only function tools \
+                 (the client runs them) are, and built-in tools are left out"
             ),
         )),
     }
@@ -597,6 +657,40 @@ mod tests {
     }
 
     #[test]
+    fn what_codex_sends_is_accepted_and_built_in_tools_are_left_out() {
+        let body = json!({
+            "model": "g",
+            "instructions": "You are Codex.",
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+            "tools": [
+                {"type": "function", "name": "shell", "parameters": {"type": "object"}, "strict": false},
+                {"type": "web_search"},
+                {"type": "file_search", "vector_store_ids": ["v"]}
+            ],
+            "tool_choice": "auto",
+            "parallel_tool_calls": false,
+            "reasoning": {"effort": "medium", "summary": "auto"},
+            "store": false,
+            "stream": true,
+            "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "session-1",
+            "client_metadata": {"originator": "codex_exec"}
+        });
+        let c = chat(body.clone()).unwrap();
+        let names: Vec<&str> = c["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["shell"]);
+        assert!(c.get("client_metadata").is_none());
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let request = ClientRequest::parse(&bytes).unwrap();
+        assert_eq!(dropped_tools(&request), ["web_search", "file_search"]);
+    }
+
+    #[test]
     fn what_cannot_be_honoured_is_a_400_naming_the_field() {
         for (body, param) in [
             (
@@ -611,12 +705,16 @@ mod tests {
             (json!({"input": "x", "prompt": {"id": "p"}}), "prompt"),
             (json!({"input": "x", "truncation": "auto"}), "truncation"),
             (
-                json!({"input": "x", "tools": [{"type": "web_search"}]}),
+                json!({"input": "x", "tools": [{"type": "crystal_ball"}]}),
                 "tools[0].type",
             ),
             (
                 json!({"input": "x", "tool_choice": {"type": "web_search"}}),
                 "tool_choice",
+            ),
+            (
+                json!({"input": "x", "client_metadata": "codex"}),
+                "client_metadata",
             ),
             (json!({"input": "x", "frobnicate": 1}), "frobnicate"),
             (

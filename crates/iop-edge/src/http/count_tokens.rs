@@ -1,0 +1,56 @@
+//! `POST /v1/messages/count_tokens`: Anthropic's token counter, which its SDKs and Claude
+//! Code call before they send a conversation. The request is a Messages request without
+//! `max_tokens`; the answer is `{"input_tokens": N}`.
+//!
+//! The count is the edge's own estimate of the translated prompt (the JSON of its messages
+//! and tools, four bytes a token: what admission reserves for the request), and the
+//! response says so in `x-iop-token-count: estimated`. Errors are in Anthropic's shape.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Extension, Request, State};
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+
+use super::body::JsonBody;
+use super::error;
+use crate::auth::Caller;
+use crate::canonical::request::estimate_input_tokens;
+use crate::canonical::{ApiError, ClientRequest};
+use crate::service::Edge;
+use crate::surfaces::openai::requested_group;
+use crate::surfaces::{ErrorShape, messages};
+
+pub fn routes() -> Router<Arc<Edge>> {
+    Router::new().route("/v1/messages/count_tokens", post(count_tokens))
+}
+
+async fn count_tokens(
+    State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
+    request: Request,
+) -> Response {
+    match count(&edge, &caller, request).await {
+        Ok(tokens) => {
+            let mut response = axum::Json(json!({"input_tokens": tokens})).into_response();
+            response
+                .headers_mut()
+                .insert("x-iop-token-count", HeaderValue::from_static("estimated"));
+            response
+        }
+        Err(e) => error::response(ErrorShape::Anthropic, e),
+    }
+}
+
+async fn count(edge: &Arc<Edge>, caller: &Caller, request: Request) -> Result<u64, ApiError> {
+    let JsonBody(body) = JsonBody::read(request, edge, false).await?;
+    let request = ClientRequest::parse(&body)?;
+    let name = requested_group(&request)?;
+    edge.model_group_for(caller, &name, "GET /v1/models")?;
+    let chat = messages::request::to_chat(&request)?;
+    let chat = serde_json::to_vec(&Value::Object(chat)).expect("JSON values serialize");
+    Ok(estimate_input_tokens(&ClientRequest::parse(&chat)?))
+}
