@@ -297,9 +297,10 @@ nodes:
         .unwrap()
         .to_string();
     assert!(error.ends_with("no-such-agent: no such file"), "{error}");
-    // `iop status` shows it too.
+    // `iop status` shows it too (the edge named by IOP_URL, as `--url` would).
     let out = std::process::Command::new(IOP)
-        .args(["status", "--url", &edge.url("")])
+        .arg("status")
+        .env("IOP_URL", edge.url(""))
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);

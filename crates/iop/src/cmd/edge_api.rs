@@ -9,7 +9,7 @@ use serde_json::Value;
 #[derive(Debug, Clone, clap::Args)]
 pub struct EdgeApi {
     /// The edge's HTTP address.
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    #[arg(long, env = "IOP_URL", default_value = "http://127.0.0.1:8080")]
     pub url: String,
     /// An admin API key, if the edge has keys (the admin endpoints take admin keys only).
     #[arg(long, env = "IOP_API_KEY", hide_env_values = true)]
