@@ -24,9 +24,10 @@
 //! It honours what it can and refuses the rest with a 400 in the API's error shape, never
 //! ignoring a parameter: `max_tokens`, `stop` (the answer ends before the first stop
 //! sequence, finish reason `stop`) and `n` (that many identical choices) are honoured;
-//! `tools` and a `response_format` other than `text` are refused on the OpenAI API. The
-//! Ollama API answers a request with `tools` by calling the first tool (unless the last
-//! message is a tool result), and one with `format` with a JSON document.
+//! a `response_format` other than `text` is refused on the OpenAI API. A chat with `tools`
+//! is answered by calling the first tool (unless the last message is a tool result): on
+//! the OpenAI API with arguments that fit its schema, on the Ollama API with the last user
+//! message as its `query`. One with Ollama's `format` gets a JSON document.
 //!
 //! `GET /mock/stats` counts requests, completed responses and responses the client
 //! abandoned before the end (the client closed its connection), and shows the tracing

@@ -100,6 +100,16 @@ async fn openai_answer(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
         return response;
     }
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    if op == OpenAiOp::Chat
+        && let Some(call) = tool_call(&body)
+    {
+        tracked.finish();
+        let include_usage = body
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        return tool_call_answer(&mock, &plan, call, stream.then_some(include_usage));
+    }
     let include_usage = body
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
@@ -269,19 +279,112 @@ fn paced_stream(
     })
 }
 
+/// The call a chat with tools gets: the first tool, with arguments that fit its schema
+/// (each required property: `"mock"`, `1`, `true`, `[]`, an object built the same way, an
+/// enum's first value); `None` without tools or when the last message is a tool result.
+fn tool_call(body: &Value) -> Option<Value> {
+    let function = body.pointer("/tools/0/function")?;
+    let name = function.get("name")?.as_str()?;
+    let messages = body.get("messages")?.as_array()?;
+    if messages.last()?.get("role")?.as_str()? == "tool" {
+        return None;
+    }
+    let arguments = function
+        .get("parameters")
+        .map_or_else(|| json!({}), fitting_value);
+    Some(json!({
+        "id": "call_mock_0", "type": "function",
+        "function": {"name": name, "arguments": arguments.to_string()}
+    }))
+}
+
+/// A value that fits the JSON schema `schema` (its required properties only).
+fn fitting_value(schema: &Value) -> Value {
+    if let Some(first) = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|e| e.first())
+    {
+        return first.clone();
+    }
+    let kind = match schema.get("type") {
+        Some(Value::Array(kinds)) => kinds
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|k| *k != "null")
+            .unwrap_or("null"),
+        Some(Value::String(kind)) => kind.as_str(),
+        _ if schema.get("properties").is_some() => "object",
+        _ => "string",
+    };
+    match kind {
+        "object" => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let required = schema.get("required").and_then(Value::as_array);
+            let mut object = serde_json::Map::new();
+            for name in required.into_iter().flatten().filter_map(Value::as_str) {
+                let property = properties.and_then(|p| p.get(name)).unwrap_or(&Value::Null);
+                object.insert(name.to_string(), fitting_value(property));
+            }
+            Value::Object(object)
+        }
+        "integer" | "number" => json!(1),
+        "boolean" => json!(true),
+        "array" => json!([]),
+        "null" => Value::Null,
+        _ => json!("mock"),
+    }
+}
+
+/// A chat answer that calls `call`: one message, or, `streamed` (with whether to include
+/// usage), one chunk with the whole call; finish reason `tool_calls`.
+fn tool_call_answer(
+    mock: &Mock,
+    plan: &super::Plan,
+    call: Value,
+    streamed: Option<bool>,
+) -> Response {
+    let usage = mock.usage(plan, 1);
+    let base = |object: &str| json!({"id": "chatcmpl-mock", "object": object, "created": 1700000000u64, "model": plan.model});
+    let Some(include_usage) = streamed else {
+        let mut answer = base("chat.completion");
+        answer["choices"] = json!([{
+            "index": 0, "logprobs": null, "finish_reason": "tool_calls",
+            "message": {"role": "assistant", "content": null, "tool_calls": [call]}
+        }]);
+        answer["usage"] = usage;
+        return axum::Json(answer).into_response();
+    };
+    let mut indexed = call;
+    indexed["index"] = json!(0);
+    let chunk = |delta: Value, finish: Value| {
+        let mut c = base("chat.completion.chunk");
+        c["choices"] =
+            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]);
+        format!("data: {c}\n\n")
+    };
+    let mut body = chunk(
+        json!({"role": "assistant", "content": null, "tool_calls": [indexed]}),
+        Value::Null,
+    );
+    body.push_str(&chunk(json!({}), json!("tool_calls")));
+    if include_usage {
+        let mut last = base("chat.completion.chunk");
+        last["choices"] = json!([]);
+        last["usage"] = usage;
+        body.push_str(&format!("data: {last}\n\n"));
+    }
+    body.push_str("data: [DONE]\n\n");
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+        body,
+    )
+        .into_response()
+}
+
 /// What the mock cannot honour, as the parameter and a message for a 400; the number of
 /// choices to answer otherwise.
 fn unsupported(body: &Value) -> Result<u32, (&'static str, String)> {
-    match body.get("tools") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(tools)) if tools.is_empty() => {}
-        Some(_) => {
-            return Err((
-                "tools",
-                "the mock provider cannot call tools: leave `tools` out".into(),
-            ));
-        }
-    }
     match body.get("response_format") {
         None | Some(Value::Null) => {}
         Some(format) if format.get("type").and_then(Value::as_str) == Some("text") => {}

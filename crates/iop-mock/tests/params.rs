@@ -115,14 +115,12 @@ async fn n_answers_that_many_choices() {
 }
 
 #[tokio::test]
-async fn what_the_mock_cannot_do_is_a_400_naming_the_parameter() {
+async fn what_the_mock_cannot_do_is_a_400_naming_the_parameter_and_tools_are_called() {
     let m = mock().await;
     let url = format!("{}/chat/completions", m.openai_base());
     let tool =
         json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
     for (extra, param) in [
-        (json!({"tools": tool}), "tools"),
-        (json!({"tools": tool, "stream": true}), "tools"),
         (
             json!({"response_format": {"type": "json_object"}}),
             "response_format",
@@ -145,6 +143,32 @@ async fn what_the_mock_cannot_do_is_a_400_naming_the_parameter() {
             "{body}"
         );
     }
+    // Offered tools, it calls the first, with arguments that fit its schema; after the
+    // tool's result it answers in text.
+    let tool = json!([{"type": "function", "function": {"name": "f", "parameters":
+        {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]);
+    let (status, body) = post(url.clone(), chat(json!({"tools": tool}))).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{body}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "f");
+    assert_eq!(call["function"]["arguments"], r#"{"path":"mock"}"#);
+    let (status, body) = post(url.clone(), chat(json!({"tools": tool, "stream": true}))).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"tool_calls\"") && body.ends_with("data: [DONE]\n\n"),
+        "{body}"
+    );
+    let answered = json!({"model": "m", "tools": tool, "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "ok"}
+    ]});
+    let (status, body) = post(url.clone(), answered).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{body}");
     // What it can honour passes.
     for extra in [
         json!({"tools": []}),

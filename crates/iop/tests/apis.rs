@@ -540,12 +540,13 @@ async fn what_cannot_be_honoured_is_refused_in_each_apis_error_shape() {
         }
     }
     // A provider's own refusal comes back in the client's API shape.
-    let mut tools = messages_request("tunnel", false);
-    tools["tools"] = json!([{"name": "f", "input_schema": {"type": "object"}}]);
-    let (status, _, text) = post(&messages, &tools, &[]).await;
+    let mut format = messages_request("tunnel", false);
+    format["output_config"] =
+        json!({"format": {"type": "json_schema", "schema": {"type": "object"}}});
+    let (status, _, text) = post(&messages, &format, &[]).await;
     assert_eq!(status, 400, "{text}");
     anthropic_error(&text, "invalid_request_error");
-    assert!(text.contains("cannot call tools"), "{text}");
+    assert!(text.contains("plain text only"), "{text}");
     wait_idle(&s.edge).await;
 }
 
