@@ -118,8 +118,6 @@ async fn n_answers_that_many_choices() {
 async fn what_the_mock_cannot_do_is_a_400_naming_the_parameter_and_tools_are_called() {
     let m = mock().await;
     let url = format!("{}/chat/completions", m.openai_base());
-    let tool =
-        json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
     for (extra, param) in [
         (
             json!({"response_format": {"type": "json_object"}}),
