@@ -136,8 +136,8 @@ impl LargeBodies {
     }
 
     /// Reads `request`'s JSON body and decodes it for `surface`. A body that announces a
-    /// large size is counted against `key`'s share before it is read, so a refused one
-    /// costs nothing.
+    /// large size is counted against `key`'s share before it is read, so a refused one is
+    /// read and dropped, never held or decoded.
     pub async fn read_and_decode(
         self: &Arc<Self>,
         edge: &Arc<Edge>,
@@ -222,7 +222,7 @@ impl LargeBodies {
             return Err(ApiError::of(
                 ErrorCode::QueueFull,
                 format!(
-                    "this key already has {} large request bodies (at least {} bytes) being decoded (limits.http.large_bodies_per_key): wait for one to finish",
+                    "this key already has {} requests with large bodies (at least {} bytes) in progress (limits.http.large_bodies_per_key): wait for one to finish",
                     *mine, self.threshold
                 ),
             ));
