@@ -63,20 +63,8 @@ pub async fn run(args: Args) -> super::Result {
             .api
             .send(client.get(args.api.url("/admin/join-tokens")))
             .await?;
-        println!(
-            "{:<18} {:<16} {:>5} {:>9} EXPIRES (unix ms)",
-            "ID", "NODE", "USES", "USES LEFT"
-        );
-        for t in body["join_tokens"].as_array().into_iter().flatten() {
-            println!(
-                "{:<18} {:<16} {:>5} {:>9} {}",
-                t["id"].as_str().unwrap_or(""),
-                t["node"].as_str().unwrap_or(""),
-                t["uses"],
-                t["uses_left"],
-                t["expires_unix_ms"]
-            );
-        }
+        let tokens = body["join_tokens"].as_array().cloned().unwrap_or_default();
+        print!("{}", token_table(&tokens, super::status::now_ms()));
         return Ok(());
     }
     if let Some(id) = &args.delete {
@@ -113,9 +101,86 @@ pub async fn run(args: Args) -> super::Result {
     Ok(())
 }
 
+/// The join tokens as an aligned table: id, node, uses left of how many, and when each
+/// expires ("in 23h", or "expired").
+fn token_table(tokens: &[serde_json::Value], now_ms: u64) -> String {
+    let rows: Vec<[String; 4]> = tokens
+        .iter()
+        .map(|t| {
+            let text = |k: &str| t[k].as_str().unwrap_or("").to_string();
+            let count = |k: &str| t[k].as_u64().map_or_else(|| "-".into(), |n| n.to_string());
+            let expires = t["expires_unix_ms"]
+                .as_u64()
+                .map_or_else(|| "-".into(), |ms| super::status::expiry_at(ms, now_ms));
+            [
+                text("id"),
+                text("node"),
+                format!("{} of {}", count("uses_left"), count("uses")),
+                expires,
+            ]
+        })
+        .collect();
+    let header = ["ID", "NODE", "USES LEFT", "EXPIRES"];
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r[i].len())
+            .chain([header[i].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths = [width(0), width(1), width(2)];
+    let line = |cells: [&str; 4]| {
+        format!(
+            "{:<w0$}  {:<w1$}  {:<w2$}  {}\n",
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2]
+        )
+    };
+    let mut out = line(header);
+    for r in &rows {
+        out.push_str(&line([&r[0], &r[1], &r[2], &r[3]]));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, token_table};
+    use serde_json::json;
+
+    #[test]
+    fn the_token_list_is_aligned_and_says_what_expired() {
+        let now = 1_000_000_000_000;
+        let tokens = [
+            json!({"id": "1f2e3d4c5b6a7980", "node": "gpu-box", "uses": 1, "uses_left": 1,
+                   "expires_unix_ms": now + 23 * 3_600_000 + 59 * 60_000}),
+            json!({"id": "aa", "node": "a-much-longer-node-name", "uses": 10, "uses_left": 0,
+                   "expires_unix_ms": now - 1}),
+        ];
+        let table = token_table(&tokens, now);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        let column = |l: &str| {
+            l.find("EXPIRES")
+                .or_else(|| l.find("in "))
+                .or_else(|| l.find("expired"))
+        };
+        assert_eq!(column(lines[0]), column(lines[1]), "{table}");
+        assert_eq!(column(lines[1]), column(lines[2]), "{table}");
+        assert!(
+            lines[1].contains("1 of 1") && lines[1].ends_with("in 23h"),
+            "{table}"
+        );
+        assert!(
+            lines[2].contains("0 of 10") && lines[2].ends_with("expired"),
+            "{table}"
+        );
+    }
 
     #[test]
     fn durations_take_units() {

@@ -142,7 +142,11 @@ pub async fn run(args: Args) -> super::Result {
 
 /// A Unix-milliseconds expiry as how far away it is.
 fn expiry(unix_ms: u64) -> String {
-    let now = now_ms();
+    expiry_at(unix_ms, now_ms())
+}
+
+/// A Unix-milliseconds expiry as how far from `now` it is: "in 3h", or "expired".
+pub(super) fn expiry_at(unix_ms: u64, now: u64) -> String {
     if unix_ms <= now {
         return "expired".into();
     }
@@ -154,7 +158,7 @@ fn expiry(unix_ms: u64) -> String {
     }
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
