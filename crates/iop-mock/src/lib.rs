@@ -58,6 +58,7 @@ mod apis;
 mod health;
 mod ollama;
 mod openai;
+pub mod schema;
 
 pub use health::Faults;
 

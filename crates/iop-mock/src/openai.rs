@@ -291,49 +291,11 @@ fn tool_call(body: &Value) -> Option<Value> {
     }
     let arguments = function
         .get("parameters")
-        .map_or_else(|| json!({}), fitting_value);
+        .map_or_else(|| json!({}), crate::schema::fitting_value);
     Some(json!({
         "id": "call_mock_0", "type": "function",
         "function": {"name": name, "arguments": arguments.to_string()}
     }))
-}
-
-/// A value that fits the JSON schema `schema` (its required properties only).
-fn fitting_value(schema: &Value) -> Value {
-    if let Some(first) = schema
-        .get("enum")
-        .and_then(Value::as_array)
-        .and_then(|e| e.first())
-    {
-        return first.clone();
-    }
-    let kind = match schema.get("type") {
-        Some(Value::Array(kinds)) => kinds
-            .iter()
-            .filter_map(Value::as_str)
-            .find(|k| *k != "null")
-            .unwrap_or("null"),
-        Some(Value::String(kind)) => kind.as_str(),
-        _ if schema.get("properties").is_some() => "object",
-        _ => "string",
-    };
-    match kind {
-        "object" => {
-            let properties = schema.get("properties").and_then(Value::as_object);
-            let required = schema.get("required").and_then(Value::as_array);
-            let mut object = serde_json::Map::new();
-            for name in required.into_iter().flatten().filter_map(Value::as_str) {
-                let property = properties.and_then(|p| p.get(name)).unwrap_or(&Value::Null);
-                object.insert(name.to_string(), fitting_value(property));
-            }
-            Value::Object(object)
-        }
-        "integer" | "number" => json!(1),
-        "boolean" => json!(true),
-        "array" => json!([]),
-        "null" => Value::Null,
-        _ => json!("mock"),
-    }
 }
 
 /// A chat answer that calls `call`: one message, or, `streamed` (with whether to include

@@ -378,28 +378,20 @@ async fn tools_reach_every_model_and_come_back_as_ollama_tool_calls() {
         answer["message"]["content"].as_str().unwrap().len() > 3,
         "{answer}"
     );
-    // The mock adapter calls the first tool it is offered...
-    let mut request = chat("mock");
-    request["tools"] = tools.clone();
-    request["stream"] = json!(false);
-    let (status, _, body) = post(&s.edge, "/api/chat", &request).await;
-    assert_eq!(status, 200, "{body}");
-    let answer: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(
-        answer["message"]["tool_calls"][0]["function"]["name"], "lookup",
-        "{answer}"
-    );
-    // ...and so does the mock's OpenAI API, through the translation.
-    let mut request = chat("openai");
-    request["tools"] = tools.clone();
-    request["stream"] = json!(false);
-    let (status, _, body) = post(&s.edge, "/api/chat", &request).await;
-    assert_eq!(status, 200, "{body}");
-    let answer: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(
-        answer["message"]["tool_calls"][0]["function"]["name"], "lookup",
-        "{answer}"
-    );
+    // The mock adapter calls the first tool it is offered, and so does the mock's OpenAI
+    // API, through the translation.
+    for group in ["mock", "openai"] {
+        let mut request = chat(group);
+        request["tools"] = tools.clone();
+        request["stream"] = json!(false);
+        let (status, _, body) = post(&s.edge, "/api/chat", &request).await;
+        assert_eq!(status, 200, "{group}: {body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            answer["message"]["tool_calls"][0]["function"]["name"], "lookup",
+            "{group}: {answer}"
+        );
+    }
     // An unload request answers at once.
     let (status, _, body) = post(
         &s.edge,
