@@ -135,7 +135,8 @@ impl LargeBodies {
         })
     }
 
-    /// Reads `request`'s JSON body and decodes it for `surface`. A body that announces a
+    /// Reads `request`'s JSON body and decodes it for `surface` (`headers`: the request's,
+    /// as the handler already holds them). A body that announces a
     /// large size is counted against `key`'s share before it is read, so a refused one is
     /// read and dropped, never held or decoded.
     pub async fn read_and_decode(
@@ -144,9 +145,9 @@ impl LargeBodies {
         key: &str,
         surface: Surface,
         request: Request,
+        headers: &HeaderMap,
     ) -> Result<Prepared, ApiError> {
-        let announced = request
-            .headers()
+        let announced = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
         let turn = match announced {
@@ -159,10 +160,9 @@ impl LargeBodies {
             },
             _ => None,
         };
-        let headers = request.headers().clone();
         let any_content_type = matches!(surface, Surface::Ollama(_));
         let body = JsonBody::read(request, edge, any_content_type).await?.0;
-        self.decode(turn, key, surface, body, &headers).await
+        self.decode(turn, key, surface, body, headers).await
     }
 
     /// Decodes `body` for `surface`: in place when small, else on a worker thread once a

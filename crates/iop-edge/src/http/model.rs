@@ -113,7 +113,9 @@ async fn handle(
     } = incoming;
     let (caller, headers) = (&caller, &headers);
     let key = caller.key_name().unwrap_or("");
-    let prepared = large.read_and_decode(edge, key, surface, body).await?;
+    let prepared = large
+        .read_and_decode(edge, key, surface, body, headers)
+        .await?;
     let decoded = prepared.decoded();
     let canonical = prepared.canonical();
     let mut request = ModelRequest {
