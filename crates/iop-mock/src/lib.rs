@@ -25,9 +25,9 @@
 //! ignoring a parameter: `max_tokens`, `stop` (the answer ends before the first stop
 //! sequence, finish reason `stop`) and `n` (that many identical choices) are honoured;
 //! a `response_format` other than `text` is refused on the OpenAI API. A chat with `tools`
-//! is answered by calling the first tool (unless the last message is a tool result): on
-//! the OpenAI API with arguments that fit its schema, on the Ollama API with the last user
-//! message as its `query`. One with Ollama's `format` gets a JSON document.
+//! is answered as an agent's model would, one tool call per turn ([`agent_turn`]): on the
+//! OpenAI API with arguments that fit the tool's schema, on the Ollama API with the last
+//! user message as its `query`. One with Ollama's `format` gets a JSON document.
 //!
 //! `GET /mock/stats` counts requests, completed responses and responses the client
 //! abandoned before the end (the client closed its connection), and shows the tracing
@@ -54,6 +54,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+pub mod agent_turn;
 mod apis;
 mod health;
 mod ollama;

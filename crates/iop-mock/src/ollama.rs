@@ -1,8 +1,8 @@
 //! The Ollama half of the mock: `/api/chat` and `/api/generate` (NDJSON streams or one
 //! JSON answer), `/api/tags`, `/api/ps` and `/api/show`.
 //!
-//! A chat with `tools` is answered by a call of the first tool (arguments: the last user
-//! message as `{"query": …}`), unless the last message is a tool result, which is answered
+//! A chat with `tools` is answered by a tool call as `agent_turn` decides (arguments: the
+//! last user message as `{"query": …}`), or, once the turn holds a tool result,
 //! with text again. A request with `format` gets its answer as one JSON document
 //! `{"answer": …}`.
 
@@ -144,14 +144,13 @@ async fn ollama_answer(mock: Mock, body: Bytes, chat: bool) -> Response {
         .into_response()
 }
 
-/// The call a chat with tools gets: the first tool, with the last user message as its
-/// query; `None` without tools or when the last message is a tool result.
+/// The call a chat with tools gets (see [`crate::agent_turn`]), with the last user message
+/// as its query; `None` when it answers in text.
 fn tool_call(body: &Value) -> Option<Value> {
-    let name = body.pointer("/tools/0/function/name")?.as_str()?;
+    let name = crate::agent_turn::json_tool_call(body)?
+        .get("name")?
+        .as_str()?;
     let messages = body.get("messages")?.as_array()?;
-    if messages.last()?.get("role")?.as_str()? == "tool" {
-        return None;
-    }
     let query = messages
         .iter()
         .rev()

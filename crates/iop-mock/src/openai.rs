@@ -279,16 +279,12 @@ fn paced_stream(
     })
 }
 
-/// The call a chat with tools gets: the first tool, with arguments that fit its schema
-/// (each required property: `"mock"`, `1`, `true`, `[]`, an object built the same way, an
-/// enum's first value); `None` without tools or when the last message is a tool result.
+/// The call a chat with tools gets (see [`crate::agent_turn`]), with arguments that fit
+/// the tool's schema (each required property: `"mock"`, `1`, `true`, `[]`, an object built
+/// the same way, an enum's first value); `None` when it answers in text.
 fn tool_call(body: &Value) -> Option<Value> {
-    let function = body.pointer("/tools/0/function")?;
+    let function = crate::agent_turn::json_tool_call(body)?;
     let name = function.get("name")?.as_str()?;
-    let messages = body.get("messages")?.as_array()?;
-    if messages.last()?.get("role")?.as_str()? == "tool" {
-        return None;
-    }
     let arguments = function
         .get("parameters")
         .map_or_else(|| json!({}), crate::schema::fitting_value);
@@ -298,8 +294,6 @@ fn tool_call(body: &Value) -> Option<Value> {
     }))
 }
 
-/// A chat answer that calls `call`: one message, or, `streamed` (with whether to include
-/// usage), one chunk with the whole call; finish reason `tool_calls`.
 fn tool_call_answer(
     mock: &Mock,
     plan: &super::Plan,

@@ -15,11 +15,12 @@
 //! finish reason `stop`), and refuses with `bad_request` what it cannot do: a
 //! `response_format` other than `text`, and `n` above 1.
 //!
-//! Offered `tools`, it calls one, deterministically, so an agent can run a whole turn
-//! against it: unless the conversation ends with a tool result, it calls the first tool
-//! with arguments that fit its schema (each required property: a string `"mock"`, a number
-//! `1`, `true`, `[]`, an object built the same way, or an enum's first value), finish reason
-//! `tool_calls`; after a tool result it answers with its text.
+//! Offered `tools`, it plays an agent's model, deterministically, so an agent can run a
+//! whole turn against it (`iop_mock::agent_turn`): one tool call per turn — the tool the
+//! prompt names, else the first offered — with arguments that fit its schema (each
+//! required property: a string `"mock"`, a number `1`, `true`, `[]`, an object built the
+//! same way, or an enum's first value), finish reason `tool_calls`; once the turn holds a
+//! tool result it answers with its text.
 
 use iop_proto::ErrorCode;
 use std::time::Duration;
@@ -69,18 +70,33 @@ fn refuse_unsupported(options: &pb::GenerationOptions) -> Result<(), AdapterErro
     Ok(())
 }
 
-/// The tool call the mock makes for `input`: the first offered tool, unless the
-/// conversation ends with a tool result (then it answers in text).
+/// The tool call the mock makes for `input` (one per turn, see `iop_mock::agent_turn`), or
+/// `None` when it answers in text.
 fn tool_call(input: &RunInput) -> Option<pb::ToolCall> {
+    use iop_mock::agent_turn::{Turn, calls_a_tool, chosen_tool};
     let tools: Vec<Value> = serde_json::from_str(&input.options.tools_json).ok()?;
-    let function = tools.first()?.get("function")?;
-    if input
-        .chat_messages()
-        .last()
-        .is_some_and(|m| m.role == "tool")
-    {
+    let messages = input.chat_messages();
+    let turns = messages.iter().map(|m| Turn {
+        role: &m.role,
+        calls_tools: !m.tool_calls.is_empty(),
+    });
+    if tools.is_empty() || !calls_a_tool(turns) {
         return None;
     }
+    let names: Vec<&str> = tools
+        .iter()
+        .map(|t| {
+            t.pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+        })
+        .collect();
+    let prompt = messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user")
+        .map_or("", |m| m.content.as_str());
+    let function = tools[chosen_tool(&names, prompt)].get("function")?;
     let name = function.get("name")?.as_str()?.to_string();
     let arguments = function
         .get("parameters")
