@@ -152,15 +152,19 @@ impl Surface {
                 openai::include_usage(&decoded.native.request),
                 streaming,
             )),
-            Surface::Responses => Renderer::Responses(ResponseWriter::new(
-                ResponseMeta {
-                    id: format!("resp_{}", meta.id),
-                    created_at: created,
-                    model: meta.model,
-                    echo: responses::render::echo(&decoded.native.request.to_map()),
-                },
-                streaming,
-            )),
+            Surface::Responses => {
+                let request = decoded.native.request.to_map();
+                Renderer::Responses(ResponseWriter::new(
+                    ResponseMeta {
+                        id: format!("resp_{}", meta.id),
+                        created_at: created,
+                        model: meta.model,
+                        echo: responses::render::echo(&request),
+                        namespaced: responses::request::namespaced_names(&request),
+                    },
+                    streaming,
+                ))
+            }
             Surface::Messages => Renderer::Messages(MessageWriter::new(
                 format!("msg_{}", meta.id),
                 meta.model,

@@ -24,6 +24,9 @@ pub struct ResponseMeta {
     pub model: String,
     /// The request's settings, as the response object repeats them.
     pub echo: Map<String, Value>,
+    /// The tools offered inside namespaces: the name the backend calls, the namespace,
+    /// the name the client knows (see `request::namespaced_names`).
+    pub namespaced: Vec<(String, String, String)>,
 }
 
 /// The settings of `request` a response object repeats, with the API's defaults.
@@ -110,6 +113,15 @@ impl ResponseWriter {
         };
         let mut item = json!({"type": "function_call", "id": id, "call_id": call_id,
                               "name": call.name, "arguments": "", "status": "in_progress"});
+        if let Some((_, namespace, name)) = self
+            .meta
+            .namespaced
+            .iter()
+            .find(|(q, _, _)| *q == call.name)
+        {
+            item["name"] = name.as_str().into();
+            item["namespace"] = namespace.as_str().into();
+        }
         self.added(out, item.clone());
         let index = self.output.len();
         if !call.arguments.is_empty() {
@@ -360,7 +372,24 @@ mod tests {
             created_at: 7,
             model: "g".into(),
             echo: echo(&Map::new()),
+            namespaced: vec![("agents__spawn".into(), "agents".into(), "spawn".into())],
         }
+    }
+
+    #[test]
+    fn a_call_of_a_namespaced_tool_names_its_namespace() {
+        let call = |name: &str| ToolCall {
+            id: "c1".into(),
+            name: name.into(),
+            arguments: "{}".into(),
+        };
+        let calls = AnswerEvent::ToolCalls(vec![call("agents__spawn"), call("shell")]);
+        let (_, body) = run(vec![calls, finished(FinishReason::ToolCalls)], false);
+        let output = body["output"].as_array().unwrap();
+        assert_eq!(output[0]["name"], "spawn");
+        assert_eq!(output[0]["namespace"], "agents");
+        assert_eq!(output[1]["name"], "shell");
+        assert!(output[1].get("namespace").is_none());
     }
 
     fn usage() -> pb::Usage {

@@ -9,7 +9,8 @@
 //! `background`, file inputs, `prompt` templates, a `tool_choice` that requires a built-in
 //! tool, and anything the API does not define. Built-in tools (web search, file search, …)
 //! offered in `tools` are left out and named in the response's `x-iop-dropped-tools`: the
-//! model answers without them. Fields that only ask for something to be kept or reported
+//! model answers without them. A `namespace` tool's function tools are offered to the
+//! backend as `<namespace>__<name>`, and its calls come back as `name` + `namespace`. Fields that only ask for something to be kept or reported
 //! (`store`, `include`, `metadata`, `client_metadata`, `service_tier`, prompt-cache hints)
 //! are accepted; nothing is stored. Reasoning items from earlier turns are dropped
 //! (a chat request has no place for them).
@@ -305,11 +306,16 @@ fn function_call(
         ],
         at,
     )?;
+    let name = string(item, "name", at)?;
+    let name = match opt_string(item, "namespace", at)? {
+        Some(namespace) => qualified_name(namespace, name),
+        None => name.to_string(),
+    };
     let call = json!({
         "id": string(item, "call_id", at)?,
         "type": "function",
         "function": {
-            "name": string(item, "name", at)?,
+            "name": name,
             "arguments": opt_string(item, "arguments", at)?.unwrap_or("{}"),
         },
     });
@@ -445,7 +451,8 @@ pub fn dropped_tools(request: &ClientRequest) -> Vec<String> {
         .collect()
 }
 
-/// The chat tools for the request's `tools`: function tools as they are, built-in tools
+/// The chat tools for the request's `tools`: function tools as they are, the function
+/// tools of a `namespace` under their qualified names ([`qualified_name`]), built-in tools
 /// left out.
 fn tools(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
     let Some(tools) = crate::canonical::fields::opt_array(body, "tools", "")? else {
@@ -454,18 +461,85 @@ fn tools(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(),
     let mut out = Vec::new();
     for (i, t) in tools.iter().enumerate() {
         let at = format!("tools[{i}]");
-        let hosted = t
-            .get("type")
-            .and_then(Value::as_str)
-            .is_some_and(|kind| HOSTED_TOOLS.contains(&kind));
-        if !hosted {
+        let kind = t.get("type").and_then(Value::as_str);
+        if kind.is_some_and(|kind| HOSTED_TOOLS.contains(&kind)) {
+            continue;
+        }
+        if kind == Some("namespace") {
+            namespace_tools(object(t, &at)?, &at, &mut out)?;
+        } else {
             out.push(tool(t, &at)?);
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, t) in out.iter().enumerate() {
+        let name = t["function"]["name"].as_str().unwrap_or_default();
+        if !seen.insert(name) {
+            return Err(invalid(
+                "tools",
+                &format!(
+                    "tools with distinct names (`{name}` is offered twice; tool {i} after qualification)"
+                ),
+            ));
         }
     }
     if !out.is_empty() {
         chat.insert("tools".into(), Value::Array(out));
     }
     Ok(())
+}
+
+/// Between a namespace and a tool's name in the name the backend sees.
+const NAMESPACE_SEPARATOR: &str = "__";
+
+/// The name a backend sees for the tool `name` of the namespace `namespace`: both joined
+/// by `__` (a chat tool name has no namespace; the answer's calls are turned back into
+/// `namespace` + `name` with [`namespaced_names`]).
+pub fn qualified_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}{NAMESPACE_SEPARATOR}{name}")
+}
+
+/// A `namespace` tool's function tools, appended to `out` as chat tools under their
+/// qualified names.
+fn namespace_tools(t: &Map<String, Value>, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    only_known(t, &["type", "name", "description", "tools"], at)?;
+    let namespace = string(t, "name", at)?;
+    let inner = crate::canonical::fields::opt_array(t, "tools", at)?;
+    for (j, inner) in inner.into_iter().flatten().enumerate() {
+        let at = format!("{at}.tools[{j}]");
+        let mut chat_tool = tool(inner, &at)?;
+        let name = chat_tool["function"]["name"].as_str().unwrap_or_default();
+        chat_tool["function"]["name"] = qualified_name(namespace, name).into();
+        out.push(chat_tool);
+    }
+    Ok(())
+}
+
+/// For each tool offered inside a `namespace`: its qualified name (what a backend calls)
+/// with the namespace and the name the client knows it by.
+pub fn namespaced_names(request: &Map<String, Value>) -> Vec<(String, String, String)> {
+    let Some(Value::Array(tools)) = request.get("tools") else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    for t in tools {
+        if t.get("type").and_then(Value::as_str) != Some("namespace") {
+            continue;
+        }
+        let Some(namespace) = t.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        let inner = t
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten();
+        for name in inner.filter_map(|i| i.get("name").and_then(Value::as_str)) {
+            let qualified = qualified_name(namespace, name);
+            names.push((qualified, namespace.to_string(), name.to_string()));
+        }
+    }
+    names
 }
 
 /// A Responses function tool as a chat tool; other kinds are refused.
@@ -688,6 +762,70 @@ mod tests {
         let bytes = serde_json::to_vec(&body).unwrap();
         let request = ClientRequest::parse(&bytes).unwrap();
         assert_eq!(dropped_tools(&request), ["web_search", "file_search"]);
+    }
+
+    #[test]
+    fn namespace_tools_are_offered_qualified_and_their_calls_read_back() {
+        let body = json!({
+            "model": "g",
+            "input": [
+                {"type": "message", "role": "user", "content": "spawn one"},
+                {"type": "function_call", "call_id": "c1", "name": "spawn_agent",
+                 "namespace": "multi_agent_v1", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+            ],
+            "tools": [
+                {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+                {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+                 "tools": [
+                     {"type": "function", "name": "spawn_agent", "strict": false,
+                      "parameters": {"type": "object", "properties": {}}},
+                     {"type": "function", "name": "close_agent"}
+                 ]}
+            ]
+        });
+        let c = chat(body.clone()).unwrap();
+        let names: Vec<&str> = c["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "exec_command",
+                "multi_agent_v1__spawn_agent",
+                "multi_agent_v1__close_agent"
+            ]
+        );
+        assert_eq!(
+            c["messages"][1]["tool_calls"][0]["function"]["name"],
+            "multi_agent_v1__spawn_agent"
+        );
+        let names = namespaced_names(body.as_object().unwrap());
+        assert_eq!(
+            names[0],
+            (
+                "multi_agent_v1__spawn_agent".to_string(),
+                "multi_agent_v1".to_string(),
+                "spawn_agent".to_string()
+            )
+        );
+        // A qualified name that collides with another tool's is refused, naming `tools`.
+        let clash = json!({"input": "x", "tools": [
+            {"type": "function", "name": "a__b"},
+            {"type": "namespace", "name": "a", "description": "", "tools": [{"type": "function", "name": "b"}]}
+        ]});
+        assert_eq!(chat(clash).unwrap_err().param.as_deref(), Some("tools"));
+        // Inside a namespace, only function tools.
+        let custom = json!({"input": "x", "tools": [
+            {"type": "namespace", "name": "a", "description": "", "tools": [{"type": "custom", "name": "b"}]}
+        ]});
+        assert_eq!(
+            chat(custom).unwrap_err().param.as_deref(),
+            Some("tools[0].tools[0].type")
+        );
     }
 
     #[test]
