@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs iop's whole test suite: unit, property and real-process tests, including the
 # official client libraries against `iop demo` and test edges: the `openai`, `anthropic` and
-# `ollama` Python packages (pinned in crates/iop/tests/python/requirements.txt, installed into .venv)
-# and the OpenAI Node SDK (pinned by crates/iop/tests/node/package-lock.json, installed
-# into that directory's node_modules). Each is installed again when its pins change.
+# `ollama` Python packages (pinned in crates/iop/tests/python/requirements.txt, installed into .venv),
+# and the OpenAI Node SDK and the coding agents Claude Code and Codex (pinned by
+# crates/iop/tests/node/package-lock.json, installed into that directory's node_modules).
+# Each is installed again when its pins change.
 #
 # The conformance suite against a real llama.cpp server runs when IOP_LLAMA_SERVER and
 # IOP_LLAMA_MODEL are set: `eval "$(scripts/real-backend.sh)"` first.

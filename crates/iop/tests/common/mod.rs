@@ -4,11 +4,13 @@
 
 #![allow(dead_code)]
 
+pub mod agents;
 pub mod browser;
 pub mod health;
 pub mod node_wire;
 pub mod ollama_api;
 pub mod real_backend;
+pub mod recorder;
 pub mod sdk;
 pub mod suite;
 pub mod tls;
