@@ -1,7 +1,8 @@
 //! Node commands, handled apart from runs: `capabilities`, `transport`, `usage`,
 //! `sessions`, `runs` (recent rows of the run store, at most [`MAX_RUNS_LISTED`], and the
-//! store's counters) and, for ollama adapters, `ollama.tags`, `ollama.ps` and
-//! `ollama.show` (arg `model`).
+//! store's counters), `tokens.count` (args `body` and `api`: a prompt counted with an
+//! OpenAI-compatible provider's tokenizer, see `adapters::token_count`) and, for ollama
+//! adapters, `ollama.tags`, `ollama.ps` and `ollama.show` (arg `model`).
 
 use iop_proto::ErrorCode;
 use iop_proto::pb;
@@ -74,10 +75,38 @@ impl NodeRuntime {
                     .query(what, request.args.get("model").map(String::as_str))
                     .await
             }
+            "tokens.count" => {
+                let instance = self.adapter(&request.adapter).ok_or_else(|| {
+                    AdapterError::new(
+                        ErrorCode::NotFound,
+                        format!(
+                            "node {} has no adapter {:?}",
+                            self.node_id(),
+                            request.adapter
+                        ),
+                    )
+                })?;
+                let tunnel = instance.adapter.tunnel().ok_or_else(|| {
+                    AdapterError::not_supported(&format!(
+                        "counting tokens on adapter {} (kind {}, not OpenAI-compatible)",
+                        instance.spec.id,
+                        instance.kind()
+                    ))
+                })?;
+                let body: Value = request
+                    .args
+                    .get("body")
+                    .and_then(|b| serde_json::from_str(b).ok())
+                    .ok_or_else(|| {
+                        AdapterError::new(ErrorCode::BadRequest, "tokens.count needs `body` (JSON)")
+                    })?;
+                let api = request.args.get("api").map_or("chat", String::as_str);
+                crate::adapters::token_count::count(&tunnel.provider, api, &body).await
+            }
             other => Err(AdapterError::new(
                 ErrorCode::BadRequest,
                 format!(
-                    "unknown command {other:?}; commands are capabilities, transport, usage, sessions, runs, ollama.tags, ollama.ps, ollama.show"
+                    "unknown command {other:?}; commands are capabilities, transport, usage, sessions, runs, tokens.count, ollama.tags, ollama.ps, ollama.show"
                 ),
             )),
         }

@@ -615,6 +615,48 @@ async fn messages_translated(ctx: Arc<Ctx>) {
     assert_eq!(delta.1["usage"]["output_tokens"], MAX_TOKENS, "{events:?}");
 }
 
+/// `/v1/messages/count_tokens` counted by the server: passed through to a member that
+/// serves Messages (the server's own count), counted with its tokenizer for one that does
+/// not (the translated chat rendered with the model's template), and the same count
+/// through the `anthropic` SDK.
+async fn count_tokens(ctx: Arc<Ctx>) {
+    let body = json!({
+        "model": UPSTREAM,
+        "system": "You are terse.",
+        "messages": [{"role": "user", "content": PROMPT}]
+    });
+    let direct = post(&ctx.direct("/v1/messages/count_tokens"), &body).await;
+    assert_eq!(direct.status, 200, "{direct:?}");
+    let expected = direct.json()["input_tokens"].as_u64().unwrap();
+    for (group, counted_by) in [("tiny-native", "provider"), ("tiny", "tokenizer")] {
+        let response = http()
+            .post(ctx.via("/v1/messages/count_tokens"))
+            .json(&with_model(&body, group))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{group}");
+        assert_eq!(
+            response.headers()["x-iop-token-count"],
+            counted_by,
+            "{group}"
+        );
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["input_tokens"], expected, "{group}: {answer}");
+    }
+    let test = "the anthropic SDK's count_tokens against llama-server";
+    if let Some(python) = common::sdk::python(test, &["anthropic"]) {
+        for group in ["tiny", "tiny-native"] {
+            common::sdk::run_check(
+                &python,
+                &common::sdk::check_script("python/count_tokens_check.py"),
+                &[&ctx.via(""), group],
+            )
+            .await;
+        }
+    }
+}
+
 /// The Ollama API on the edge, translated to the server's chat and embeddings.
 async fn ollama_api(ctx: Arc<Ctx>) {
     let tags = send(http().get(ctx.via("/api/tags"))).await;
@@ -916,6 +958,12 @@ async fn iop_answers_as_llama_server_does() {
         .run(
             "messages: translated to chat",
             messages_translated(ctx.clone()),
+        )
+        .await;
+    report
+        .run(
+            "messages count_tokens: the server's count",
+            count_tokens(ctx.clone()),
         )
         .await;
     report

@@ -2,9 +2,12 @@
 //! Code call before they send a conversation. The request is a Messages request without
 //! `max_tokens`; the answer is `{"input_tokens": N}`.
 //!
-//! The count is the edge's own estimate of the translated prompt (the JSON of its messages
-//! and tools, four bytes a token: what admission reserves for the request), and the
-//! response says so in `x-iop-token-count: estimated`. Errors are in Anthropic's shape.
+//! The count comes from the model group's own tokenizer where a member has one (see
+//! `service::token_count`: a member that serves Messages counts the request itself,
+//! llama-server and vLLM count the translated chat with `/tokenize`); otherwise it is the
+//! edge's estimate of the translated prompt (the JSON of its messages and tools, four
+//! bytes a token: what admission reserves for the request). `x-iop-token-count` says which:
+//! `provider`, `tokenizer` or `estimated`. Errors are in Anthropic's shape.
 
 use std::sync::Arc;
 
@@ -21,6 +24,7 @@ use crate::auth::Caller;
 use crate::canonical::request::estimate_input_tokens;
 use crate::canonical::{ApiError, ClientRequest};
 use crate::service::Edge;
+use crate::service::token_count::TokenCount;
 use crate::surfaces::openai::requested_group;
 use crate::surfaces::{ErrorShape, messages};
 
@@ -34,23 +38,36 @@ async fn count_tokens(
     request: Request,
 ) -> Response {
     match count(&edge, &caller, request).await {
-        Ok(tokens) => {
-            let mut response = axum::Json(json!({"input_tokens": tokens})).into_response();
-            response
-                .headers_mut()
-                .insert("x-iop-token-count", HeaderValue::from_static("estimated"));
+        Ok(TokenCount {
+            input_tokens,
+            counted_by,
+        }) => {
+            let mut response = axum::Json(json!({"input_tokens": input_tokens})).into_response();
+            if let Ok(by) = HeaderValue::from_str(&counted_by) {
+                response.headers_mut().insert("x-iop-token-count", by);
+            }
             response
         }
         Err(e) => error::response(ErrorShape::Anthropic, e),
     }
 }
 
-async fn count(edge: &Arc<Edge>, caller: &Caller, request: Request) -> Result<u64, ApiError> {
+async fn count(
+    edge: &Arc<Edge>,
+    caller: &Caller,
+    request: Request,
+) -> Result<TokenCount, ApiError> {
     let JsonBody(body) = JsonBody::read(request, edge, false).await?;
     let request = ClientRequest::parse(&body)?;
     let name = requested_group(&request)?;
-    edge.model_group_for(caller, &name, "GET /v1/models")?;
+    let group = edge.model_group_for(caller, &name, "GET /v1/models")?;
     let chat = messages::request::to_chat(&request)?;
+    if let Some(count) = edge.count_tokens(&group, &request.to_map(), &chat).await {
+        return Ok(count);
+    }
     let chat = serde_json::to_vec(&Value::Object(chat)).expect("JSON values serialize");
-    Ok(estimate_input_tokens(&ClientRequest::parse(&chat)?))
+    Ok(TokenCount {
+        input_tokens: estimate_input_tokens(&ClientRequest::parse(&chat)?),
+        counted_by: "estimated".into(),
+    })
 }

@@ -34,6 +34,7 @@ pub mod stream;
 pub mod telemetry;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub mod token_count;
 pub mod tunnel;
 
 use std::sync::Arc;

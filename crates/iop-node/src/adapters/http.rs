@@ -159,6 +159,14 @@ impl HttpProvider {
             .headers(self.headers.clone())
     }
 
+    /// A request to `path` below the server root (the base URL without its `/v1`), with
+    /// the provider's headers and key: where llama-server and vLLM serve `/tokenize`.
+    pub fn root_request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .request(method, format!("{}{path}", self.server_root()))
+            .headers(self.headers.clone())
+    }
+
     /// Adds `headers` (a run's `provider_headers`) to a request, except those the provider's
     /// own config sets and any that are not valid headers.
     pub fn with_headers(

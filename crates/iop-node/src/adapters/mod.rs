@@ -12,6 +12,7 @@ pub mod mock;
 pub mod ollama;
 pub mod openai_compat;
 pub mod plain;
+pub mod token_count;
 
 use iop_proto::ErrorCode;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 Usage: python apis_sdk_check.py BASE_URL
 With the `openai` SDK: `client.responses.create` without and with streaming; with the
 `anthropic` SDK: `client.messages.create` without and with streaming (and the SDK's
-stream helper), against every model of the demo: one rendered from node runs, one whose
+stream helper) and `client.messages.count_tokens`, against every model of the demo: one rendered from node runs, one whose
 chat answer is translated from a tunnelled provider.
 """
 
@@ -66,6 +66,9 @@ def check_messages(base_url: str, model: str) -> None:
     assert streamed and streamed == "".join(b.text for b in final.content if b.type == "text"), final
     assert final.usage.output_tokens > 0, final.usage
     print(f"messages {model}: {len(streamed)} chars, usage {final.usage.input_tokens}/{final.usage.output_tokens}")
+
+    counted = client.messages.count_tokens(model=model, messages=[{"role": "user", "content": "Say hello."}])
+    assert counted.input_tokens > 0, counted
 
     try:
         client.messages.create(model="no-such-model", max_tokens=8, messages=[{"role": "user", "content": "x"}])
