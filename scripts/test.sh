@@ -2,8 +2,9 @@
 # Runs iop's whole test suite: unit, property and real-process tests, including the
 # official client libraries against `iop demo` and test edges: the `openai`, `anthropic` and
 # `ollama` Python packages (pinned in crates/iop/tests/python/requirements.txt, installed into .venv),
-# and the OpenAI Node SDK and the coding agents Claude Code and Codex (pinned by
-# crates/iop/tests/node/package-lock.json, installed into that directory's node_modules).
+# the OpenAI Node SDK and the coding agents Claude Code and Codex (pinned by
+# crates/iop/tests/node/package-lock.json, installed into that directory's node_modules),
+# and aider (pinned in crates/iop/tests/python/aider-requirements.txt, into .venv-aider).
 # Each is installed again when its pins change.
 #
 # The conformance suite against a real llama.cpp server runs when IOP_LLAMA_SERVER and
@@ -40,6 +41,15 @@ if [ ! -x .venv/bin/python ] || ! cmp -s "$requirements" .venv/iop-requirements.
 fi
 export IOP_PYTHON="$PWD/.venv/bin/python"
 export IOP_REQUIRE_PYTHON_SDK=1
+
+# aider, in an environment of its own (it pins its own versions of the SDKs).
+aider_requirements=crates/iop/tests/python/aider-requirements.txt
+if [ ! -x .venv-aider/bin/aider ] || ! cmp -s "$aider_requirements" .venv-aider/iop-requirements.txt; then
+    python3 -m venv .venv-aider
+    .venv-aider/bin/pip install --quiet --disable-pip-version-check -r "$aider_requirements"
+    cp "$aider_requirements" .venv-aider/iop-requirements.txt
+fi
+export IOP_AIDER="$PWD/.venv-aider/bin/aider"
 
 node_dir=crates/iop/tests/node
 if ! cmp -s "$node_dir/package-lock.json" "$node_dir/node_modules/iop-package-lock.json"; then

@@ -44,13 +44,19 @@ pub fn from_env(suite: &str) -> Option<(PathBuf, PathBuf)> {
 impl Proc {
     /// Any program (not `iop`), its output collected line by line.
     pub fn spawn_program(name: &str, program: &std::path::Path, args: &[&str]) -> Proc {
-        let mut child = Command::new(program)
-            .args(args)
+        let mut command = Command::new(program);
+        command.args(args);
+        Self::spawn_command(name, command)
+    }
+
+    /// A prepared command (its working directory and environment set by the caller).
+    pub fn spawn_command(name: &str, mut command: Command) -> Proc {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {program:?}: {e}"));
+            .unwrap_or_else(|e| panic!("spawn {command:?}: {e}"));
         let lines = Arc::new(Mutex::new(Vec::new()));
         let mut readers = Vec::new();
         for stream in [
