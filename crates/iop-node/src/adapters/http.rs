@@ -4,7 +4,8 @@
 //!
 //! Adapters use reqwest. The raw tunnel — the hot path — sends plain-HTTP requests over
 //! connections its own task drives ([`super::plain`]); HTTPS providers go through reqwest
-//! there too.
+//! there too. Both send a request once more when a kept-alive connection closed under
+//! it before any answer (the provider's idle timeout crossing the request).
 
 use iop_proto::ErrorCode;
 use std::sync::Arc;
@@ -21,10 +22,12 @@ use super::AdapterError;
 use super::plain::{PlainError, PlainPool};
 
 /// The node's HTTP client for adapters and HTTPS providers, shared by every provider (one
-/// connection pool).
+/// connection pool), and one that never reuses a connection, for a request sent again
+/// after a pooled connection closed under it.
 #[derive(Debug, Clone)]
 pub struct HttpClients {
     pub reqwest: reqwest::Client,
+    pub fresh: reqwest::Client,
 }
 
 /// A plain-HTTP provider's connections and where its API root sits on them.
@@ -79,6 +82,8 @@ pub struct HttpProvider {
     head_timeout: Duration,
     stream_head_timeout: Duration,
     client: reqwest::Client,
+    /// Never reuses a connection: for sending a request again.
+    fresh: reqwest::Client,
     /// Set for `http://` providers.
     plain: Option<PlainEndpoint>,
 }
@@ -137,6 +142,7 @@ impl HttpProvider {
                 DEFAULT_STREAM_HEAD_TIMEOUT
             },
             client: clients.reqwest.clone(),
+            fresh: clients.fresh.clone(),
             plain: match parsed.scheme_str() {
                 Some("http") => Some(PlainEndpoint::new(&parsed)?),
                 _ => None,
@@ -196,13 +202,31 @@ impl HttpProvider {
 
     /// Sends a request and waits for the response head, up to the provider's timeout for
     /// its kind of `answer`.
+    ///
+    /// A request whose connection closed before any byte of the response came back (a
+    /// kept-alive connection the provider's idle timeout closed as the request went out)
+    /// is sent once more on a new connection, within the same time.
     pub async fn send(
         &self,
         request: reqwest::RequestBuilder,
         answer: HeadWait,
     ) -> Result<reqwest::Response, AdapterError> {
         let within = self.head_timeout(answer);
-        match tokio::time::timeout(within, request.send()).await {
+        let deadline = tokio::time::Instant::now() + within;
+        let spare = request.try_clone();
+        let err = match tokio::time::timeout_at(deadline, request.send()).await {
+            Ok(Ok(response)) => return Ok(response),
+            Ok(Err(err)) => err,
+            Err(_) => return Err(self.head_timeout_error(within)),
+        };
+        let spare = spare.filter(|_| closed_unanswered(&err));
+        let Some(Ok(spare)) = spare.map(reqwest::RequestBuilder::build) else {
+            return Err(self.transport_error(&err));
+        };
+        tracing::debug!(provider = self.id.as_str(), error = %with_cause("request failed", &err),
+            "the provider closed the connection under the request, unanswered; sending it once more on a new connection");
+        // Not on another pooled connection: the provider may have closed those too.
+        match tokio::time::timeout_at(deadline, self.fresh.execute(spare)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(err)) => Err(self.transport_error(&err)),
             Err(_) => Err(self.head_timeout_error(within)),
@@ -419,6 +443,20 @@ fn reqwest_failure(err: &reqwest::Error) -> &'static str {
     }
 }
 
+/// The connection closed before any byte of the response came back: hyper's "connection
+/// closed before message completed", or a request it cancelled as its connection went.
+fn closed_unanswered(err: &reqwest::Error) -> bool {
+    use std::error::Error;
+    let mut source = err.source();
+    while let Some(inner) = source {
+        if let Some(hyper) = inner.downcast_ref::<hyper::Error>() {
+            return hyper.is_incomplete_message() || hyper.is_canceled();
+        }
+        source = inner.source();
+    }
+    false
+}
+
 /// `what (root cause)` for a reqwest error: its own message names the URL, so only the
 /// innermost error of its chain says why (`Connection refused (os error 111)`), unless
 /// that one names a URL too.
@@ -491,4 +529,54 @@ fn head_of(status: http::StatusCode, headers: &HeaderMap) -> (u16, Vec<pb::Heade
         })
         .collect();
     (status.as_u16(), out, sse)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::adapters::closing_provider::{BODY, Closing, provider};
+
+    async fn provider_at(addr: &str) -> HttpProvider {
+        let spec = pb::ProviderSpec {
+            id: "p".into(),
+            base_url: format!("http://{addr}/v1"),
+            ..Default::default()
+        };
+        HttpProvider::new(&spec, &crate::adapters::http_clients()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_a_kept_alive_connection_closed_under_is_sent_once_more() {
+        let (addr, accepted) = provider(Closing::UnderTheNextRequest).await;
+        let http = provider_at(&addr).await;
+        for _ in 0..4 {
+            let request = http
+                .request(reqwest::Method::POST, "/chat/completions")
+                .body("{}");
+            let response =
+                tokio::time::timeout(Duration::from_secs(5), http.send(request, HeadWait::Whole))
+                    .await
+                    .expect("answered")
+                    .expect("sent once more on a fresh connection");
+            assert_eq!(response.text().await.unwrap(), BODY);
+        }
+        // Every request after the first goes out on the connection the last one left,
+        // which the provider closes under it unanswered: four answers, four connections.
+        assert_eq!(accepted.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_not_sent_again() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let http = provider_at(&addr).await;
+        let request = http
+            .request(reqwest::Method::POST, "/chat/completions")
+            .body("{}");
+        let err = http.send(request, HeadWait::Whole).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::ProviderUnreachable);
+    }
 }

@@ -7,6 +7,8 @@
 //! (CLI).
 
 pub mod cli;
+#[cfg(test)]
+pub(crate) mod closing_provider;
 pub mod http;
 pub mod mock;
 pub mod ollama;
@@ -224,14 +226,21 @@ pub fn kind_name(kind: pb::ProviderKind) -> &'static str {
 /// environment (providers sit next to the node).
 pub fn http_clients() -> HttpClients {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let reqwest = reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .no_proxy()
-        .connect_timeout(std::time::Duration::from_secs(10))
+    let builder = || {
+        reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .no_proxy()
+            .connect_timeout(std::time::Duration::from_secs(10))
+    };
+    let reqwest = builder()
         .pool_idle_timeout(std::time::Duration::from_secs(90))
         .build()
         .expect("a TLS backend is available");
-    HttpClients { reqwest }
+    let fresh = builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("a TLS backend is available");
+    HttpClients { reqwest, fresh }
 }
 
 #[cfg(test)]
