@@ -190,3 +190,174 @@ async fn ollamas_api_takes_a_body_sent_with_curl_d() {
         .unwrap();
     assert_eq!(response.status(), 415);
 }
+
+/// Every way the edge refuses a request on an Anthropic route — auth, the wrong-key
+/// throttle, body size, content type, method, malformed JSON, an unknown model, a key's
+/// limit, no member online — answers in Anthropic's error shape with the type Anthropic
+/// uses for that status, on `/v1/messages` and on its token counter.
+#[tokio::test]
+async fn every_refusal_on_the_anthropic_routes_is_in_anthropics_shape() {
+    let dir = tempdir();
+    let config = r#"
+auth:
+  keys:
+    - {name: ops, role: admin, key: sk-right-0123456789}
+    - {name: claude, role: client, key: sk-claude-0123456789, limits: {requests_per_minute: 2}}
+limits: {max_body_bytes: 4096}
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers:
+      - {id: m, kind: mock, mock: {tokens: 3}}
+  - id: away
+    token: token-away-0123456789
+    providers:
+      - {id: m, kind: mock}
+model_groups:
+  - {name: mock, members: [{node: n1, provider: m}]}
+  - {name: offline, members: [{node: away, provider: m}]}
+"#;
+    assert!(
+        config.contains(TEST_API_KEY),
+        "wait_ready reads the status with it"
+    );
+    let edge = start_edge(dir.path(), config).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    let key = ("x-api-key", "sk-claude-0123456789");
+    let body = |model: &str| {
+        json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string()
+    };
+    let huge = json!({"model": "mock", "x": "a".repeat(5000)}).to_string();
+    let send = |path: &str,
+                method: reqwest::Method,
+                headers: Vec<(&'static str, &'static str)>,
+                text: String| {
+        let mut request = client()
+            .request(method, edge.url(path))
+            .header("anthropic-version", "2023-06-01")
+            .body(text);
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        request.send()
+    };
+    let json = ("content-type", "application/json");
+    for path in ["/v1/messages", "/v1/messages/count_tokens"] {
+        let cases: Vec<(&str, reqwest::Method, Vec<(&str, &str)>, String, u16, &str)> = vec![
+            (
+                "no key",
+                reqwest::Method::POST,
+                vec![json],
+                body("mock"),
+                401,
+                "authentication_error",
+            ),
+            (
+                "too large",
+                reqwest::Method::POST,
+                vec![json, key],
+                huge.clone(),
+                413,
+                "request_too_large",
+            ),
+            (
+                "not JSON",
+                reqwest::Method::POST,
+                vec![("content-type", "text/html"), key],
+                body("mock"),
+                415,
+                "invalid_request_error",
+            ),
+            (
+                "wrong method",
+                reqwest::Method::GET,
+                vec![key],
+                String::new(),
+                405,
+                "invalid_request_error",
+            ),
+            (
+                "malformed",
+                reqwest::Method::POST,
+                vec![json, key],
+                "{\"model\":".into(),
+                400,
+                "invalid_request_error",
+            ),
+            (
+                "unknown model",
+                reqwest::Method::POST,
+                vec![json, key],
+                body("nope"),
+                404,
+                "not_found_error",
+            ),
+        ];
+        for (what, method, headers, text, status, kind) in cases {
+            let response = send(path, method, headers, text).await.unwrap();
+            assert_eq!(response.status(), status, "{path}: {what}");
+            let answer: Value = response.json().await.unwrap();
+            assert_eq!(answer["type"], "error", "{path}: {what}: {answer}");
+            assert_eq!(answer["error"]["type"], kind, "{path}: {what}: {answer}");
+            assert!(
+                answer["error"]["message"].is_string(),
+                "{path}: {what}: {answer}"
+            );
+        }
+    }
+    let refused = |status: u16, kind: &'static str| async move {
+        let response = send(
+            "/v1/messages",
+            reqwest::Method::POST,
+            vec![json, key],
+            body(if status == 503 { "offline" } else { "mock" }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status(), status);
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(
+            (&answer["type"], &answer["error"]["type"]),
+            (&json!("error"), &json!(kind)),
+            "{answer}"
+        );
+    };
+    // No member online, then the key's limit of two requests a minute.
+    refused(503, "overloaded_error").await;
+    let ok = send(
+        "/v1/messages",
+        reqwest::Method::POST,
+        vec![json, key],
+        body("mock"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ok.status(), 200);
+    refused(429, "rate_limit_error").await;
+    // Last: a wrong key, then the throttle it starts for its address.
+    let wrong = ("x-api-key", "sk-wrong-0123456789");
+    let first = send(
+        "/v1/messages",
+        reqwest::Method::POST,
+        vec![json, wrong],
+        body("mock"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.status(), 401);
+    let answer: Value = first.json().await.unwrap();
+    assert_eq!(answer["error"]["type"], "authentication_error", "{answer}");
+    let throttled = send(
+        "/v1/messages",
+        reqwest::Method::POST,
+        vec![json, wrong],
+        body("mock"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(throttled.status(), 429);
+    let answer: Value = throttled.json().await.unwrap();
+    assert_eq!(answer["error"]["type"], "rate_limit_error", "{answer}");
+}

@@ -68,6 +68,7 @@ pub fn router(edge: Arc<Edge>) -> Router {
         .merge(authenticated)
         .merge(admin::open_routes())
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(edge)
 }
 
@@ -88,6 +89,17 @@ async fn not_found(request: Request) -> Response {
         "unknown_url",
         format!("unknown endpoint: {} {path}", request.method()),
     );
+    error::response(shape_of(path), e)
+}
+
+/// A known path asked with a method it does not serve: 405 in its API's error shape.
+async fn method_not_allowed(request: Request) -> Response {
+    let path = request.uri().path();
+    let mut e = ApiError::bad_request(
+        "method_not_allowed",
+        format!("{path} does not take {} requests", request.method()),
+    );
+    e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
     error::response(shape_of(path), e)
 }
 
