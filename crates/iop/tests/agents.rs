@@ -191,6 +191,17 @@ async fn ollamas_api_takes_a_body_sent_with_curl_d() {
     assert_eq!(response.status(), 415);
 }
 
+/// A refusal to provoke: what, the method, headers and body, and the status and Anthropic
+/// error type it must get.
+type RefusalCase = (
+    &'static str,
+    reqwest::Method,
+    Vec<(&'static str, &'static str)>,
+    String,
+    u16,
+    &'static str,
+);
+
 /// Every way the edge refuses a request on an Anthropic route — auth, the wrong-key
 /// throttle, body size, content type, method, malformed JSON, an unknown model, a key's
 /// limit, no member online — answers in Anthropic's error shape with the type Anthropic
@@ -245,7 +256,7 @@ model_groups:
     };
     let json = ("content-type", "application/json");
     for path in ["/v1/messages", "/v1/messages/count_tokens"] {
-        let cases: Vec<(&str, reqwest::Method, Vec<(&str, &str)>, String, u16, &str)> = vec![
+        let cases: Vec<RefusalCase> = vec![
             (
                 "no key",
                 reqwest::Method::POST,
