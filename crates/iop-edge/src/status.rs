@@ -1,5 +1,6 @@
 //! The `/admin/status` snapshot: every configured node and provider, connected or not, with
-//! capacity and in-flight per lane, probe health, last probe error and ejection, how each
+//! capacity and in-flight per lane (and the most in flight at once, where
+//! `max_concurrency` caps the lanes), probe health, last probe error and ejection, how each
 //! connected node's link is secured and authenticated, and the waiting count of every model
 //! group.
 //!
@@ -97,6 +98,9 @@ pub struct ProviderStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cooling_down: Option<CoolingStatus>,
     pub capacity: LaneCounts,
+    /// The most requests the provider has in flight at once, both lanes together: its
+    /// `max_concurrency` when that is below the lanes' sum (0 while it takes none).
+    pub max_in_flight: u32,
     pub in_flight: LaneCounts,
 }
 
@@ -301,6 +305,9 @@ fn provider_status(
         ejected,
         cooling_down,
         capacity,
+        max_in_flight: p
+            .max_concurrency()
+            .min(capacity.normal.saturating_add(capacity.long)),
         in_flight,
     }
 }

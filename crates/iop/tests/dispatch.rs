@@ -77,8 +77,17 @@ async fn the_openai_sdk_streaming_at_twice_the_capacity_never_meets_a_full_node_
     // freed it, although the SDK closes each stream at [DONE], well before the provider
     // (`lingering`) ends its response and the node its tunnel.
     sdk("wide", "8").await;
-    // Capacity 4 but the node's gate (max_concurrency) is 1: the edge never sends more.
+    // Capacity 4 but the node's gate (max_concurrency) is 1: the edge never sends more,
+    // and the status says so.
     sdk("narrow", "8").await;
+    let s = status(&edge).await;
+    let narrow = provider_of(&s, "n1", "narrow");
+    assert_eq!(
+        (&narrow["capacity"]["normal"], &narrow["max_in_flight"]),
+        (&json!(4), &json!(1)),
+        "{s}"
+    );
+    assert_eq!(provider_of(&s, "n1", "wide")["max_in_flight"], 4, "{s}");
     // Native runs fill one member of a two-member group: its requests go to the other.
     let mut hogs = Vec::new();
     for _ in 0..2 {

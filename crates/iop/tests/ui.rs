@@ -184,7 +184,8 @@ async fn the_page_shows_nodes_providers_a_killed_node_and_failures_without_conso
     let n1_row = n1_row.as_str().unwrap();
     assert!(n1_row.contains(env!("CARGO_PKG_VERSION")), "{n1_row}");
     assert!(n1_row.contains("127.0.0.1:"), "peer address: {n1_row}");
-    // Provider bars: both lanes of both providers, n1's normal lane one of four busy.
+    // Provider bars: in flight, and both lanes, of both providers; n1's normal lane one of
+    // four busy.
     let bars = page
         .wait_for(
             "(() => { const b = document.querySelector('tr[data-provider=\"n1/gpu\"] .bar[data-lane=\"normal\"]'); \
@@ -194,7 +195,11 @@ async fn the_page_shows_nodes_providers_a_killed_node_and_failures_without_conso
             "n1/gpu's normal lane at 1/4",
         )
         .await;
-    assert_eq!(bars, 4, "two lanes for each of two providers");
+    assert_eq!(bars, 6, "the total and two lanes for each of two providers");
+    let n1_total = page
+        .eval("document.querySelector('tr[data-provider=\"n1/gpu\"] .bar[data-lane=\"total\"]').innerText.trim()")
+        .await;
+    assert_eq!(n1_total, "1/5", "in flight of both lanes");
     let n2_bar = page
         .eval("document.querySelector('tr[data-provider=\"n2/gpu\"] .bar[data-lane=\"normal\"]').innerText.trim()")
         .await;

@@ -67,6 +67,13 @@ pub async fn run(args: Args) -> super::Result {
                     p["ejected"]["reason"].as_str().unwrap_or("")
                 ));
             }
+            let lanes_total = p["capacity"]["normal"].as_u64().unwrap_or(0)
+                + p["capacity"]["long"].as_u64().unwrap_or(0);
+            if let Some(max) = p["max_in_flight"].as_u64().filter(|m| *m < lanes_total) {
+                notes.push(format!(
+                    "{name}: at most {max} in flight (max_concurrency), below its lanes' {lanes_total}"
+                ));
+            }
             if let Some(error) = p["last_error"].as_str() {
                 let ago = p["last_error_unix_ms"]
                     .as_u64()
