@@ -1,7 +1,9 @@
 //! Node commands, handled apart from runs: `capabilities`, `transport`, `usage`,
 //! `sessions`, `runs` (recent rows of the run store, at most [`MAX_RUNS_LISTED`], and the
-//! store's counters), `tokens.count` (args `body` and `api`: a prompt counted with an
-//! OpenAI-compatible provider's tokenizer, see `adapters::token_count`) and, for ollama
+//! store's counters), for OpenAI-compatible adapters `tokens.count` (args `body` and `api`:
+//! a prompt counted with the provider's tokenizer, see `adapters::token_count`) and
+//! `models.show` (arg `model`: what its `/v1/models` says of it, see
+//! `adapters::model_info`), and for ollama
 //! adapters, `ollama.tags`, `ollama.ps` and `ollama.show` (arg `model`).
 
 use iop_proto::ErrorCode;
@@ -75,24 +77,23 @@ impl NodeRuntime {
                     .query(what, request.args.get("model").map(String::as_str))
                     .await
             }
+            "models.show" => {
+                let instance = self.tunnel_adapter(request)?;
+                let tunnel = instance
+                    .adapter
+                    .tunnel()
+                    .expect("an OpenAI-compatible adapter");
+                let model = request.args.get("model").ok_or_else(|| {
+                    AdapterError::new(ErrorCode::BadRequest, "models.show needs `model`")
+                })?;
+                crate::adapters::model_info::show(&tunnel.provider, model).await
+            }
             "tokens.count" => {
-                let instance = self.adapter(&request.adapter).ok_or_else(|| {
-                    AdapterError::new(
-                        ErrorCode::NotFound,
-                        format!(
-                            "node {} has no adapter {:?}",
-                            self.node_id(),
-                            request.adapter
-                        ),
-                    )
-                })?;
-                let tunnel = instance.adapter.tunnel().ok_or_else(|| {
-                    AdapterError::not_supported(&format!(
-                        "counting tokens on adapter {} (kind {}, not OpenAI-compatible)",
-                        instance.spec.id,
-                        instance.kind()
-                    ))
-                })?;
+                let instance = self.tunnel_adapter(request)?;
+                let tunnel = instance
+                    .adapter
+                    .tunnel()
+                    .expect("an OpenAI-compatible adapter");
                 let body: Value = request
                     .args
                     .get("body")
@@ -106,10 +107,36 @@ impl NodeRuntime {
             other => Err(AdapterError::new(
                 ErrorCode::BadRequest,
                 format!(
-                    "unknown command {other:?}; commands are capabilities, transport, usage, sessions, runs, tokens.count, ollama.tags, ollama.ps, ollama.show"
+                    "unknown command {other:?}; commands are capabilities, transport, usage, sessions, runs, tokens.count, models.show, ollama.tags, ollama.ps, ollama.show"
                 ),
             )),
         }
+    }
+
+    /// The adapter `request` names, which must be OpenAI-compatible (`tunnel()` is set).
+    fn tunnel_adapter(
+        &self,
+        request: &pb::NodeCommandRequest,
+    ) -> Result<std::sync::Arc<crate::instance::AdapterInstance>, AdapterError> {
+        let instance = self.adapter(&request.adapter).ok_or_else(|| {
+            AdapterError::new(
+                ErrorCode::NotFound,
+                format!(
+                    "node {} has no adapter {:?}",
+                    self.node_id(),
+                    request.adapter
+                ),
+            )
+        })?;
+        if instance.adapter.tunnel().is_none() {
+            return Err(AdapterError::not_supported(&format!(
+                "{} on adapter {} (kind {}, not OpenAI-compatible)",
+                request.name,
+                instance.spec.id,
+                instance.kind()
+            )));
+        }
+        Ok(instance)
     }
 
     fn capabilities(&self) -> Value {

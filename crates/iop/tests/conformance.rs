@@ -669,6 +669,25 @@ async fn ollama_api(ctx: Arc<Ctx>) {
             .any(|m| m["name"] == "tiny" || m["name"] == "tiny:latest"),
         "{tags:?}"
     );
+    // /api/show of a group whose member is the server: what its /v1/models says.
+    let show = post(&ctx.via("/api/show"), &json!({"model": "tiny"})).await;
+    assert_eq!(show.status, 200, "{show:?}");
+    let details = &show.json()["details"];
+    assert_eq!(
+        (
+            &details["format"],
+            &details["family"],
+            &details["quantization_level"]
+        ),
+        (&json!("gguf"), &json!("tiny"), &json!("F32")),
+        "{show:?}"
+    );
+    assert!(
+        details["parameter_size"]
+            .as_str()
+            .is_some_and(|s| s.ends_with('K')),
+        "{show:?}"
+    );
     let expected = reference_text(&ctx).await;
     let body = |stream: bool| {
         json!({

@@ -99,29 +99,36 @@ async fn show(
     }
 }
 
-/// `/api/show` for a group: from an Ollama member on a connected node when there is one
-/// (waiting at most [`SHOW_LOOKUP_TIMEOUT`]), else from the config.
+/// `/api/show` for a group: from the first member on a connected node that can say (an
+/// Ollama member's own `/api/show`, an OpenAI-compatible member's `/v1/models`), waiting
+/// at most [`SHOW_LOOKUP_TIMEOUT`], else from the config.
 async fn show_group(edge: &Edge, group: &ModelGroupConfig) -> Value {
     let config = edge.config();
-    let member = group.members.iter().find(|m| {
-        edge.session(&m.node).is_some()
-            && crate::service::provider_of(&config, &m.node, &m.provider)
-                .is_some_and(|p| p.enabled && p.kind == ProviderKind::Ollama)
+    let member = group.members.iter().find_map(|m| {
+        let p = crate::service::provider_of(&config, &m.node, &m.provider)?;
+        let usable = edge.session(&m.node).is_some() && p.enabled;
+        (usable && (p.kind == ProviderKind::Ollama || p.kind.is_tunnel())).then_some((m, p.kind))
     });
-    let Some(member) = member else {
+    let Some((member, kind)) = member else {
         return catalog::show_from_config(group);
     };
     let model = member.model.clone().unwrap_or_else(|| group.name.clone());
-    let args = [("model".to_string(), model)].into();
-    let lookup = edge.node_command(&member.node, "ollama.show", &member.provider, args);
+    let command = if kind == ProviderKind::Ollama {
+        "ollama.show"
+    } else {
+        "models.show"
+    };
+    let args = [("model".to_string(), model.clone())].into();
+    let lookup = edge.node_command(&member.node, command, &member.provider, args);
     match tokio::time::timeout(SHOW_LOOKUP_TIMEOUT, lookup).await {
-        Ok(Ok(answer)) => catalog::show_from_member(group, &answer),
+        Ok(Ok(answer)) if kind == ProviderKind::Ollama => catalog::show_from_member(group, &answer),
+        Ok(Ok(answer)) => catalog::show_from_openai(group, &model, &answer),
         Ok(Err(err)) => {
-            tracing::debug!(model_group = %group.name, node_id = %member.node, %err, "ollama.show failed: answering from the config");
+            tracing::debug!(model_group = %group.name, node_id = %member.node, %err, "{command} failed: answering from the config");
             catalog::show_from_config(group)
         }
         Err(_) => {
-            tracing::debug!(model_group = %group.name, node_id = %member.node, "ollama.show timed out: answering from the config");
+            tracing::debug!(model_group = %group.name, node_id = %member.node, "{command} timed out: answering from the config");
             catalog::show_from_config(group)
         }
     }

@@ -11,6 +11,7 @@ pub mod cli;
 pub(crate) mod closing_provider;
 pub mod http;
 pub mod mock;
+pub mod model_info;
 pub mod ollama;
 pub mod openai_compat;
 pub mod plain;

@@ -648,6 +648,67 @@ mod tests {
     }
 
     #[test]
+    fn every_field_that_does_not_change_the_answer_is_accepted_and_left_out() {
+        // docs/apis.md's table, row "accepted, ignored".
+        let cached = json!({"type": "ephemeral"});
+        for (field, value) in [
+            (
+                "context_management",
+                json!({"edits": [{"type": "clear_thinking_20251015"}]}),
+            ),
+            ("thinking", json!({"type": "adaptive"})),
+            ("service_tier", json!("auto")),
+            (
+                "system",
+                json!([{"type": "text", "text": "s", "cache_control": cached}]),
+            ),
+            (
+                "messages",
+                json!([{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": cached}]}]),
+            ),
+            (
+                "tools",
+                json!([{"name": "f", "input_schema": {"type": "object"}, "cache_control": cached}]),
+            ),
+        ] {
+            let mut body = json!({"model": "g", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]});
+            body[field] = value;
+            let c = chat(body.clone()).unwrap_or_else(|e| panic!("{body}: {}", e.message));
+            let text = c.to_string();
+            for key in [
+                "cache_control",
+                "context_management",
+                "thinking",
+                "service_tier",
+            ] {
+                let quoted = format!("\"{key}\"");
+                assert!(
+                    !text.contains(&quoted),
+                    "{field}: {key} reached the backend: {text}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn what_changes_the_answer_is_carried() {
+        // docs/apis.md's table, row "carried".
+        let c = chat(json!({
+            "model": "g", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+            "metadata": {"user_id": "u1"},
+            "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object"}}},
+            "stop_sequences": ["END"],
+            "top_k": 5
+        }))
+        .unwrap();
+        assert_eq!(c["user"], "u1");
+        assert_eq!(c["reasoning_effort"], "low");
+        assert_eq!(c["stop"], json!(["END"]));
+        assert_eq!(c["top_k"], 5);
+        assert_eq!(c["response_format"]["type"], "json_schema", "{:?}", c);
+    }
+
+    #[test]
     fn what_cannot_be_honoured_is_a_400_naming_the_field() {
         let base = |extra: Value| {
             let mut b = json!({"model": "g", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]});

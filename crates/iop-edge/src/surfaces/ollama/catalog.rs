@@ -5,8 +5,10 @@
 //! A group has no weights of its own, so `size` is 0, `digest` is the SHA-256 of its name
 //! and `modified_at` the stable stand-in time of `/v1/models`' `created`. `/api/show` of a
 //! group served by an Ollama member asks that member's Ollama (`ollama.show`, briefly) for
-//! the model's details, `model_info`, capabilities, template and parameters; otherwise it
-//! says what the config knows. A configured `context_length` wins either way.
+//! the model's details, `model_info`, capabilities, template and parameters; one served by
+//! an OpenAI-compatible member asks what its `/v1/models` says (`models.show`: details,
+//! parameter count, quantization, trained context); otherwise it says what the config
+//! knows. A configured `context_length` wins either way.
 //!
 //! Pure: the config and the caller in, Ollama's JSON out.
 
@@ -153,6 +155,107 @@ pub fn show_from_member(group: &ModelGroupConfig, member: &Value) -> Value {
     out
 }
 
+/// `/api/show` from what an OpenAI-compatible member's `/v1/models` says of the model
+/// (the node's `models.show`: `{"data", "ollama"}`): the details llama-server lists in its
+/// Ollama-style entry; the parameter count, quantization and trained context from the
+/// entry's `meta` (llama-server) or its `max_model_len` (vLLM); a family the server does
+/// not name is the leading letters of the model's name (`Qwen2.5-7B` → `qwen`). A
+/// configured context length wins.
+pub fn show_from_openai(group: &ModelGroupConfig, model: &str, member: &Value) -> Value {
+    let mut out = show_from_config(group);
+    let mut details = details();
+    if let Some(reported) = member.pointer("/ollama/details").and_then(Value::as_object) {
+        for (key, value) in reported {
+            let empty = match value {
+                Value::String(s) => s.is_empty(),
+                Value::Array(a) => a.iter().all(|v| v.as_str().is_some_and(str::is_empty)),
+                Value::Null => true,
+                _ => false,
+            };
+            if !empty && details.get(key).is_some() {
+                details[key.as_str()] = value.clone();
+            }
+        }
+    }
+    let meta = member.pointer("/data/meta");
+    let unset = |details: &Value, key: &str| details[key].as_str().is_none_or(str::is_empty);
+    if unset(&details, "parameter_size")
+        && let Some(n) = meta.and_then(|m| m.get("n_params")).and_then(Value::as_u64)
+    {
+        details["parameter_size"] = json!(human_number(n));
+    }
+    if unset(&details, "quantization_level")
+        && let Some(ftype) = meta.and_then(|m| m.get("ftype")).and_then(Value::as_str)
+    {
+        details["quantization_level"] = json!(quantization(ftype));
+    }
+    if unset(&details, "family") {
+        let family = family_of(model);
+        if !family.is_empty() {
+            details["family"] = json!(family);
+        }
+    }
+    if details["families"].is_null()
+        && let Some(family) = details["family"].as_str().filter(|f| !f.is_empty())
+    {
+        details["families"] = json!([family]);
+    }
+    out["details"] = details;
+    if let Some(caps) = member
+        .pointer("/ollama/capabilities")
+        .and_then(Value::as_array)
+        .filter(|c| c.iter().any(|v| v.as_str().is_some_and(|s| !s.is_empty())))
+    {
+        out["capabilities"] = Value::Array(caps.clone());
+    }
+    let context = group.context_length.or_else(|| {
+        let data = member.get("data")?;
+        data.get("max_model_len")
+            .or_else(|| data.pointer("/meta/n_ctx_train"))
+            .and_then(Value::as_u64)
+    });
+    if let Some(n) = context {
+        out["model_info"][format!("{ARCHITECTURE}.context_length")] = json!(n);
+    }
+    out
+}
+
+/// A count as Ollama writes parameter sizes: `8B`, `7.6B`, `137M`, `146.9K`.
+fn human_number(n: u64) -> String {
+    let (value, unit) = match n {
+        n if n >= 1_000_000_000 => (n as f64 / 1e9, "B"),
+        n if n >= 1_000_000 => (n as f64 / 1e6, "M"),
+        n if n >= 1_000 => (n as f64 / 1e3, "K"),
+        n => return n.to_string(),
+    };
+    if value.fract() == 0.0 {
+        format!("{value:.0}{unit}")
+    } else {
+        format!("{value:.1}{unit}")
+    }
+}
+
+/// llama.cpp's file type as Ollama names quantizations: `all F32` → `F32`,
+/// `Q4_K - Medium` → `Q4_K_M`.
+fn quantization(ftype: &str) -> String {
+    let ftype = ftype
+        .trim_start_matches("all ")
+        .trim_start_matches("mostly ");
+    match ftype.split_once(" - ") {
+        Some((base, size)) => format!("{base}_{}", &size[..1.min(size.len())]),
+        None => ftype.to_string(),
+    }
+}
+
+/// The leading letters of a model's name (after any `org/`), lower-cased.
+fn family_of(model: &str) -> String {
+    let name = model.rsplit('/').next().unwrap_or(model);
+    name.chars()
+        .take_while(char::is_ascii_alphabetic)
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,6 +304,36 @@ model_groups:
         assert_eq!(resolve(&c, &anyone, "big:70b").unwrap().name, "big:70b");
         assert!(resolve(&c, &anyone, "big").is_none());
         assert!(resolve(&c, &anyone, "nope:latest").is_none());
+    }
+
+    #[test]
+    fn an_openai_compatible_members_report_fills_the_details() {
+        let group = &config().model_groups[0];
+        let llama = json!({
+            "data": {"id": "tiny", "meta": {"n_params": 146880, "ftype": "all F32", "n_ctx_train": 4096}},
+            "ollama": {"details": {"format": "gguf", "family": "", "families": [""], "parameter_size": ""},
+                       "capabilities": ["completion"]}
+        });
+        let s = show_from_openai(group, "tiny", &llama);
+        assert_eq!(s["details"]["format"], "gguf");
+        assert_eq!(s["details"]["family"], "tiny");
+        assert_eq!(s["details"]["families"], json!(["tiny"]));
+        assert_eq!(s["details"]["parameter_size"], "146.9K");
+        assert_eq!(s["details"]["quantization_level"], "F32");
+        let vllm = json!({"data": {"id": "Qwen/Qwen2.5-7B-Instruct", "max_model_len": 32768}, "ollama": null});
+        let s = show_from_openai(group, "Qwen/Qwen2.5-7B-Instruct", &vllm);
+        assert_eq!(s["details"]["family"], "qwen");
+        assert_eq!(
+            s["model_info"]["iop.context_length"], 4096,
+            "a configured context length wins"
+        );
+        let mut unsized_group = group.clone();
+        unsized_group.context_length = None;
+        let s = show_from_openai(&unsized_group, "Qwen/Qwen2.5-7B-Instruct", &vllm);
+        assert_eq!(s["model_info"]["iop.context_length"], 32768);
+        assert_eq!(human_number(8_000_000_000), "8B");
+        assert_eq!(human_number(7_615_616_512), "7.6B");
+        assert_eq!(quantization("Q4_K - Medium"), "Q4_K_M");
     }
 
     #[test]

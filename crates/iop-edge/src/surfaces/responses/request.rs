@@ -829,8 +829,42 @@ mod tests {
     }
 
     #[test]
+    fn every_field_that_does_not_change_the_answer_is_accepted_and_left_out() {
+        // docs/apis.md's table, row "accepted, ignored".
+        for (field, value) in [
+            ("client_metadata", json!({"originator": "codex_exec"})),
+            ("metadata", json!({"team": "a"})),
+            ("store", json!(true)),
+            ("include", json!(["reasoning.encrypted_content"])),
+            ("prompt_cache_key", json!("session-1")),
+            ("prompt_cache_retention", json!("24h")),
+            ("safety_identifier", json!("user-1")),
+            ("service_tier", json!("auto")),
+            ("stream_options", json!({"include_obfuscation": false})),
+            ("text", json!({"verbosity": "low"})),
+            ("reasoning", json!({"summary": "auto"})),
+        ] {
+            let mut body = json!({"model": "g", "input": "x"});
+            body[field] = value;
+            let c = chat(body.clone()).unwrap_or_else(|e| panic!("{body}: {}", e.message));
+            let carried: Vec<&String> = c
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| !matches!(k.as_str(), "model" | "messages"))
+                .collect();
+            assert!(
+                carried.is_empty(),
+                "{field} must not reach the backend: {c}"
+            );
+        }
+    }
+
+    #[test]
     fn what_cannot_be_honoured_is_a_400_naming_the_field() {
         for (body, param) in [
+            (json!({"input": "x", "max_tool_calls": 3}), "max_tool_calls"),
+            (json!({"input": "x", "top_logprobs": 2}), "top_logprobs"),
             (
                 json!({"input": "x", "previous_response_id": "resp_1"}),
                 "previous_response_id",
