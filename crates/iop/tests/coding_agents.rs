@@ -62,62 +62,78 @@ fn assert_tool_round_trip(exchanges: &[Exchange], path: &str, call: &str, result
     );
 }
 
-#[tokio::test]
-async fn claude_code_calls_a_tool_through_the_demo() {
-    let test = "Claude Code against the demo";
-    let Some(claude) = agents::program(test, "claude") else {
+/// The two agents, each with what it speaks and how a user would prompt it to use a tool.
+#[derive(Clone, Copy, Debug)]
+enum Agent {
+    ClaudeCode,
+    Codex,
+}
+
+impl Agent {
+    fn program(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => "claude",
+            Agent::Codex => "codex",
+        }
+    }
+
+    /// The endpoint its model requests go to.
+    fn path(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => "/v1/messages",
+            Agent::Codex => "/v1/responses",
+        }
+    }
+
+    /// What an answer calling a tool holds, and a request sending its result back.
+    fn round_trip(self) -> (&'static str, &'static str) {
+        match self {
+            Agent::ClaudeCode => ("\"tool_use\"", "\"tool_result\""),
+            Agent::Codex => ("\"function_call\"", "\"function_call_output\""),
+        }
+    }
+
+    /// Runs it against the edge at `root` (`http://host:port`) with model `model`.
+    async fn run(self, program: &std::path::Path, root: &str, model: &str) -> AgentRun {
+        let home = tempdir();
+        match self {
+            Agent::ClaudeCode => {
+                let prompt = "List the files in this directory with the Bash tool.";
+                agents::claude(program, home.path(), root, model, prompt, WITHIN).await
+            }
+            Agent::Codex => {
+                let base = format!("{root}/v1");
+                let prompt = "List the files here with exec_command.";
+                agents::codex(program, home.path(), &base, model, prompt, WITHIN).await
+            }
+        }
+    }
+}
+
+/// `agent` against the demo: exit 0, every request 2xx, a tool round trip.
+async fn calls_a_tool_through_the_demo(agent: Agent) {
+    let test = format!("{agent:?} against the demo");
+    let Some(program) = agents::program(&test, agent.program()) else {
         return;
     };
     let demo = Demo::start().await;
     let recorder = Recorder::start(&demo.root).await;
-    let home = tempdir();
-    let run = agents::claude(
-        &claude,
-        home.path(),
-        &recorder.url,
-        "mock",
-        "List the files in this directory with the Bash tool.",
-        WITHIN,
-    )
-    .await;
+    let run = agent.run(&program, &recorder.url, "mock").await;
     let exchanges = recorder.exchanges();
     assert!(run.success, "{run}\n{exchanges:#?}");
-    assert_all_2xx(&exchanges, "/v1/messages", &run);
-    assert_tool_round_trip(
-        &exchanges,
-        "/v1/messages",
-        "\"tool_use\"",
-        "\"tool_result\"",
-    );
+    assert_all_2xx(&exchanges, agent.path(), &run);
+    let (call, result) = agent.round_trip();
+    assert_tool_round_trip(&exchanges, agent.path(), call, result);
+}
+
+#[tokio::test]
+async fn claude_code_calls_a_tool_through_the_demo() {
+    calls_a_tool_through_the_demo(Agent::ClaudeCode).await;
 }
 
 #[tokio::test]
 async fn codex_calls_a_tool_through_the_demo() {
-    let test = "Codex against the demo";
-    let Some(codex) = agents::program(test, "codex") else {
-        return;
-    };
-    let demo = Demo::start().await;
-    let recorder = Recorder::start(&demo.root).await;
-    let home = tempdir();
-    let run = agents::codex(
-        &codex,
-        home.path(),
-        &format!("{}/v1", recorder.url),
-        "mock",
-        "List the files here with exec_command.",
-        WITHIN,
-    )
-    .await;
-    let exchanges = recorder.exchanges();
-    assert!(run.success, "{run}\n{exchanges:#?}");
-    assert_all_2xx(&exchanges, "/v1/responses", &run);
-    assert_tool_round_trip(
-        &exchanges,
-        "/v1/responses",
-        "\"function_call\"",
-        "\"function_call_output\"",
-    );
+    calls_a_tool_through_the_demo(Agent::Codex).await;
 }
 
 /// An edge and a node in front of a llama-server of its own with room for an agent's
@@ -174,65 +190,36 @@ async fn real_backend(suite: &str) -> Option<RealBackend> {
     })
 }
 
-#[tokio::test]
-async fn claude_code_completes_a_prompt_through_llama_server() {
-    let test = "Claude Code against llama-server";
-    let Some(claude) = agents::program(test, "claude") else {
+/// `agent` against llama-server: exit 0, every request 2xx, and its requests offered the
+/// agent's tools (`offered` appears in one).
+async fn completes_a_prompt_through_llama_server(agent: Agent, offered: &str) {
+    let test = format!("{agent:?} against llama-server");
+    let Some(program) = agents::program(&test, agent.program()) else {
         return;
     };
-    let Some(backend) = real_backend(test).await else {
+    let Some(backend) = real_backend(&test).await else {
         return;
     };
     let recorder = Recorder::start(&backend.edge.url("")).await;
-    let home = tempdir();
-    let run = agents::claude(
-        &claude,
-        home.path(),
-        &recorder.url,
-        "tiny",
-        "List the files in this directory with the Bash tool.",
-        WITHIN,
-    )
-    .await;
+    let run = agent.run(&program, &recorder.url, "tiny").await;
     let exchanges = recorder.exchanges();
     assert!(run.success, "{run}\n{exchanges:#?}");
-    assert_all_2xx(&exchanges, "/v1/messages", &run);
+    assert_all_2xx(&exchanges, agent.path(), &run);
     assert!(
         exchanges
             .iter()
-            .any(|e| e.path.starts_with("/v1/messages") && e.request_text().contains("\"Bash\"")),
-        "the agent offered its tools"
+            .any(|e| e.path.starts_with(agent.path()) && e.request_text().contains(offered)),
+        "the agent offered its tools ({offered})"
     );
 }
 
 #[tokio::test]
+async fn claude_code_completes_a_prompt_through_llama_server() {
+    completes_a_prompt_through_llama_server(Agent::ClaudeCode, "\"Bash\"").await;
+}
+
+#[tokio::test]
 async fn codex_completes_a_prompt_through_llama_server() {
-    let test = "Codex against llama-server";
-    let Some(codex) = agents::program(test, "codex") else {
-        return;
-    };
-    let Some(backend) = real_backend(test).await else {
-        return;
-    };
-    let recorder = Recorder::start(&backend.edge.url("")).await;
-    let home = tempdir();
-    let run = agents::codex(
-        &codex,
-        home.path(),
-        &format!("{}/v1", recorder.url),
-        "tiny",
-        "List the files here with exec_command.",
-        WITHIN,
-    )
-    .await;
-    let exchanges = recorder.exchanges();
-    assert!(run.success, "{run}\n{exchanges:#?}");
-    assert_all_2xx(&exchanges, "/v1/responses", &run);
-    assert!(
-        exchanges
-            .iter()
-            .any(|e| e.path.starts_with("/v1/responses")
-                && e.request_text().contains("\"namespace\"")),
-        "the agent offered a tool namespace"
-    );
+    // Codex offers a namespace of sub-agent tools, which the translation expands.
+    completes_a_prompt_through_llama_server(Agent::Codex, "\"namespace\"").await;
 }

@@ -386,6 +386,36 @@ impl HttpProvider {
         self.base_url.strip_suffix("/v1").unwrap_or(&self.base_url)
     }
 
+    /// A small lookup (a model list, a token count — not a generation): sends `request`
+    /// and reads its 2xx JSON answer, all within `within`; `what` names it in errors.
+    pub async fn json_lookup(
+        &self,
+        request: reqwest::RequestBuilder,
+        within: Duration,
+        what: &str,
+    ) -> Result<serde_json::Value, AdapterError> {
+        let exchange = async {
+            let response = request.send().await.map_err(|e| self.transport_error(&e))?;
+            if !response.status().is_success() {
+                return Err(self.status_error(response).await);
+            }
+            response.json::<serde_json::Value>().await.map_err(|_| {
+                AdapterError::new(
+                    ErrorCode::BadUpstreamResponse,
+                    format!("provider {}: {what} answered no JSON", self.id),
+                )
+            })
+        };
+        tokio::time::timeout(within, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(AdapterError::new(
+                    ErrorCode::ProviderTimeout,
+                    format!("provider {}: {what} took over {within:?}", self.id),
+                ))
+            })
+    }
+
     /// A health probe: `GET url` with the provider's headers must answer 2xx within
     /// `timeout`. The error names `label` (the probed path), never the URL.
     pub async fn probe_get(&self, url: &str, label: &str, timeout: Duration) -> Result<(), String> {

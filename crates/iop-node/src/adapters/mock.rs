@@ -73,30 +73,17 @@ fn refuse_unsupported(options: &pb::GenerationOptions) -> Result<(), AdapterErro
 /// The tool call the mock makes for `input` (one per turn, see `iop_mock::agent_turn`), or
 /// `None` when it answers in text.
 fn tool_call(input: &RunInput) -> Option<pb::ToolCall> {
-    use iop_mock::agent_turn::{Turn, calls_a_tool, chosen_tool};
-    let tools: Vec<Value> = serde_json::from_str(&input.options.tools_json).ok()?;
-    let messages = input.chat_messages();
-    let turns = messages.iter().map(|m| Turn {
-        role: &m.role,
-        calls_tools: !m.tool_calls.is_empty(),
-    });
-    if tools.is_empty() || !calls_a_tool(turns) {
-        return None;
-    }
-    let names: Vec<&str> = tools
+    let tools: Value = serde_json::from_str(&input.options.tools_json).ok()?;
+    let messages: Vec<Value> = input
+        .chat_messages()
         .iter()
-        .map(|t| {
-            t.pointer("/function/name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
+        .map(|m| {
+            let calls = (!m.tool_calls.is_empty()).then(|| json!([{}]));
+            json!({"role": m.role, "content": m.content, "tool_calls": calls})
         })
         .collect();
-    let prompt = messages
-        .iter()
-        .rev()
-        .find(|m| m.role == "user")
-        .map_or("", |m| m.content.as_str());
-    let function = tools[chosen_tool(&names, prompt)].get("function")?;
+    let conversation = json!({"tools": tools, "messages": messages});
+    let function = iop_mock::agent_turn::json_tool_call(&conversation)?;
     let name = function.get("name")?.as_str()?.to_string();
     let arguments = function
         .get("parameters")

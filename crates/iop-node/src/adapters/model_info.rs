@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use iop_proto::ErrorCode;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -19,32 +18,10 @@ const SHOW_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The provider's entries for `model`.
 pub async fn show(provider: &HttpProvider, model: &str) -> Result<Value, AdapterError> {
-    let request = provider.request(Method::GET, "/models").send();
-    let response = match tokio::time::timeout(SHOW_TIMEOUT, request).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(err)) => return Err(provider.transport_error(&err)),
-        Err(_) => {
-            return Err(AdapterError::new(
-                ErrorCode::ProviderTimeout,
-                format!(
-                    "provider {} did not list its models within {SHOW_TIMEOUT:?}",
-                    provider.id
-                ),
-            ));
-        }
-    };
-    if !response.status().is_success() {
-        return Err(provider.status_error(response).await);
-    }
-    let list: Value = match tokio::time::timeout(SHOW_TIMEOUT, response.json()).await {
-        Ok(Ok(list)) => list,
-        _ => {
-            return Err(AdapterError::new(
-                ErrorCode::BadUpstreamResponse,
-                format!("provider {}: /models answered no JSON", provider.id),
-            ));
-        }
-    };
+    let request = provider.request(Method::GET, "/models");
+    let list = provider
+        .json_lookup(request, SHOW_TIMEOUT, "GET /v1/models")
+        .await?;
     Ok(entries(&list, model))
 }
 

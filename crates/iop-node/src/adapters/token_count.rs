@@ -87,30 +87,9 @@ async fn post(
     request: reqwest::RequestBuilder,
     body: &Value,
 ) -> Result<Value, AdapterError> {
-    let sent = tokio::time::timeout(COUNT_TIMEOUT, request.json(body).send()).await;
-    let response = match sent {
-        Ok(Ok(response)) => response,
-        Ok(Err(err)) => return Err(provider.transport_error(&err)),
-        Err(_) => {
-            return Err(AdapterError::new(
-                ErrorCode::ProviderTimeout,
-                format!(
-                    "provider {} did not count within {COUNT_TIMEOUT:?}",
-                    provider.id
-                ),
-            ));
-        }
-    };
-    if !response.status().is_success() {
-        return Err(provider.status_error(response).await);
-    }
-    match tokio::time::timeout(COUNT_TIMEOUT, response.json::<Value>()).await {
-        Ok(Ok(answer)) => Ok(answer),
-        _ => Err(AdapterError::new(
-            ErrorCode::BadUpstreamResponse,
-            format!("provider {} answered a count with no JSON", provider.id),
-        )),
-    }
+    provider
+        .json_lookup(request.json(body), COUNT_TIMEOUT, "counting")
+        .await
 }
 
 fn unreadable(provider: &HttpProvider, path: &str) -> AdapterError {
