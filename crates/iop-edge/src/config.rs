@@ -26,6 +26,7 @@ mod node;
 pub mod node_limits;
 mod provider;
 mod secret;
+pub mod shutdown;
 mod tls;
 
 pub use auth::{ApiKeyConfig, AuthConfig, KeyLimitsConfig, MIN_API_KEY_CHARS, Role};
@@ -44,6 +45,7 @@ pub use provider::{
     MockConfig, ProviderApi, ProviderConfig, ProviderKind, TunnelUsage,
 };
 pub use secret::{Env, TokenHash, hash_token};
+pub use shutdown::ShutdownConfig;
 pub use tls::{DEFAULT_CREDENTIAL_DAYS, HttpTlsConfig, NodeTlsConfig, NodeTlsMode};
 
 pub const DEFAULT_NODE_LISTEN: &str = "127.0.0.1:7700";
@@ -156,6 +158,9 @@ pub struct EdgeConfig {
     /// The durable usage ledger in `state_dir`.
     #[serde(default)]
     pub ledger: LedgerConfig,
+    /// How the edge stops: the drain on SIGTERM.
+    #[serde(default)]
+    pub shutdown: ShutdownConfig,
 }
 
 fn default_max_frame_bytes() -> usize {
@@ -349,6 +354,7 @@ impl EdgeConfig {
         self.http.validate().map_err(|e| e.under("http"))?;
         self.auth.validate(&self.model_groups)?;
         self.ledger.validate().map_err(|e| e.under("ledger"))?;
+        self.shutdown.validate().map_err(|e| e.under("shutdown"))?;
         if !self.ledger.enabled
             && let Some(i) = self
                 .auth

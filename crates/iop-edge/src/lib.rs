@@ -11,6 +11,7 @@ pub(crate) mod auth;
 pub(crate) mod canonical;
 pub(crate) mod codec;
 pub mod config;
+pub(crate) mod drain;
 pub(crate) mod ejection;
 pub(crate) mod events;
 pub mod fdlimit;
@@ -206,6 +207,35 @@ impl EdgeServer {
         match (&self.http_tls, &config.http_tls) {
             (Some(tls), Some(files)) => tls.reload(files),
             _ => Ok(()),
+        }
+    }
+
+    /// Drains the edge before a stop: from now on `/readyz` answers 503 and new client
+    /// requests are refused, while those in progress run on — until the last one ends,
+    /// `config.shutdown.grace_sec` passes, or `stop_now` resolves (a second signal).
+    pub async fn drain(&self, stop_now: impl std::future::Future<Output = ()>) {
+        let grace = self.edge.config().shutdown.grace();
+        self.edge.drain.begin();
+        let in_progress = self.edge.drain.in_progress();
+        if in_progress == 0 || grace.is_zero() {
+            return;
+        }
+        tracing::info!(
+            requests = in_progress,
+            grace_sec = grace.as_secs(),
+            "draining: refusing new requests, waiting for those in progress (a second SIGINT or SIGTERM stops at once)"
+        );
+        tokio::select! {
+            _ = self.edge.drain.until_idle() => tracing::info!("drained: no request in progress"),
+            _ = tokio::time::sleep(grace) => tracing::warn!(
+                requests = self.edge.drain.in_progress(),
+                "requests still in progress after {}s (shutdown.grace_sec): closing them",
+                grace.as_secs()
+            ),
+            _ = stop_now => tracing::warn!(
+                requests = self.edge.drain.in_progress(),
+                "stopping at once (second signal): closing the requests in progress"
+            ),
         }
     }
 

@@ -1,12 +1,20 @@
-//! Turns SIGINT / SIGTERM into a cancellation token the daemons shut down on.
+//! Turns SIGINT / SIGTERM into cancellation tokens the daemons shut down on: the first
+//! signal asks for a stop (the edge drains first), a second one for a stop at once.
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 /// A token cancelled on the first SIGINT or SIGTERM.
 pub fn shutdown_on_signal() -> CancellationToken {
-    let token = CancellationToken::new();
-    let trigger = token.clone();
+    shutdown_and_stop_now().0
+}
+
+/// Tokens cancelled on the first SIGINT or SIGTERM (shut down) and on the second (stop at
+/// once).
+pub fn shutdown_and_stop_now() -> (CancellationToken, CancellationToken) {
+    let shutdown = CancellationToken::new();
+    let stop_now = CancellationToken::new();
+    let (first, second) = (shutdown.clone(), stop_now.clone());
     tokio::spawn(async move {
         let (Ok(mut int), Ok(mut term)) = (
             signal(SignalKind::interrupt()),
@@ -15,12 +23,14 @@ pub fn shutdown_on_signal() -> CancellationToken {
             tracing::warn!("cannot install signal handlers");
             return;
         };
-        let name = tokio::select! {
-            _ = int.recv() => "SIGINT",
-            _ = term.recv() => "SIGTERM",
-        };
-        tracing::info!(signal = name, "shutting down");
-        trigger.cancel();
+        for (token, what) in [(first, "shutting down"), (second, "stopping at once")] {
+            let name = tokio::select! {
+                _ = int.recv() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            };
+            tracing::info!(signal = name, "{what}");
+            token.cancel();
+        }
     });
-    token
+    (shutdown, stop_now)
 }

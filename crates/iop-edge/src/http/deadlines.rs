@@ -8,7 +8,8 @@
 //!   write that could make no progress for `write_timeout` (a client that stopped reading);
 //! - [`TimedBody`] fails a request body that is not complete `body_timeout` after its head
 //!   (a chunked body that never ends, a dribbling upload);
-//! - [`ResponseBody`] keeps the connection busy until its response is fully written.
+//! - [`Holding`] keeps a guard until its response is fully written (the connection busy,
+//!   a client request in progress).
 //!
 //! None of these allocate per read or write; the timers are armed only when needed.
 
@@ -344,20 +345,22 @@ where
     }
 }
 
-/// A response body that keeps its connection busy until it is written or dropped.
-#[derive(Debug)]
-pub struct ResponseBody<B> {
+/// A response body that holds `G` (a guard) until the body ends or is dropped.
+pub struct Holding<B, G> {
     inner: B,
-    _busy: BusyGuard,
+    _guard: G,
 }
 
-impl<B> ResponseBody<B> {
-    pub fn new(inner: B, busy: BusyGuard) -> Self {
-        Self { inner, _busy: busy }
+impl<B, G> Holding<B, G> {
+    pub fn new(inner: B, guard: G) -> Self {
+        Self {
+            inner,
+            _guard: guard,
+        }
     }
 }
 
-impl<B: Body + Unpin> Body for ResponseBody<B> {
+impl<B: Body + Unpin, G: Unpin> Body for Holding<B, G> {
     type Data = B::Data;
     type Error = B::Error;
 

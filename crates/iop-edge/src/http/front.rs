@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -15,7 +16,9 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::cors::{self, Decision};
+use super::deadlines::Holding;
 use super::request_id::{self, X_REQUEST_ID};
+use crate::canonical::ApiError;
 use crate::service::Edge;
 
 /// The HTTP application: the routes behind the front.
@@ -36,10 +39,21 @@ impl App {
         }
     }
 
-    /// Answers one request; every response carries the request's `x-request-id`.
+    /// Answers one request; every response carries the request's `x-request-id`. A client
+    /// request counts as in progress until its response body ends; while the edge drains
+    /// it is refused instead.
     pub async fn serve(&self, mut request: Request) -> Response {
         let (id, span) = request_id::assign(&mut request);
-        let mut response = self.route(request).instrument(span).await;
+        let path = request.uri().path();
+        let mut response = if !crate::drain::counts(path) {
+            self.route(request).instrument(span).await
+        } else if self.edge.drain.is_draining() {
+            draining(path)
+        } else {
+            let in_progress = self.edge.drain.started();
+            let response = self.route(request).instrument(span).await;
+            response.map(|body| Body::new(Holding::new(body, in_progress)))
+        };
         response.headers_mut().insert(X_REQUEST_ID, id);
         response
     }
@@ -62,4 +76,17 @@ impl App {
         }
         response
     }
+}
+
+/// The answer to a client request that arrives while the edge drains: 503 in its API's
+/// shape, to be sent again (to another edge, or to this one once it is back).
+fn draining(path: &str) -> Response {
+    let e = ApiError::of(
+        iop_proto::ErrorCode::Unavailable,
+        "this edge is shutting down and takes no new requests: send it again (to another \
+         edge, or to this one once it is back)",
+    )
+    .with_detail("edge_draining")
+    .with_retry_after(1);
+    super::error::response(super::shape_of(path), e)
 }

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::App;
 use super::client_addr::{AddressSlot, ClientAddr, ConnectionsPerAddress, TrustedProxies};
-use super::deadlines::{Activity, DeadlineIo, Expired, ResponseBody, TimedBody};
+use super::deadlines::{Activity, DeadlineIo, Expired, Holding, TimedBody};
 use super::tls::HttpTls;
 use crate::config::HttpLimitsConfig;
 use crate::service::Edge;
@@ -186,7 +186,7 @@ pub async fn serve_connection<S>(
         let app = app.clone();
         async move {
             let response = app.serve(request).await;
-            Ok::<_, Infallible>(response.map(|body| ResponseBody::new(body, busy)))
+            Ok::<_, Infallible>(response.map(|body| Holding::new(body, busy)))
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();

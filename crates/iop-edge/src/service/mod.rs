@@ -222,6 +222,8 @@ pub struct Edge {
     pub telemetry: Telemetry,
     tasks: TaskTracker,
     shutdown: CancellationToken,
+    /// Whether the edge drains before a stop, and the client requests in progress.
+    pub(crate) drain: Arc<crate::drain::Drain>,
     /// The CA, join tokens and revocations (`None`: no state directory, e.g. unit tests).
     trust: Option<Arc<TrustStore>>,
 }
@@ -258,6 +260,7 @@ impl Edge {
             config: RwLock::new(Arc::new(config)),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
+            drain: Arc::default(),
             trust,
         })
     }

@@ -21,7 +21,9 @@ SIGHUP re-reads the config file and applies it without dropping connections (lis
 addresses, max_frame_bytes, limits.max_body_bytes, limits.http's timeouts and connection
 cap, state_dir, node_tls and ledger need a restart); it also re-reads the http_tls
 certificate and key. Every model-API request is recorded in state_dir/usage.db (the usage
-ledger; `iop usage` reads it). Without auth.keys the edge serves loopback only unless the config says
+ledger; `iop usage` reads it). SIGTERM or SIGINT drains the edge first: /readyz answers 503
+and new requests are refused while those in progress finish, for at most shutdown.grace_sec
+(30 s); a second signal stops it at once. Without auth.keys the edge serves loopback only unless the config says
 auth.allow_anonymous: true. configs/edge.yaml documents every field.")]
 pub struct Args {
     /// Edge config file (nodes, tokens, providers, model groups).
@@ -88,7 +90,7 @@ pub async fn run(args: Args) -> super::Result {
             Err(e) => Err(Failure::new(EXIT_CONFIG, e.to_string())),
         };
     }
-    let shutdown = crate::signals::shutdown_on_signal();
+    let (shutdown, stop_now) = crate::signals::shutdown_and_stop_now();
     let mut hangup = signal(SignalKind::hangup())?;
     let nodes = config.nodes.len();
     let groups = config.model_groups.len();
@@ -128,6 +130,7 @@ pub async fn run(args: Args) -> super::Result {
             },
         }
     }
+    server.drain(stop_now.cancelled()).await;
     server.shutdown().await;
     Ok(())
 }

@@ -89,18 +89,22 @@ async fn healthz() -> Response {
 }
 
 /// Ready when at least one node is dispatch-ready.
+/// 200 once a node is ready, 503 before — and from the start of a drain, so a load
+/// balancer moves traffic to other edges.
 async fn readyz(State(edge): State<Arc<Edge>>) -> Response {
-    let ready = edge.nodes.ready_sessions().len();
-    let status = if ready > 0 {
+    let nodes_ready = edge.nodes.ready_sessions().len();
+    let draining = edge.drain.is_draining();
+    let ready = nodes_ready > 0 && !draining;
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        status,
-        axum::Json(json!({"ready": ready > 0, "nodes_ready": ready})),
-    )
-        .into_response()
+    let mut body = json!({"ready": ready, "nodes_ready": nodes_ready});
+    if draining {
+        body["draining"] = json!(true);
+    }
+    (status, axum::Json(body)).into_response()
 }
 
 async fn metrics(State(edge): State<Arc<Edge>>, headers: HeaderMap) -> Response {
