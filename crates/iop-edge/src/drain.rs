@@ -33,6 +33,12 @@ pub fn counts(path: &str) -> bool {
     path.starts_with("/v1/") || path.starts_with("/api/")
 }
 
+/// Whether a client request would start work, and is refused while draining: everything
+/// but ending work already running (cancelling a run, ending a session).
+pub fn starts_work(method: &http::Method, path: &str) -> bool {
+    !(method == http::Method::DELETE || path.ends_with("/cancel"))
+}
+
 impl Drain {
     /// From now on new requests are refused.
     pub fn begin(&self) {
@@ -106,6 +112,9 @@ mod tests {
         ] {
             assert!(counts(path), "{path}");
         }
+        assert!(starts_work(&http::Method::POST, "/v1/chat/completions"));
+        assert!(!starts_work(&http::Method::POST, "/v1/runs/r1/cancel"));
+        assert!(!starts_work(&http::Method::DELETE, "/v1/sessions/n/a/t/s"));
         for path in [
             "/readyz",
             "/healthz",

@@ -97,6 +97,14 @@ async fn a_stream_in_progress_finishes_while_new_requests_are_refused() {
     let body: Value = anthropic.json().await.unwrap();
     assert_eq!(body["type"], "error", "{body}");
 
+    // Ending work is not refused: a cancel reaches the runs API (which knows no such run).
+    let cancel = client()
+        .post(edge.url("/v1/runs/no-such-run/cancel"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), 404);
+
     // The stream that was running ends as it would have: every token, then [DONE].
     read_until(&mut stream, &mut seen, |s| s.contains("data: [DONE]")).await;
     let tokens = seen.lines().filter(|l| l.contains("\"content\":")).count();

@@ -1,6 +1,7 @@
 //! The front of the HTTP application: what every request goes through before its route,
 //! applied once around the router: its request id ([`super::request_id`]), CORS
-//! ([`super::cors`]) and the body limit. As axum layers on the router they would wrap
+//! ([`super::cors`]), the body limit, and the drain ([`crate::drain`]: client requests
+//! counted while in progress, new ones refused once the edge drains). As axum layers on the router they would wrap
 //! every route instead, each layer costing a boxed service cloned and a boxed future per
 //! request.
 
@@ -47,7 +48,8 @@ impl App {
         let path = request.uri().path();
         let mut response = if !crate::drain::counts(path) {
             self.route(request).instrument(span).await
-        } else if self.edge.drain.is_draining() {
+        } else if self.edge.drain.is_draining() && crate::drain::starts_work(request.method(), path)
+        {
             draining(path)
         } else {
             let in_progress = self.edge.drain.started();
