@@ -3,14 +3,19 @@
 //! (the `tokens.count` node command) — a member that serves Messages gets the client's
 //! request as it is, any other the translated chat request — and the first count wins.
 //! `None` when no member could count (none is OpenAI-compatible, none is connected, none
-//! has a tokenizer endpoint); the caller estimates then.
+//! has a tokenizer endpoint, none answered within 5 s); the caller estimates then.
 
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
+use super::command::CommandError;
 use super::{Edge, provider_of};
 use crate::config::ProviderApi;
+
+/// How long one member may take to count: the client is waiting, and the estimate is
+/// there when no member answers in time.
+const COUNT_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A count and who made it: `provider` (the member's own count_tokens) or `tokenizer`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,9 +58,10 @@ impl Edge {
                 ("api".to_string(), api.to_string()),
                 ("body".to_string(), Value::Object(body).to_string()),
             ]);
-            match self
-                .node_command(&member.node, "tokens.count", &member.provider, args)
+            let lookup = self.node_command(&member.node, "tokens.count", &member.provider, args);
+            match tokio::time::timeout(COUNT_LOOKUP_TIMEOUT, lookup)
                 .await
+                .unwrap_or(Err(CommandError::Timeout))
             {
                 Ok(answer) => {
                     let tokens = answer.get("input_tokens").and_then(Value::as_u64);

@@ -21,7 +21,7 @@ use super::AdapterError;
 use super::http::HttpProvider;
 
 /// How long each counting request may take: counting is quick, and the client is waiting.
-const COUNT_TIMEOUT: Duration = Duration::from_secs(10);
+const COUNT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Counts the tokens of `body`: a Messages request when `api` is `messages`, else a chat
 /// request.
