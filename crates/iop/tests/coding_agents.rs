@@ -5,8 +5,9 @@
 //! - Against `iop demo`, each completes a turn with a tool call: the demo's model calls a
 //!   tool the agent offers, the agent runs it and sends the result back, the model answers.
 //! - Against a real llama-server (the conformance suite's tiny model), each completes a
-//!   prompt through an `openai_compat` member, whose Messages and Responses are translated
-//!   to the server's chat API with every tool the agent offers.
+//!   prompt through an `openai_compat` member whose Messages and Responses are translated
+//!   to the server's chat API with every tool the agent offers, and through one that
+//!   serves both APIs itself (the agent's requests reach the server as they are).
 //!
 //! Every request an agent makes goes through a recording proxy, and every one must get a
 //! 2xx; the agent must exit 0.
@@ -175,9 +176,21 @@ async fn real_backend(suite: &str) -> Option<RealBackend> {
         ],
     )
     .await;
+    // `tiny` translates Messages and Responses to chat; `tiny-native` sends them to the
+    // server as they are (it serves both APIs itself). One slot: they take turns.
     let config = format!(
-        "nodes:\n  - id: n1\n    token: token-n1-0123456789\n    providers:\n      - {{id: llama, kind: openai_compat, base_url: \"{}\", capacity: {{normal: 1, long: 0}}, request_timeout_sec: 300}}\nmodel_groups:\n  - {{name: tiny, members: [{{node: n1, provider: llama, model: tiny}}], queue: {{max_waiting: 16, timeout_sec: 300}}}}\n",
-        llama.base()
+        r#"
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers:
+      - {{id: llama, kind: openai_compat, base_url: "{base}", capacity: {{normal: 1, long: 0}}, max_concurrency: 1, request_timeout_sec: 300}}
+      - {{id: native, kind: openai_compat, base_url: "{base}", capacity: {{normal: 1, long: 0}}, max_concurrency: 1, request_timeout_sec: 300, apis: [chat, completions, embeddings, responses, messages]}}
+model_groups:
+  - {{name: tiny, members: [{{node: n1, provider: llama, model: tiny}}], queue: {{max_waiting: 16, timeout_sec: 300}}}}
+  - {{name: tiny-native, members: [{{node: n1, provider: native, model: tiny}}], queue: {{max_waiting: 16, timeout_sec: 300}}}}
+"#,
+        base = llama.base()
     );
     let edge = start_edge(dir.path(), &config).await;
     let node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
@@ -190,8 +203,9 @@ async fn real_backend(suite: &str) -> Option<RealBackend> {
     })
 }
 
-/// `agent` against llama-server: exit 0, every request 2xx, and its requests offered the
-/// agent's tools (`offered` appears in one).
+/// `agent` against llama-server, through the translated group and the native one: exit 0,
+/// every request 2xx, and its requests offered the agent's tools (`offered` appears in
+/// one).
 async fn completes_a_prompt_through_llama_server(agent: Agent, offered: &str) {
     let test = format!("{agent:?} against llama-server");
     let Some(program) = agents::program(&test, agent.program()) else {
@@ -200,17 +214,19 @@ async fn completes_a_prompt_through_llama_server(agent: Agent, offered: &str) {
     let Some(backend) = real_backend(&test).await else {
         return;
     };
-    let recorder = Recorder::start(&backend.edge.url("")).await;
-    let run = agent.run(&program, &recorder.url, "tiny").await;
-    let exchanges = recorder.exchanges();
-    assert!(run.success, "{run}\n{exchanges:#?}");
-    assert_all_2xx(&exchanges, agent.path(), &run);
-    assert!(
-        exchanges
-            .iter()
-            .any(|e| e.path.starts_with(agent.path()) && e.request_text().contains(offered)),
-        "the agent offered its tools ({offered})"
-    );
+    for group in ["tiny", "tiny-native"] {
+        let recorder = Recorder::start(&backend.edge.url("")).await;
+        let run = agent.run(&program, &recorder.url, group).await;
+        let exchanges = recorder.exchanges();
+        assert!(run.success, "{group}: {run}\n{exchanges:#?}");
+        assert_all_2xx(&exchanges, agent.path(), &run);
+        assert!(
+            exchanges
+                .iter()
+                .any(|e| e.path.starts_with(agent.path()) && e.request_text().contains(offered)),
+            "{group}: the agent offered its tools ({offered})"
+        );
+    }
 }
 
 #[tokio::test]
