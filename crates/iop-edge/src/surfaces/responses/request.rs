@@ -828,6 +828,67 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// Any mix of function tools and namespaces: every tool the backend is offered
+        /// maps back to the client's own name (and namespace), or the request is refused
+        /// naming `tools` because two tools would share a name.
+        #[test]
+        fn namespaced_tool_names_map_back_or_are_refused(
+            top in proptest::collection::vec("[a-c_]{1,5}", 0..4),
+            spaces in proptest::collection::vec(
+                ("[a-c]{1,3}", proptest::collection::vec("[a-c_]{1,3}", 1..4)),
+                0..3,
+            ),
+        ) {
+            let mut tools: Vec<Value> = top
+                .iter()
+                .map(|n| json!({"type": "function", "name": n}))
+                .collect();
+            for (space, names) in &spaces {
+                let inner: Vec<Value> =
+                    names.iter().map(|n| json!({"type": "function", "name": n})).collect();
+                tools.push(json!({"type": "namespace", "name": space, "description": "", "tools": inner}));
+            }
+            let body = json!({"input": "x", "tools": tools});
+            let mut offered: Vec<(Option<&str>, &str)> =
+                top.iter().map(|n| (None, n.as_str())).collect();
+            for (space, names) in &spaces {
+                offered.extend(names.iter().map(|n| (Some(space.as_str()), n.as_str())));
+            }
+            let qualified: Vec<String> = offered
+                .iter()
+                .map(|(space, name)| space.map_or_else(|| name.to_string(), |s| qualified_name(s, name)))
+                .collect();
+            let distinct = qualified.iter().collect::<std::collections::HashSet<_>>().len() == qualified.len();
+            match chat(body.clone()) {
+                Ok(c) => {
+                    proptest::prop_assert!(distinct);
+                    let names = namespaced_names(body.as_object().unwrap());
+                    let sent: Vec<&str> = c["tools"]
+                        .as_array()
+                        .map(|t| t.iter().map(|t| t["function"]["name"].as_str().unwrap()).collect())
+                        .unwrap_or_default();
+                    proptest::prop_assert_eq!(sent.len(), offered.len());
+                    for (sent, (space, name)) in sent.iter().zip(&offered) {
+                        let back = names.iter().find(|(q, _, _)| q == sent);
+                        match space {
+                            Some(space) => {
+                                let (_, ns, n) = back.expect("a namespaced tool maps back");
+                                proptest::prop_assert_eq!((ns.as_str(), n.as_str()), (*space, *name));
+                            }
+                            None => proptest::prop_assert!(back.is_none() && sent == name),
+                        }
+                    }
+                }
+                Err(e) => {
+                    proptest::prop_assert!(!distinct, "{}", e.message);
+                    proptest::prop_assert_eq!(e.param.as_deref(), Some("tools"));
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_field_that_does_not_change_the_answer_is_accepted_and_left_out() {
         // docs/apis.md's table, row "accepted, ignored".
