@@ -1,7 +1,8 @@
 //! `iop demo` as a new user meets it: the printed curl line streams text, and the official
 //! `openai` Python SDK can list and retrieve models and run streaming and non-streaming
 //! completions; its Responses API and the `anthropic` SDK's Messages API work too, the
-//! `ollama` Python client speaks its Ollama API, and the OpenAI Node SDK streams chat.
+//! `ollama` Python client speaks its Ollama API, the OpenAI Node SDK streams chat, and the
+//! calls Open WebUI makes to an OpenAI and an Ollama connection work.
 
 mod common;
 
@@ -74,6 +75,21 @@ async fn the_responses_and_messages_sdks_work_against_the_demo() {
         &python,
         &check_script("python/apis_sdk_check.py"),
         &[&demo.openai_base()],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_calls_open_webui_makes_work_against_the_demo() {
+    let test = "Open WebUI's calls against the demo";
+    let Some(python) = sdk::python(test, &["httpx"]) else {
+        return;
+    };
+    let demo = Demo::start().await;
+    run_check(
+        &python,
+        &check_script("python/open_webui_check.py"),
+        &[&demo.root, "any-key"],
     )
     .await;
 }
