@@ -75,6 +75,8 @@ async fn status(State(edge): State<Arc<Edge>>) -> Response {
             key
         })
         .collect();
+    body["draining"] = json!(edge.drain.is_draining());
+    body["requests_in_progress"] = json!(edge.drain.in_progress());
     axum::Json(body).into_response()
 }
 
