@@ -641,6 +641,19 @@ mod tests {
         to_chat(&request).map(Value::Object)
     }
 
+    /// The names of the chat tools a translation offers.
+    fn tool_names(chat: &Value) -> Vec<&str> {
+        chat["tools"]
+            .as_array()
+            .map(|tools| {
+                tools
+                    .iter()
+                    .map(|t| t["function"]["name"].as_str().unwrap())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn checked(v: Value) -> Result<Checked, ApiError> {
         let body = v.to_string();
         check(&ClientRequest::parse(body.as_bytes()).unwrap())
@@ -751,12 +764,7 @@ mod tests {
             "client_metadata": {"originator": "codex_exec"}
         });
         let c = chat(body.clone()).unwrap();
-        let names: Vec<&str> = c["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["function"]["name"].as_str().unwrap())
-            .collect();
+        let names = tool_names(&c);
         assert_eq!(names, ["shell"]);
         assert!(c.get("client_metadata").is_none());
         let bytes = serde_json::to_vec(&body).unwrap();
@@ -785,12 +793,7 @@ mod tests {
             ]
         });
         let c = chat(body.clone()).unwrap();
-        let names: Vec<&str> = c["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["function"]["name"].as_str().unwrap())
-            .collect();
+        let names = tool_names(&c);
         assert_eq!(
             names,
             [
@@ -865,10 +868,7 @@ mod tests {
                 Ok(c) => {
                     proptest::prop_assert!(distinct);
                     let names = namespaced_names(body.as_object().unwrap());
-                    let sent: Vec<&str> = c["tools"]
-                        .as_array()
-                        .map(|t| t.iter().map(|t| t["function"]["name"].as_str().unwrap()).collect())
-                        .unwrap_or_default();
+                    let sent = tool_names(&c);
                     proptest::prop_assert_eq!(sent.len(), offered.len());
                     for (sent, (space, name)) in sent.iter().zip(&offered) {
                         let back = names.iter().find(|(q, _, _)| q == sent);
