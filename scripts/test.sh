@@ -13,7 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # What a fresh machine may lack for the tests: curl, Python's venv module (the pinned client
-# libraries), Node.js and npm (the OpenAI Node SDK), Chromium (the status page's test).
+# libraries), Node.js and npm (the OpenAI Node SDK and the agents), Chromium (the status
+# page's test), PostgreSQL's server binaries (the shared-store tests start their own).
 # Installed with apt-get when running as root; otherwise the missing ones are named.
 missing=()
 command -v curl >/dev/null || missing+=(curl)
@@ -22,6 +23,7 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
+ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || [ -n "${IOP_PG_BIN:-}" ] || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         apt-get update -qq
@@ -32,6 +34,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 export IOP_REQUIRE_BROWSER=1
+# The store tests start a PostgreSQL server of their own from these binaries.
+export IOP_REQUIRE_POSTGRES=1
 
 requirements=crates/iop/tests/python/requirements.txt
 if [ ! -x .venv/bin/python ] || ! cmp -s "$requirements" .venv/iop-requirements.txt; then

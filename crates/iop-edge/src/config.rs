@@ -27,6 +27,7 @@ pub mod node_limits;
 mod provider;
 mod secret;
 pub mod shutdown;
+pub mod store;
 mod tls;
 
 pub use auth::{ApiKeyConfig, AuthConfig, KeyLimitsConfig, MIN_API_KEY_CHARS, Role};
@@ -46,6 +47,7 @@ pub use provider::{
 };
 pub use secret::{Env, TokenHash, hash_token};
 pub use shutdown::ShutdownConfig;
+pub use store::StoreConfig;
 pub use tls::{DEFAULT_CREDENTIAL_DAYS, HttpTlsConfig, NodeTlsConfig, NodeTlsMode};
 
 pub const DEFAULT_NODE_LISTEN: &str = "127.0.0.1:7700";
@@ -161,6 +163,9 @@ pub struct EdgeConfig {
     /// How the edge stops: the drain on SIGTERM.
     #[serde(default)]
     pub shutdown: ShutdownConfig,
+    /// The PostgreSQL database the edges of a fleet share (none: everything in state_dir).
+    #[serde(default)]
+    pub store: StoreConfig,
 }
 
 fn default_max_frame_bytes() -> usize {
@@ -321,6 +326,9 @@ impl EdgeConfig {
             key.resolve_key(env)
                 .map_err(|e| e.under(&format!("auth.keys[{i}]")))?;
         }
+        if let Some(url) = env(store::STORE_URL_ENV).filter(|u| !u.is_empty()) {
+            self.store.url = Some(url);
+        }
         Ok(())
     }
 
@@ -355,6 +363,7 @@ impl EdgeConfig {
         self.auth.validate(&self.model_groups)?;
         self.ledger.validate().map_err(|e| e.under("ledger"))?;
         self.shutdown.validate().map_err(|e| e.under("shutdown"))?;
+        self.store.validate().map_err(|e| e.under("store"))?;
         if !self.ledger.enabled
             && let Some(i) = self
                 .auth

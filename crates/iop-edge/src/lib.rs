@@ -28,6 +28,7 @@ pub(crate) mod retry_budget;
 pub(crate) mod service;
 pub(crate) mod session;
 pub(crate) mod status;
+pub(crate) mod store;
 pub(crate) mod surfaces;
 pub(crate) mod throttle;
 pub(crate) mod transport;
@@ -185,6 +186,32 @@ impl EdgeServer {
         });
         edge.tasks()
             .spawn(http::auth::summarize_failures(edge.clone()));
+        if let Some(Ok(store)) = edge.config().store.connect_config() {
+            let fleet = Arc::new(store::edges::Fleet::default());
+            let _ = edge.fleet.set(fleet.clone());
+            let me = store::edges::EdgeRecord {
+                id: edge.config().store.edge_id.clone().unwrap_or_else(|| {
+                    let host = std::env::var("HOSTNAME")
+                        .ok()
+                        .filter(|h| !h.is_empty())
+                        .or_else(|| nix::unistd::gethostname().ok()?.into_string().ok())
+                        .unwrap_or_else(|| "edge".into());
+                    format!("{host}:{}", http_addr.port())
+                }),
+                http: http_addr.to_string(),
+                nodes: node_addr.to_string(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                started_unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64),
+            };
+            tasks.spawn(store::edges::run(
+                store,
+                me,
+                fleet,
+                edge.shutdown_token().clone(),
+            ));
+        }
         tracing::info!(nodes = %node_addr, http = %http_addr, node_tls = mode.as_str(), pin = ?node_pin, https = http_tls.is_some(), "edge listening");
         Ok(Self {
             edge,

@@ -594,7 +594,10 @@ nodes:
 model_groups:
   - {name: small, members: [{node: gpu, provider: m}]}
 "#;
-    let env = |var: &str| Some(format!("{var}-value-0123456789"));
+    let env = |var: &str| {
+        var.starts_with("IOP_TEST_ONLY")
+            .then(|| format!("{var}-value-0123456789"))
+    };
     let c = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &env).unwrap();
     // The variables exist only in `env`: what is kept is what was read then.
     assert_eq!(
@@ -612,4 +615,28 @@ model_groups:
     // Inline secrets are not kept once hashed, and validating again reads nothing.
     assert!(c.auth.keys[1].key.is_none());
     c.validate().unwrap();
+}
+
+#[test]
+fn the_store_url_comes_from_the_config_or_iop_store_url() {
+    let text = r#"
+store: {url: "postgres://iop@127.0.0.1/one"}
+nodes:
+  - id: gpu
+    token: token-gpu-0123456789
+    providers: [{id: m, kind: mock}]
+model_groups:
+  - {name: small, members: [{node: gpu, provider: m}]}
+"#;
+    let none = |_: &str| None;
+    let c = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &none).unwrap();
+    assert_eq!(c.store.url.as_deref(), Some("postgres://iop@127.0.0.1/one"));
+    let env = |var: &str| (var == "IOP_STORE_URL").then(|| "postgres://iop@[::1]/two".to_string());
+    let c = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &env).unwrap();
+    assert_eq!(c.store.url.as_deref(), Some("postgres://iop@[::1]/two"));
+    let remote = |var: &str| {
+        (var == "IOP_STORE_URL").then(|| "postgres://iop:pw@db.example.net/iop".to_string())
+    };
+    let err = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &remote).unwrap_err();
+    assert!(!err.to_string().contains("pw@"), "{err}");
 }

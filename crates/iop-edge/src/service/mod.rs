@@ -224,6 +224,8 @@ pub struct Edge {
     shutdown: CancellationToken,
     /// Whether the edge drains before a stop, and the client requests in progress.
     pub(crate) drain: Arc<crate::drain::Drain>,
+    /// The fleet's live edges, read from the shared store (set when `store` is configured).
+    pub(crate) fleet: std::sync::OnceLock<Arc<crate::store::edges::Fleet>>,
     /// The CA, join tokens and revocations (`None`: no state directory, e.g. unit tests).
     trust: Option<Arc<TrustStore>>,
 }
@@ -261,6 +263,7 @@ impl Edge {
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             drain: Arc::default(),
+            fleet: std::sync::OnceLock::new(),
             trust,
         })
     }

@@ -9,6 +9,7 @@ pub mod browser;
 pub mod health;
 pub mod node_wire;
 pub mod ollama_api;
+pub mod postgres;
 pub mod real_backend;
 pub mod recorder;
 pub mod sdk;

@@ -75,6 +75,12 @@ async fn status(State(edge): State<Arc<Edge>>) -> Response {
             key
         })
         .collect();
+    if let Some(fleet) = edge.fleet.get() {
+        body["edges"] = json!(fleet.live());
+        if let Some(error) = fleet.store_error() {
+            body["store_error"] = json!(error);
+        }
+    }
     body["draining"] = json!(edge.drain.is_draining());
     body["requests_in_progress"] = json!(edge.drain.in_progress());
     axum::Json(body).into_response()

@@ -1,0 +1,160 @@
+//! The fleet's live edges: every edge with a store refreshes its own row every
+//! [`HEARTBEAT`] and reads the rows refreshed within [`LIVE_WITHIN`]; `/admin/status` shows
+//! that list. An edge that stops removes its row; one that dies drops out of the list
+//! after [`LIVE_WITHIN`]. While the store cannot be reached the edge keeps serving and
+//! keeps trying; the list it shows is the last one it read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::Store;
+
+/// How often an edge refreshes its row and reads the others.
+pub const HEARTBEAT: Duration = Duration::from_secs(2);
+/// An edge whose row is older than this is no longer live.
+pub const LIVE_WITHIN: Duration = Duration::from_secs(10);
+
+/// This edge, as the fleet sees it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct EdgeRecord {
+    pub id: String,
+    /// Its HTTP listener and node listener, as bound.
+    pub http: String,
+    pub nodes: String,
+    pub version: String,
+    pub started_unix_ms: i64,
+}
+
+/// A live edge of the fleet, as last read from the store.
+#[derive(Debug, Clone, Serialize)]
+pub struct LiveEdge {
+    #[serde(flatten)]
+    pub record: EdgeRecord,
+    /// How long ago it refreshed its row, by the store's clock.
+    pub seen_ms_ago: i64,
+    /// Whether it is this edge.
+    pub this_edge: bool,
+}
+
+/// What this edge knows of the fleet: the list last read, and whether the store answers.
+#[derive(Debug, Default)]
+pub struct Fleet {
+    live: parking_lot::Mutex<Vec<LiveEdge>>,
+    last_error: parking_lot::Mutex<Option<String>>,
+}
+
+impl Fleet {
+    pub fn live(&self) -> Vec<LiveEdge> {
+        self.live.lock().clone()
+    }
+
+    /// The last failure to reach the store, while it lasts.
+    pub fn store_error(&self) -> Option<String> {
+        self.last_error.lock().clone()
+    }
+}
+
+/// Keeps this edge's row fresh and the fleet's list current until `shutdown`, then
+/// removes the row.
+pub async fn run(
+    config: tokio_postgres::Config,
+    me: EdgeRecord,
+    fleet: Arc<Fleet>,
+    shutdown: CancellationToken,
+) {
+    let mut store: Option<Arc<Store>> = None;
+    let mut ticker = tokio::time::interval(HEARTBEAT);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        let result = async {
+            if store.is_none() {
+                store = Some(Store::open(config.clone()).await?);
+                tracing::info!(
+                    edge_id = me.id.as_str(),
+                    "store connected and its schema up to date"
+                );
+            }
+            let store = store.as_ref().expect("opened above");
+            refresh(store, &me).await
+        }
+        .await;
+        match result {
+            Ok(live) => {
+                if fleet.last_error.lock().take().is_some() {
+                    tracing::info!("the store answers again");
+                }
+                *fleet.live.lock() = live;
+            }
+            Err(error) => {
+                let mut last = fleet.last_error.lock();
+                if last.as_deref() != Some(error.as_str()) {
+                    tracing::warn!(%error, "store unreachable; serving on, retrying every {}s", HEARTBEAT.as_secs());
+                }
+                *last = Some(error);
+            }
+        }
+    }
+    if let Some(store) = store
+        && let Ok(client) = store.client().await
+    {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&me.id];
+        let removed = client.execute("DELETE FROM iop_edges WHERE id = $1", &params);
+        let _ = tokio::time::timeout(Duration::from_secs(2), removed).await;
+    }
+}
+
+/// Writes this edge's row and reads the live ones.
+async fn refresh(store: &Store, me: &EdgeRecord) -> Result<Vec<LiveEdge>, String> {
+    let client = store.client().await?;
+    let fail = |e: tokio_postgres::Error| format!("store: {}", super::reason(&e));
+    client
+        .execute(
+            "INSERT INTO iop_edges (id, http, nodes, version, started_unix_ms, seen)
+             VALUES ($1, $2, $3, $4, $5, now())
+             ON CONFLICT (id) DO UPDATE SET http = $2, nodes = $3, version = $4,
+                 started_unix_ms = $5, seen = now()",
+            &[
+                &me.id,
+                &me.http,
+                &me.nodes,
+                &me.version,
+                &me.started_unix_ms,
+            ],
+        )
+        .await
+        .map_err(fail)?;
+    let within = LIVE_WITHIN.as_secs_f64();
+    let rows = client
+        .query(
+            "SELECT id, http, nodes, version, started_unix_ms,
+                    (EXTRACT(EPOCH FROM (now() - seen)) * 1000)::BIGINT
+             FROM iop_edges WHERE seen > now() - make_interval(secs => $1) ORDER BY id",
+            &[&within],
+        )
+        .await
+        .map_err(fail)?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let record = EdgeRecord {
+                id: row.get(0),
+                http: row.get(1),
+                nodes: row.get(2),
+                version: row.get(3),
+                started_unix_ms: row.get(4),
+            };
+            LiveEdge {
+                this_edge: record.id == me.id,
+                record,
+                seen_ms_ago: row.get(5),
+            }
+        })
+        .collect())
+}

@@ -1,0 +1,165 @@
+//! A real PostgreSQL server for the store tests, started in a temporary directory (fsync
+//! off) on a free loopback port and stopped when dropped. Its binaries come from
+//! `IOP_PG_BIN`, else the newest `/usr/lib/postgresql/<version>/bin` (Debian's
+//! `postgresql` package). As root it runs as the `postgres` user (the server refuses
+//! root). Without binaries the test is skipped, unless `IOP_REQUIRE_POSTGRES=1` (as in CI).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::suite::notice;
+
+pub struct Postgres {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    pub port: u16,
+}
+
+/// Where the server's binaries are.
+fn bin_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("IOP_PG_BIN") {
+        return Some(PathBuf::from(dir));
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.path().join("bin")))
+        .filter(|bin| bin.join("pg_ctl").is_file())
+        .collect();
+    versions.sort();
+    versions.pop()
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Runs one of the server's programs (as `postgres` when we are root); panics on failure.
+fn run(bin: &Path, program: &str, args: &[&str]) {
+    let path = bin.join(program);
+    let mut command = if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&path);
+        c
+    } else {
+        Command::new(&path)
+    };
+    let out = command
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Postgres {
+    /// A fresh server with a database `iop` owned by the trusted user `iop`, or `None`
+    /// after a notice when there is no PostgreSQL here.
+    pub fn start(test: &str) -> Option<Postgres> {
+        let Some(bin) = bin_dir() else {
+            assert!(
+                std::env::var("IOP_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "IOP_REQUIRE_POSTGRES=1 but no PostgreSQL binaries (IOP_PG_BIN, /usr/lib/postgresql/*/bin)"
+            );
+            notice(&format!(
+                "SKIPPED {test}: no PostgreSQL binaries (IOP_PG_BIN, /usr/lib/postgresql/*/bin)"
+            ));
+            return None;
+        };
+        let dir = super::tempdir();
+        if is_root() {
+            let status = Command::new("chown")
+                .args(["postgres:postgres", dir.path().to_str().unwrap()])
+                .status()
+                .unwrap();
+            assert!(status.success(), "chown the server's directory to postgres");
+        }
+        let data = dir.path().join("data");
+        let (data_s, dir_s) = (data.to_str().unwrap(), dir.path().to_str().unwrap());
+        run(
+            &bin,
+            "initdb",
+            &[
+                "-D",
+                data_s,
+                "-A",
+                "trust",
+                "-U",
+                "iop",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let options = format!(
+            "-p {port} -k {dir_s} -c listen_addresses=127.0.0.1 -c fsync=off \
+             -c synchronous_commit=off -c full_page_writes=off"
+        );
+        let log = dir.path().join("server.log");
+        run(
+            &bin,
+            "pg_ctl",
+            &[
+                "-D",
+                data_s,
+                "-l",
+                log.to_str().unwrap(),
+                "-o",
+                &options,
+                "-w",
+                "-t",
+                "120",
+                "start",
+            ],
+        );
+        let port_s = port.to_string();
+        run(
+            &bin,
+            "createdb",
+            &["-h", "127.0.0.1", "-p", &port_s, "-U", "iop", "iop"],
+        );
+        Some(Postgres { dir, bin, port })
+    }
+
+    /// The store URL of its `iop` database.
+    pub fn url(&self) -> String {
+        format!("postgres://iop@127.0.0.1:{}/iop", self.port)
+    }
+
+    /// Stops the server at once (as a crash would).
+    pub fn stop(&self) {
+        let data = self.dir.path().join("data");
+        run(
+            &self.bin,
+            "pg_ctl",
+            &["-D", data.to_str().unwrap(), "-m", "immediate", "stop"],
+        );
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        if data.join("postmaster.pid").exists() {
+            let program = self.bin.join("pg_ctl");
+            let mut command = if is_root() {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(&program);
+                c
+            } else {
+                Command::new(&program)
+            };
+            let _ = command
+                .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
+                .output();
+        }
+    }
+}

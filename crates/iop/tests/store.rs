@@ -1,0 +1,134 @@
+//! Edges sharing a PostgreSQL store (a real server, started by the test): each lists the
+//! fleet's live edges in `/admin/status`; an edge that stops leaves the list; an edge
+//! whose store is down keeps serving and says why the store does not answer.
+
+mod common;
+
+use std::time::Duration;
+
+use common::postgres::Postgres;
+use common::*;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+fn config(url: &str, id: &str) -> String {
+    format!(
+        r#"
+store: {{url: "{url}", edge_id: {id}}}
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers:
+      - {{id: m, kind: mock}}
+model_groups:
+  - {{name: mock, members: [{{node: n1, provider: m}}]}}
+"#
+    )
+}
+
+/// The ids of the live edges `edge`'s status lists.
+async fn fleet(edge: &EdgeProc) -> Vec<String> {
+    let s = status(edge).await;
+    s["edges"]
+        .as_array()
+        .map(|edges| {
+            edges
+                .iter()
+                .filter_map(|e| e["id"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits (bounded) until `edge` lists exactly `ids`.
+async fn wait_fleet(edge: &EdgeProc, ids: &[&str]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let live = fleet(edge).await;
+        if live == ids {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the fleet never became {ids:?} (last {live:?}):\n{}",
+            edge.proc.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn edges_sharing_a_store_list_each_other_and_one_that_stops_leaves() {
+    let Some(pg) = Postgres::start("edges sharing a store") else {
+        return;
+    };
+    let (d1, d2) = (tempdir(), tempdir());
+    let e1 = start_edge(d1.path(), &config(&pg.url(), "edge-1")).await;
+    let mut e2 = start_edge(d2.path(), &config(&pg.url(), "edge-2")).await;
+    wait_fleet(&e1, &["edge-1", "edge-2"]).await;
+    wait_fleet(&e2, &["edge-1", "edge-2"]).await;
+    let s = status(&e1).await;
+    let me = s["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["this_edge"] == true)
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(me["id"], "edge-1", "{s}");
+    assert_eq!(me["http"], e1.http, "{s}");
+    assert!(
+        !s.to_string().contains("postgres://"),
+        "the URL never shows: {s}"
+    );
+
+    e2.proc.signal(Signal::SIGTERM);
+    assert!(e2.proc.wait_exit(Duration::from_secs(60)).await.success());
+    wait_fleet(&e1, &["edge-1"]).await;
+    // An edge started again finds the schema in place and joins the fleet.
+    let e2 = start_edge(d2.path(), &config(&pg.url(), "edge-2")).await;
+    wait_fleet(&e2, &["edge-1", "edge-2"]).await;
+    assert!(
+        !e2.proc.log().contains("store unreachable"),
+        "{}",
+        e2.proc.log()
+    );
+}
+
+#[tokio::test]
+async fn an_edge_whose_store_is_down_keeps_serving_and_says_why() {
+    let Some(pg) = Postgres::start("an edge whose store is down") else {
+        return;
+    };
+    let url = pg.url();
+    pg.stop();
+    let dir = tempdir();
+    let edge = start_edge(dir.path(), &config(&url, "edge-1")).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    let answer = client()
+        .post(edge.url("/v1/chat/completions"))
+        .json(
+            &serde_json::json!({"model": "mock", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = status(&edge).await;
+        if let Some(error) = s["store_error"].as_str() {
+            assert!(error.contains("connect"), "{error}");
+            assert!(!error.contains("postgres://"), "{error}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        edge.proc.log().contains("store unreachable"),
+        "{}",
+        edge.proc.log()
+    );
+}
