@@ -75,11 +75,6 @@ fn over_limit(caller: &Caller, exceeded: LimitExceeded) -> ApiError {
 }
 
 impl Edge {
-    /// THE admission point of every request: what it is for must exist and the key may
-    /// use it (its model allowlist), then the key's limits. The group (or the stand-in of
-    /// a name no group has) goes on the request's record, and what the limits hold (a
-    /// concurrency place, a token reservation) is held by the record until the request
-    /// ends. Returns the model group's name (empty for a run).
     /// The model group `name` resolves to, if `caller` may use it; else the 404 that names
     /// `models_endpoint`, where the client lists the models it may use.
     pub(crate) fn model_group_for(
@@ -102,6 +97,11 @@ impl Edge {
             })
     }
 
+    /// THE admission point of every request: what it is for must exist and the key may
+    /// use it (its model allowlist), then the key's limits. The group (or the stand-in of
+    /// a name no group has) goes on the request's record, and what the limits hold (a
+    /// concurrency place, a token reservation) is held by the record until the request
+    /// ends. Returns the model group's name (empty for a run).
     pub(crate) fn admit(
         &self,
         caller: &Caller,
