@@ -78,22 +78,14 @@ impl NodeRuntime {
                     .await
             }
             "models.show" => {
-                let instance = self.tunnel_adapter(request)?;
-                let tunnel = instance
-                    .adapter
-                    .tunnel()
-                    .expect("an OpenAI-compatible adapter");
+                let provider = self.tunnel_provider(request)?;
                 let model = request.args.get("model").ok_or_else(|| {
                     AdapterError::new(ErrorCode::BadRequest, "models.show needs `model`")
                 })?;
-                crate::adapters::model_info::show(&tunnel.provider, model).await
+                crate::adapters::model_info::show(&provider, model).await
             }
             "tokens.count" => {
-                let instance = self.tunnel_adapter(request)?;
-                let tunnel = instance
-                    .adapter
-                    .tunnel()
-                    .expect("an OpenAI-compatible adapter");
+                let provider = self.tunnel_provider(request)?;
                 let body: Value = request
                     .args
                     .get("body")
@@ -102,7 +94,7 @@ impl NodeRuntime {
                         AdapterError::new(ErrorCode::BadRequest, "tokens.count needs `body` (JSON)")
                     })?;
                 let api = request.args.get("api").map_or("chat", String::as_str);
-                crate::adapters::token_count::count(&tunnel.provider, api, &body).await
+                crate::adapters::token_count::count(&provider, api, &body).await
             }
             other => Err(AdapterError::new(
                 ErrorCode::BadRequest,
@@ -113,11 +105,11 @@ impl NodeRuntime {
         }
     }
 
-    /// The adapter `request` names, which must be OpenAI-compatible (`tunnel()` is set).
-    fn tunnel_adapter(
+    /// The HTTP endpoint of the adapter `request` names, which must be OpenAI-compatible.
+    fn tunnel_provider(
         &self,
         request: &pb::NodeCommandRequest,
-    ) -> Result<std::sync::Arc<crate::instance::AdapterInstance>, AdapterError> {
+    ) -> Result<crate::adapters::HttpProvider, AdapterError> {
         let instance = self.adapter(&request.adapter).ok_or_else(|| {
             AdapterError::new(
                 ErrorCode::NotFound,
@@ -128,15 +120,15 @@ impl NodeRuntime {
                 ),
             )
         })?;
-        if instance.adapter.tunnel().is_none() {
-            return Err(AdapterError::not_supported(&format!(
+        match instance.adapter.tunnel() {
+            Some(tunnel) => Ok(tunnel.provider.clone()),
+            None => Err(AdapterError::not_supported(&format!(
                 "{} on adapter {} (kind {}, not OpenAI-compatible)",
                 request.name,
                 instance.spec.id,
                 instance.kind()
-            )));
+            ))),
         }
-        Ok(instance)
     }
 
     fn capabilities(&self) -> Value {
