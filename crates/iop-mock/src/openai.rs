@@ -100,20 +100,16 @@ async fn openai_answer(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
         return response;
     }
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    if op == OpenAiOp::Chat
-        && let Some(call) = tool_call(&body)
-    {
-        tracked.finish();
-        let include_usage = body
-            .pointer("/stream_options/include_usage")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        return tool_call_answer(&mock, &plan, call, stream.then_some(include_usage));
-    }
     let include_usage = body
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    if op == OpenAiOp::Chat
+        && let Some(call) = tool_call(&body)
+    {
+        tracked.finish();
+        return tool_call_answer(&mock, &plan, call, stream.then_some(include_usage));
+    }
     // Deterministic, so a response relayed through iop can be compared byte for byte.
     let id = match op {
         OpenAiOp::Chat => "chatcmpl-mock",
