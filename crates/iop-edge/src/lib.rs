@@ -189,22 +189,11 @@ impl EdgeServer {
         if let Some(Ok(store)) = edge.config().store.connect_config() {
             let fleet = Arc::new(store::edges::Fleet::default());
             let _ = edge.fleet.set(fleet.clone());
-            let me = store::edges::EdgeRecord {
-                id: edge.config().store.edge_id.clone().unwrap_or_else(|| {
-                    let host = std::env::var("HOSTNAME")
-                        .ok()
-                        .filter(|h| !h.is_empty())
-                        .or_else(|| nix::unistd::gethostname().ok()?.into_string().ok())
-                        .unwrap_or_else(|| "edge".into());
-                    format!("{host}:{}", http_addr.port())
-                }),
-                http: http_addr.to_string(),
-                nodes: node_addr.to_string(),
-                version: env!("CARGO_PKG_VERSION").to_string(),
-                started_unix_ms: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as i64),
-            };
+            let me = store::edges::EdgeRecord::this_edge(
+                edge.config().store.edge_id.clone(),
+                http_addr,
+                node_addr,
+            );
             tasks.spawn(store::edges::run(
                 store,
                 me,

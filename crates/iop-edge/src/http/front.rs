@@ -1,9 +1,9 @@
 //! The front of the HTTP application: what every request goes through before its route,
 //! applied once around the router: its request id ([`super::request_id`]), CORS
 //! ([`super::cors`]), the body limit, and the drain ([`crate::drain`]: client requests
-//! counted while in progress, new ones refused once the edge drains). As axum layers on the router they would wrap
-//! every route instead, each layer costing a boxed service cloned and a boxed future per
-//! request.
+//! counted while in progress, new ones refused once the edge drains). As axum layers on
+//! the router they would wrap every route instead, each layer costing a boxed service
+//! cloned and a boxed future per request.
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -4,6 +4,7 @@
 //! after [`LIVE_WITHIN`]. While the store cannot be reached the edge keeps serving and
 //! keeps trying; the list it shows is the last one it read.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +27,29 @@ pub struct EdgeRecord {
     pub nodes: String,
     pub version: String,
     pub started_unix_ms: i64,
+}
+
+impl EdgeRecord {
+    /// This edge, listening on `http` and `nodes`, named `id` or `<hostname>:<http port>`.
+    pub fn this_edge(id: Option<String>, http: SocketAddr, nodes: SocketAddr) -> Self {
+        let id = id.unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME")
+                .ok()
+                .filter(|h| !h.is_empty())
+                .or_else(|| nix::unistd::gethostname().ok()?.into_string().ok())
+                .unwrap_or_else(|| "edge".into());
+            format!("{host}:{}", http.port())
+        });
+        EdgeRecord {
+            id,
+            http: http.to_string(),
+            nodes: nodes.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            started_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
+        }
+    }
 }
 
 /// A live edge of the fleet, as last read from the store.
