@@ -13,7 +13,7 @@ use super::FieldError;
 /// The environment variable that gives (and overrides) `store.url`.
 pub const STORE_URL_ENV: &str = "IOP_STORE_URL";
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     /// `postgres://user[:password]@host[:port]/database`, or the key/value form.

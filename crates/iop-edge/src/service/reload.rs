@@ -74,6 +74,9 @@ impl Edge {
         if new.ledger != old.ledger {
             report.needs_restart.push("ledger");
         }
+        if new.store != old.store {
+            report.needs_restart.push("store");
+        }
         if new.http_tls.is_some() != old.http_tls.is_some() {
             report.needs_restart.push("http_tls (turning it on or off)");
         }
@@ -189,5 +192,26 @@ mod tests {
         // The whole reload: n1 is gone for good.
         edge.reload(config("[]"));
         assert!(matches!(register(&edge), Err(Rejection::UnknownToken)));
+    }
+
+    #[test]
+    fn a_changed_store_is_reported_as_needing_a_restart() {
+        let config = |store: &str| {
+            EdgeConfig::from_yaml_with_env(
+                &format!("{store}nodes: []\nmodel_groups: []\n"),
+                "test",
+                &|_| None,
+            )
+            .unwrap()
+        };
+        let edge = Edge::new(config(""));
+        let report = edge.reload(config("store: {url: \"postgres://iop@127.0.0.1/iop\"}\n"));
+        assert_eq!(report.needs_restart, ["store"]);
+        let report = edge.reload(config("store: {url: \"postgres://iop@127.0.0.1/iop\"}\n"));
+        assert!(
+            report.needs_restart.is_empty(),
+            "{:?}",
+            report.needs_restart
+        );
     }
 }

@@ -19,12 +19,12 @@ string for `iop node --join`), remove them with `iop revoke ID`.
 
 SIGHUP re-reads the config file and applies it without dropping connections (listen
 addresses, max_frame_bytes, limits.max_body_bytes, limits.http's timeouts and connection
-cap, state_dir, node_tls and ledger need a restart); it also re-reads the http_tls
+cap, state_dir, node_tls, ledger and store need a restart); it also re-reads the http_tls
 certificate and key. Every model-API request is recorded in state_dir/usage.db (the usage
 ledger; `iop usage` reads it). SIGTERM or SIGINT drains the edge first: /readyz answers 503
 and new requests are refused while those in progress finish, for at most shutdown.grace_sec
-(30 s); a second signal stops it at once. Without auth.keys the edge serves loopback only unless the config says
-auth.allow_anonymous: true. configs/edge.yaml documents every field.")]
+(30 s); a second signal stops it at once. Without auth.keys the edge serves loopback only
+unless the config says auth.allow_anonymous: true. configs/edge.yaml documents every field.")]
 pub struct Args {
     /// Edge config file (nodes, tokens, providers, model groups).
     #[arg(long, short, default_value = "configs/edge.yaml")]
