@@ -63,6 +63,10 @@ pub const DEFAULT_HEAD_TIMEOUT: Duration = Duration::from_secs(600);
 /// that never answers gives its slot back after that.
 pub const DEFAULT_STREAM_HEAD_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The most a lookup's JSON answer ([`HttpProvider::json_lookup`]: a token count, a model
+/// list) may hold; a provider that sends more is answered as a bad upstream response.
+pub const MAX_LOOKUP_BYTES: usize = 4 << 20;
+
 /// Which head timeout a request is under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadWait {
@@ -399,7 +403,26 @@ impl HttpProvider {
             if !response.status().is_success() {
                 return Err(self.status_error(response).await);
             }
-            response.json::<serde_json::Value>().await.map_err(|_| {
+            let mut response = response;
+            let mut body = Vec::new();
+            while let Some(chunk) = response
+                .chunk()
+                .await
+                .map_err(|e| self.transport_error(&e))?
+            {
+                if body.len() + chunk.len() > MAX_LOOKUP_BYTES {
+                    return Err(AdapterError::new(
+                        ErrorCode::BadUpstreamResponse,
+                        format!(
+                            "provider {}: {what} answered more than {} MiB",
+                            self.id,
+                            MAX_LOOKUP_BYTES >> 20
+                        ),
+                    ));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            serde_json::from_slice::<serde_json::Value>(&body).map_err(|_| {
                 AdapterError::new(
                     ErrorCode::BadUpstreamResponse,
                     format!("provider {}: {what} answered no JSON", self.id),
@@ -595,6 +618,36 @@ mod tests {
         // Every request after the first goes out on the connection the last one left,
         // which the provider closes under it unanswered: four answers, four connections.
         assert_eq!(accepted.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn a_lookup_answer_larger_than_the_cap_is_refused_without_reading_it_all() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        // Announces no length and sends JSON-looking bytes forever.
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 4096];
+            let _ = socket.read(&mut head).await;
+            let _ = socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n[")
+                .await;
+            let chunk = vec![b'1'; 64 * 1024];
+            loop {
+                if socket.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let http = provider_at(&addr).await;
+        let request = http.request(reqwest::Method::GET, "/models");
+        let err = http
+            .json_lookup(request, Duration::from_secs(60), "GET /v1/models")
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::BadUpstreamResponse);
+        assert!(err.message.contains("more than 4 MiB"), "{}", err.message);
     }
 
     #[tokio::test]
