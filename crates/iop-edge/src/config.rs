@@ -329,6 +329,9 @@ impl EdgeConfig {
         if let Some(url) = env(store::STORE_URL_ENV).filter(|u| !u.is_empty()) {
             self.store.url = Some(url);
         }
+        self.store
+            .resolve_secret_key(env(store::STORE_SECRET_KEY_ENV))
+            .map_err(|e| e.under("store"))?;
         Ok(())
     }
 
@@ -364,6 +367,20 @@ impl EdgeConfig {
         self.ledger.validate().map_err(|e| e.under("ledger"))?;
         self.shutdown.validate().map_err(|e| e.under("shutdown"))?;
         self.store.validate().map_err(|e| e.under("store"))?;
+        if self.store.url.is_some()
+            && self.node_tls.mode == NodeTlsMode::Auto
+            && self.store.secret_key.is_none()
+        {
+            return Err(FieldError::new(
+                "store.secret_key_file".into(),
+                format!(
+                    "the edges of a fleet share one CA, whose key the store keeps sealed: give \
+                     the secret key in {} or store.secret_key_file; {}",
+                    store::STORE_SECRET_KEY_ENV,
+                    store::MAKE_A_KEY
+                ),
+            ));
+        }
         if !self.ledger.enabled
             && let Some(i) = self
                 .auth

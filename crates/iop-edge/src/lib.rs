@@ -58,28 +58,84 @@ pub enum StartError {
     Tls(String),
     #[error("{0}")]
     Ledger(#[from] ledger::LedgerError),
+    #[error("{0}")]
+    Store(String),
 }
 
-/// Opens the state directory and sets up the node listener's TLS as a start would.
-pub fn node_listener_tls(
+/// Opens the state directory and sets up the node listener's TLS as a start would; with
+/// a shared store (`store`), the CA is the fleet's and join tokens and revocations are
+/// the store's.
+pub async fn node_listener_tls(
     config: &EdgeConfig,
+    store: Option<Arc<store::Store>>,
 ) -> Result<(Arc<TrustStore>, Option<NodeListenerTls>), StartError> {
     let state_dir = config.state_dir.as_deref().ok_or_else(|| {
         StartError::Tls(
             "state_dir is not set: the edge needs a directory for its CA and state".into(),
         )
     })?;
-    let trust = Arc::new(TrustStore::open(
-        state_dir,
-        config.node_tls.mode == NodeTlsMode::Auto,
-    )?);
+    let own_ca = config.node_tls.mode == NodeTlsMode::Auto;
+    let trust = match store {
+        None => TrustStore::open(state_dir, own_ca)?,
+        Some(store) => {
+            let ca = if own_ca {
+                Some(fleet_ca(config, &store, state_dir).await?)
+            } else {
+                None
+            };
+            TrustStore::open_shared(state_dir, ca, store)?
+        }
+    };
+    let trust = Arc::new(trust);
     let tls = NodeListenerTls::build(&config.node_tls, &trust).map_err(StartError::Tls)?;
     Ok((trust, tls))
 }
 
-/// The pin nodes verify this edge's node listener by (creating the CA on a first start).
-pub fn node_listener_pin(config: &EdgeConfig) -> Result<Option<Pin>, StartError> {
-    Ok(node_listener_tls(config)?.1.and_then(|tls| tls.pin()))
+/// The fleet's CA from the store; while the store cannot be reached, the copy in the
+/// state directory from an earlier start (a first start needs the store).
+async fn fleet_ca(
+    config: &EdgeConfig,
+    store: &store::Store,
+    state_dir: &std::path::Path,
+) -> Result<trust::ca::EdgeCa, StartError> {
+    let key =
+        config.store.secret_key.as_ref().ok_or_else(|| {
+            StartError::Store("no store secret key (store.secret_key_file)".into())
+        })?;
+    let sealer = store::seal::Sealer::new(key);
+    match store.client().await {
+        Ok(_) => trust::shared::fleet_ca(store, &sealer, state_dir)
+            .await
+            .map_err(StartError::Store),
+        Err(error) => {
+            let mirrored = state_dir.join(trust::ca::CA_CERT).exists();
+            if !mirrored {
+                return Err(StartError::Store(format!(
+                    "{error}: a first start in a fleet needs the store, for the fleet's CA"
+                )));
+            }
+            tracing::warn!(%error, "the store does not answer: starting with the fleet CA kept in the state directory; join tokens and revocations wait for the store");
+            let (ca, _) = trust::ca::EdgeCa::load_or_create(state_dir)?;
+            Ok(ca)
+        }
+    }
+}
+
+/// The pin nodes verify this edge's node listener by (creating the CA on a first start;
+/// in a fleet, the fleet's).
+pub async fn node_listener_pin(config: &EdgeConfig) -> Result<Option<Pin>, StartError> {
+    Ok(node_listener_tls(config, shared_store(config))
+        .await?
+        .1
+        .and_then(|tls| tls.pin()))
+}
+
+/// The shared store the config names, not connected yet.
+fn shared_store(config: &EdgeConfig) -> Option<Arc<store::Store>> {
+    match config.store.connect_config()? {
+        Ok(pg) => Some(store::Store::new(pg)),
+        Err(_) => None,
+    }
 }
 
 /// Renews the node listener's server certificate while the edge runs (auto mode).
@@ -132,7 +188,8 @@ impl EdgeServer {
             Ok(limit) => tracing::info!(open_files = limit, "open-files limit"),
             Err(err) => tracing::warn!(%err, "cannot raise the open-files limit"),
         }
-        let (trust, node_tls) = node_listener_tls(&config)?;
+        let shared = shared_store(&config);
+        let (trust, node_tls) = node_listener_tls(&config, shared.clone()).await?;
         let http_tls = match &config.http_tls {
             Some(tls) => Some(Arc::new(HttpTls::load(tls).map_err(StartError::Tls)?)),
             None => None,
@@ -167,7 +224,7 @@ impl EdgeServer {
                 ledger::Ledger::disabled()
             }
         };
-        let edge = Edge::with_ledger(config, Some(trust), ledger);
+        let edge = Edge::with_ledger(config, Some(trust.clone()), ledger);
         let (written, dropped) = edge.telemetry.ledger().counters();
         edge.telemetry.metrics.register_ledger(written, dropped);
         edge.nodes.set_listener(node_addr);
@@ -186,18 +243,31 @@ impl EdgeServer {
         });
         edge.tasks()
             .spawn(http::auth::summarize_failures(edge.clone()));
-        if let Some(Ok(store)) = edge.config().store.connect_config() {
+        if let Some(store) = shared {
             let fleet = Arc::new(store::edges::Fleet::default());
             let _ = edge.fleet.set(fleet.clone());
             let me = store::edges::EdgeRecord::this_edge(
                 edge.config().store.edge_id.clone(),
+                edge.config().store.node_address.clone(),
                 http_addr,
                 node_addr,
             );
+            let (linked_edge, announcing_edge) = (edge.clone(), edge.clone());
             tasks.spawn(store::edges::run(
-                store,
+                store.clone(),
                 me,
+                move || linked_edge.nodes.ready_node_ids(),
+                move |edges| announcing_edge.announce_fleet(edges),
                 fleet,
+                edge.shutdown_token().clone(),
+            ));
+            let (learning_edge, learning_trust) = (edge.clone(), trust.clone());
+            tasks.spawn(trust::shared::follow_revocations(
+                store,
+                move |records| {
+                    let news = learning_trust.learn_revocations(records);
+                    learning_edge.revoked_elsewhere(&news);
+                },
                 edge.shutdown_token().clone(),
             ));
         }

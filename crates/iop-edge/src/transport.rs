@@ -282,6 +282,7 @@ impl Connection {
         let registered = match self
             .edge
             .register(&request, &self.link, generation, &self.peer, control)
+            .await
         {
             Ok(registered) => registered,
             Err(rejection) => {
@@ -309,11 +310,19 @@ impl Connection {
             .set_max_frame_bytes(max_frame_bytes);
         let ready_deadline = tokio::time::Instant::now() + limits.ready_timeout();
         let node_id = registered.node_id.clone();
+        let (edge_id, fleet) = self
+            .edge
+            .fleet
+            .get()
+            .map(|f| (f.this_edge_id(), f.for_nodes()))
+            .unwrap_or_default();
         let response = pb::RegisterResponse {
             accepted: true,
             node_id: node_id.clone(),
             config: Some(registered.payload),
             credential: registered.credential,
+            edge_id,
+            fleet,
             ..Default::default()
         };
         let reason = if self.outbound.send(response).await.is_err() {

@@ -2,7 +2,8 @@
 //! is given, runs adapters (OpenAI-compatible, vLLM, Ollama, CLI, mock) and relays their
 //! events or raw HTTP/SSE bytes back, records its runs in SQLite, and reconnects by itself.
 //!
-//! `supervisor` owns the connection life (`edge_probe`: is the edge back?); `session` is one connection, `link` how it reaches
+//! `supervisor` owns the connection life (`edge_probe`: is the edge back?; `fleet`: the
+//! edges of a fleet, one link to each); `session` is one connection, `link` how it reaches
 //! and authenticates to the edge (`tls`, `identity`: the state file); `runtime` is the
 //! state that outlives connections (adapter `instance`s, active runs, store); `runs`, `tunnel` and
 //! `commands` handle the three kinds of work the edge sends; `probe` checks each provider's
@@ -12,6 +13,7 @@ pub(crate) mod adapters;
 pub(crate) mod commands;
 pub mod config;
 pub(crate) mod edge_probe;
+pub(crate) mod fleet;
 pub(crate) mod health;
 pub(crate) mod identity;
 pub(crate) mod instance;

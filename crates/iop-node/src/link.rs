@@ -49,7 +49,8 @@ pub struct EdgeLink {
     next: AtomicUsize,
     security: Security,
     state_file: Option<PathBuf>,
-    credential: Mutex<Credential>,
+    /// Shared with the links to the fleet's other edges ([`EdgeLink::for_edge`]).
+    credential: Arc<Mutex<Credential>>,
 }
 
 impl std::fmt::Debug for EdgeLink {
@@ -80,7 +81,19 @@ impl EdgeLink {
             next: AtomicUsize::new(0),
             security,
             state_file: None,
-            credential: Mutex::new(credential),
+            credential: Arc::new(Mutex::new(credential)),
+        }
+    }
+
+    /// A link to another edge of the fleet, at `address`: the same credential (a joined
+    /// node's certificate, once it has one) and the same way of verifying the edge.
+    pub fn for_edge(&self, address: String) -> EdgeLink {
+        EdgeLink {
+            edges: vec![address],
+            next: AtomicUsize::new(0),
+            security: self.security.clone(),
+            state_file: None,
+            credential: self.credential.clone(),
         }
     }
 

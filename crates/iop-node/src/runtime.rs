@@ -94,6 +94,8 @@ pub struct NodeRuntime {
     /// How long a tunnel waits for the provider's answer before it is acknowledged with
     /// an `accepted` frame ([`ACCEPT_GRACE`]).
     pub(crate) accept_grace: Duration,
+    /// The fleet's edges and this node's links to them.
+    pub(crate) fleet: crate::fleet::Fleet,
 }
 
 /// How long a tunnel that passed its gate waits for the provider's answer to acknowledge
@@ -130,6 +132,7 @@ impl NodeRuntime {
             started: Instant::now(),
             health_changed: watch::Sender::new(0),
             accept_grace: ACCEPT_GRACE,
+            fleet: crate::fleet::Fleet::default(),
         })
     }
 

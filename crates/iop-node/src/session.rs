@@ -34,6 +34,9 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 pub struct EdgeTarget {
     pub link: Arc<EdgeLink>,
     pub max_frame_bytes: usize,
+    /// Set for a link to one edge of a fleet (the supervisor's); such a session leaves
+    /// the node's transport status to the link that came from the config.
+    pub fleet_edge: Option<String>,
 }
 
 /// How a connection ended.
@@ -83,7 +86,8 @@ pub async fn run_session(
     shutdown: &CancellationToken,
 ) -> SessionEnd {
     let addr = target.link.edge_addr().to_string();
-    {
+    let primary = target.fleet_edge.is_none();
+    if primary {
         let mut t = runtime.transport.lock();
         t.edge = addr.clone();
         t.state = "connecting";
@@ -126,7 +130,7 @@ pub async fn run_session(
             }
         }
     };
-    {
+    if primary {
         let mut t = runtime.transport.lock();
         t.state = "disconnected";
         t.connected_since_ms = None;
@@ -194,8 +198,10 @@ async fn run_connection<S: ByteStream>(
         outbound,
         conn,
         addr: addr.to_string(),
+        edge_id: String::new(),
     };
     let end = session.run(target, shutdown).await;
+    runtime.fleet.unlinked(&session.edge_id);
     // Stop everything started on this connection and give it a moment to say so.
     let why = match &end {
         SessionEnd::Shutdown => "the node is shutting down".to_string(),
@@ -240,6 +246,8 @@ struct Session {
     outbound: Outbound,
     conn: Connection,
     addr: String,
+    /// The edge's id in its fleet (empty for an edge on its own).
+    edge_id: String,
 }
 
 /// Why the edge refused this node, as a fatal end or a retry.
@@ -316,6 +324,9 @@ impl Session {
             return refused(&self.addr, &response);
         }
         let node_id = response.node_id.clone();
+        self.edge_id = response.edge_id.clone();
+        self.runtime.fleet.linked(&self.edge_id, &self.addr);
+        self.runtime.fleet.listed(&response.fleet);
         if let Some(credential) = &response.credential
             && let Err(e) = target.link.joined(&node_id, credential)
         {
@@ -355,8 +366,8 @@ impl Session {
             }
             Err(end) => return end,
         }
-        tracing::info!(%node_id, edge = %self.addr, "dispatch-ready");
-        {
+        tracing::info!(%node_id, edge = %self.addr, edge_id = %self.edge_id, "dispatch-ready");
+        if target.fleet_edge.is_none() {
             let mut t = self.runtime.transport.lock();
             t.state = "ready";
             t.sessions_started += 1;
@@ -496,6 +507,7 @@ impl Session {
                     let _ = outbound.send(response).await;
                 });
             }
+            Message::FleetUpdate(update) => self.runtime.fleet.listed(&update.edges),
             Message::ConfigRefresh(refresh) => {
                 if let Some(payload) = refresh.config
                     && let Err(e) = self.runtime.apply(&payload)

@@ -32,6 +32,7 @@ into_envelope! {
     EdgeNodeEvent => EdgeNodeEvent,
     StreamCredit => StreamCredit,
     ProviderHealthReport => ProviderHealthReport,
+    FleetUpdate => FleetUpdate,
 }
 
 /// A short name of the envelope's message kind, for logs.
@@ -56,6 +57,7 @@ pub fn kind(envelope: &Envelope) -> &'static str {
         Some(Message::EdgeNodeEvent(_)) => "edge_node_event",
         Some(Message::StreamCredit(_)) => "stream_credit",
         Some(Message::ProviderHealthReport(_)) => "provider_health_report",
+        Some(Message::FleetUpdate(_)) => "fleet_update",
     }
 }
 

@@ -164,11 +164,10 @@ fn what_the_docs_say_ci_runs_it_runs() {
 
 /// A free loopback port.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_addr()
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .expect("host:port")
 }
 
 /// Where a scenario runs, what it fills in, and the processes it started.

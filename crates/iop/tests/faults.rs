@@ -317,15 +317,10 @@ async fn after_an_edge_restart_every_node_is_ready_again_within_its_interval() {
     assert_eq!(code, 200, "{body}");
 }
 
-fn free_port() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
 #[tokio::test]
 async fn a_node_started_before_its_edge_retries_until_the_edge_is_up() {
     let dir = tempdir();
-    let nodes = free_port();
+    let nodes = free_addr();
     let node = start_node(
         "n1",
         dir.path(),
@@ -348,7 +343,7 @@ async fn a_finite_retry_budget_ends_the_node_non_zero() {
     let mut node = start_node(
         "n1",
         dir.path(),
-        &free_port(),
+        &free_addr(),
         "token-n1-0123456789",
         "reconnect: {max_attempts: 2, interval_sec: 0.2}",
     );

@@ -1,6 +1,8 @@
 //! Edges sharing a PostgreSQL store (a real server, started by the test): each lists the
 //! fleet's live edges in `/admin/status`; an edge that stops leaves the list; an edge
-//! whose store is down keeps serving and says why the store does not answer.
+//! whose store goes down keeps serving and says why the store does not answer, and one
+//! that restarts meanwhile comes up on the fleet CA kept in its state directory; a first
+//! start needs the store.
 
 mod common;
 
@@ -10,6 +12,18 @@ use common::postgres::Postgres;
 use common::*;
 use nix::sys::signal::Signal;
 use serde_json::Value;
+
+/// The fleet's store secret key (base64 of 32 bytes).
+const SECRET_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+async fn start_fleet_edge(dir: &std::path::Path, url: &str, id: &str) -> EdgeProc {
+    start_edge_env(
+        dir,
+        &config(url, id),
+        &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
+    )
+    .await
+}
 
 fn config(url: &str, id: &str) -> String {
     format!(
@@ -63,8 +77,8 @@ async fn edges_sharing_a_store_list_each_other_and_one_that_stops_leaves() {
         return;
     };
     let (d1, d2) = (tempdir(), tempdir());
-    let e1 = start_edge(d1.path(), &config(&pg.url(), "edge-1")).await;
-    let mut e2 = start_edge(d2.path(), &config(&pg.url(), "edge-2")).await;
+    let e1 = start_fleet_edge(d1.path(), &pg.url(), "edge-1").await;
+    let mut e2 = start_fleet_edge(d2.path(), &pg.url(), "edge-2").await;
     wait_fleet(&e1, &["edge-1", "edge-2"]).await;
     wait_fleet(&e2, &["edge-1", "edge-2"]).await;
     let s = status(&e1).await;
@@ -86,7 +100,7 @@ async fn edges_sharing_a_store_list_each_other_and_one_that_stops_leaves() {
     assert!(e2.proc.wait_exit(Duration::from_secs(60)).await.success());
     wait_fleet(&e1, &["edge-1"]).await;
     // An edge started again finds the schema in place and joins the fleet.
-    let e2 = start_edge(d2.path(), &config(&pg.url(), "edge-2")).await;
+    let e2 = start_fleet_edge(d2.path(), &pg.url(), "edge-2").await;
     wait_fleet(&e2, &["edge-1", "edge-2"]).await;
     assert!(
         !e2.proc.log().contains("store unreachable"),
@@ -101,20 +115,52 @@ async fn an_edge_whose_store_is_down_keeps_serving_and_says_why() {
         return;
     };
     let url = pg.url();
-    pg.stop();
     let dir = tempdir();
-    let edge = start_edge(dir.path(), &config(&url, "edge-1")).await;
+    // A first start needs the store: the fleet's CA is there.
+    let fresh = tempdir();
+    std::fs::write(
+        fresh.path().join("edge.yaml"),
+        config("postgres://iop@127.0.0.1:1/iop", "edge-0"),
+    )
+    .unwrap();
+    let mut refused = Proc::spawn_with_env(
+        "edge",
+        &[
+            "edge",
+            "--config",
+            fresh.path().join("edge.yaml").to_str().unwrap(),
+            "--listen-nodes",
+            "127.0.0.1:0",
+            "--listen-http",
+            "127.0.0.1:0",
+        ],
+        &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
+    );
+    assert!(!refused.wait_exit(Duration::from_secs(60)).await.success());
+    assert!(
+        refused
+            .log()
+            .contains("a first start in a fleet needs the store"),
+        "{}",
+        refused.log()
+    );
+
+    let mut edge = start_fleet_edge(dir.path(), &url, "edge-1").await;
+    let pin = edge.pin.clone();
+    wait_fleet(&edge, &["edge-1"]).await;
+    pg.stop();
     let _node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
     wait_ready(&edge, "n1").await;
-    let answer = client()
-        .post(edge.url("/v1/chat/completions"))
-        .json(
-            &serde_json::json!({"model": "mock", "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
+    let chat = || async {
+        client()
+            .post(edge.url("/v1/chat/completions"))
+            .json(&serde_json::json!({"model": "mock", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(chat().await, 200);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let s = status(&edge).await;
@@ -128,6 +174,19 @@ async fn an_edge_whose_store_is_down_keeps_serving_and_says_why() {
     }
     assert!(
         edge.proc.log().contains("store unreachable"),
+        "{}",
+        edge.proc.log()
+    );
+
+    // Restarted while the store is down: the fleet CA kept in the state directory.
+    edge.proc.signal(Signal::SIGTERM);
+    assert!(edge.proc.wait_exit(Duration::from_secs(60)).await.success());
+    let edge = start_fleet_edge(dir.path(), &url, "edge-1").await;
+    assert_eq!(edge.pin, pin, "the same pin");
+    assert!(
+        edge.proc
+            .log()
+            .contains("starting with the fleet CA kept in the state directory"),
         "{}",
         edge.proc.log()
     );

@@ -3,6 +3,11 @@
 //! `IOP_STORE_URL` environment variable. Until the link to the store is encrypted, its
 //! host must be this machine (a loopback address or a Unix socket directory): a URL with
 //! a password must not cross a network in the clear.
+//!
+//! The secret key seals what the store keeps secret (the fleet CA's private key): 32 random
+//! bytes, base64, from `IOP_STORE_SECRET_KEY` or the file `secret_key_file` (0600), read
+//! once when the config is read. Every edge of a fleet gets the same key; the store never
+//! sees it.
 
 use std::str::FromStr;
 
@@ -12,6 +17,35 @@ use super::FieldError;
 
 /// The environment variable that gives (and overrides) `store.url`.
 pub const STORE_URL_ENV: &str = "IOP_STORE_URL";
+/// The environment variable that gives (and overrides) the store's secret key.
+pub const STORE_SECRET_KEY_ENV: &str = "IOP_STORE_SECRET_KEY";
+
+/// How to make a secret key, for error messages.
+pub const MAKE_A_KEY: &str = "make one with `head -c 32 /dev/urandom | base64 > store.key && chmod 600 store.key` and give every edge the same";
+
+/// The key that seals the store's secrets (32 bytes). Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreSecretKey(pub [u8; 32]);
+
+impl std::fmt::Debug for StoreSecretKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreSecretKey(..)")
+    }
+}
+
+impl StoreSecretKey {
+    /// Reads a key written as base64 (surrounding white space ignored).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|_| format!("is not base64; {MAKE_A_KEY}"))?;
+        let key: [u8; 32] = bytes
+            .try_into()
+            .map_err(|b: Vec<u8>| format!("holds {} bytes, not 32; {MAKE_A_KEY}", b.len()))?;
+        Ok(StoreSecretKey(key))
+    }
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -22,6 +56,17 @@ pub struct StoreConfig {
     /// This edge's name in the fleet (default: `<hostname>:<http port>`).
     #[serde(default)]
     pub edge_id: Option<String>,
+    /// The `host:port` other machines' nodes reach this edge's node listener at; the
+    /// fleet tells every node to link to it (default: the listener's address, unless it
+    /// is a wildcard address, then `<hostname>:<port>`).
+    #[serde(default)]
+    pub node_address: Option<String>,
+    /// A file holding the secret key (base64 of 32 bytes); `IOP_STORE_SECRET_KEY` wins.
+    #[serde(default)]
+    pub secret_key_file: Option<std::path::PathBuf>,
+    /// The secret key, read from `IOP_STORE_SECRET_KEY` or `secret_key_file`.
+    #[serde(skip)]
+    pub secret_key: Option<StoreSecretKey>,
 }
 
 impl StoreConfig {
@@ -31,9 +76,59 @@ impl StoreConfig {
         Some(parse(url))
     }
 
+    /// Reads the secret key from `env_key` (the variable's value) or `secret_key_file`.
+    pub fn resolve_secret_key(&mut self, env_key: Option<String>) -> Result<(), FieldError> {
+        if let Some(text) = env_key.filter(|k| !k.trim().is_empty()) {
+            let key = StoreSecretKey::parse(&text).map_err(|e| {
+                FieldError::new(
+                    "secret_key_file".into(),
+                    format!("{STORE_SECRET_KEY_ENV} {e}"),
+                )
+            })?;
+            self.secret_key = Some(key);
+            return Ok(());
+        }
+        let Some(path) = &self.secret_key_file else {
+            return Ok(());
+        };
+        let field = || "secret_key_file".to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| FieldError::new(field(), format!("{}: {e}", path.display())))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            if let Ok(meta) = std::fs::metadata(path)
+                && meta.permissions().mode() & 0o077 != 0
+            {
+                return Err(FieldError::new(
+                    field(),
+                    format!(
+                        "{} can be read by others: `chmod 600` it (it seals the fleet's CA key)",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        let key = StoreSecretKey::parse(&text)
+            .map_err(|e| FieldError::new(field(), format!("{} {e}", path.display())))?;
+        self.secret_key = Some(key);
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), FieldError> {
         if let Some(parsed) = self.connect_config() {
             parsed?;
+        }
+        if let Some(address) = &self.node_address
+            && (address.trim().is_empty()
+                || !address.contains(':')
+                || address.contains('/')
+                || address.contains(',')
+                || address.len() > 255)
+        {
+            return Err(FieldError::new(
+                "node_address".into(),
+                format!("{address:?} must be host:port"),
+            ));
         }
         if let Some(id) = &self.edge_id
             && (id.is_empty() || id.len() > 128)
@@ -96,7 +191,7 @@ mod tests {
     fn store(url: &str) -> StoreConfig {
         StoreConfig {
             url: Some(url.into()),
-            edge_id: None,
+            ..Default::default()
         }
     }
 
@@ -126,5 +221,33 @@ mod tests {
         let garbage = store("postgres://iop:hunter2@[::1").validate().unwrap_err();
         assert!(!garbage.message.contains("hunter2"), "{}", garbage.message);
         assert!(StoreConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn the_secret_key_is_32_bytes_of_base64_from_the_environment_or_a_private_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let key = "A".repeat(43) + "=";
+        let mut config = store("postgres://iop@127.0.0.1/iop");
+        config.resolve_secret_key(Some(key.clone())).unwrap();
+        assert_eq!(config.secret_key, Some(StoreSecretKey([0; 32])));
+        assert!(!format!("{config:?}").contains(&key));
+        let short = config.resolve_secret_key(Some("AAAA".into())).unwrap_err();
+        assert!(
+            short.message.contains("3 bytes, not 32"),
+            "{}",
+            short.message
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("store.key");
+        std::fs::write(&file, format!("{key}\n")).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut config = store("postgres://iop@127.0.0.1/iop");
+        config.secret_key_file = Some(file.clone());
+        let open = config.resolve_secret_key(None).unwrap_err();
+        assert!(open.message.contains("chmod 600"), "{}", open.message);
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        config.resolve_secret_key(None).unwrap();
+        assert!(config.secret_key.is_some());
     }
 }

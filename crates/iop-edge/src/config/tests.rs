@@ -628,15 +628,24 @@ nodes:
 model_groups:
   - {name: small, members: [{node: gpu, provider: m}]}
 "#;
-    let none = |_: &str| None;
-    let c = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &none).unwrap();
+    let key = |var: &str| (var == "IOP_STORE_SECRET_KEY").then(|| "A".repeat(43) + "=");
+    let c = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &key).unwrap();
     assert_eq!(c.store.url.as_deref(), Some("postgres://iop@127.0.0.1/one"));
-    let env = |var: &str| (var == "IOP_STORE_URL").then(|| "postgres://iop@[::1]/two".to_string());
+    let env = |var: &str| match var {
+        "IOP_STORE_URL" => Some("postgres://iop@[::1]/two".to_string()),
+        other => key(other),
+    };
     let c = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &env).unwrap();
     assert_eq!(c.store.url.as_deref(), Some("postgres://iop@[::1]/two"));
-    let remote = |var: &str| {
-        (var == "IOP_STORE_URL").then(|| "postgres://iop:pw@db.example.net/iop".to_string())
+    let remote = |var: &str| match var {
+        "IOP_STORE_URL" => Some("postgres://iop:pw@db.example.net/iop".to_string()),
+        other => key(other),
     };
     let err = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &remote).unwrap_err();
     assert!(!err.to_string().contains("pw@"), "{err}");
+    // The fleet's CA is sealed with the secret key: without one the config says how to
+    // make it.
+    let err = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &|_| None).unwrap_err();
+    assert!(err.to_string().contains("store.secret_key_file"), "{err}");
+    assert!(err.to_string().contains("head -c 32 /dev/urandom"), "{err}");
 }

@@ -15,13 +15,13 @@ use iop_proto::pb;
 use iop_proto::trust::{JoinString, JoinToken};
 use serde::Serialize;
 
-use super::nodes::{ConnectionControl, LinkEntry};
+use super::nodes::{ConnectionControl, LinkEntry, LinkProof};
 use super::{Edge, Registered, Rejection};
 use crate::config::hash_token;
 use crate::registry::Generation;
 pub use crate::status::LinkStatus;
 use crate::trust::join::{JoinError, JoinTokenRecord};
-use crate::trust::{Link, PersistError, RedeemError, TrustStore, unix_ms};
+use crate::trust::{Link, RedeemError, SaveError, TrustStore, unix_ms};
 
 /// Longest node-sent label (version, host name) the status keeps.
 const MAX_LABEL_CHARS: usize = 64;
@@ -66,7 +66,7 @@ pub enum CredentialAdminError {
     #[error("{0}")]
     BadRequest(String),
     #[error(transparent)]
-    Persist(#[from] PersistError),
+    Save(#[from] SaveError),
 }
 
 /// A join token just created: the join string holds the only copy of its secret.
@@ -91,7 +91,7 @@ impl Edge {
         self.trust.as_ref()
     }
 
-    pub(super) fn authenticate_and_claim(
+    pub(super) async fn authenticate_and_claim(
         &self,
         request: &pb::RegisterRequest,
         link: &Link,
@@ -99,19 +99,28 @@ impl Edge {
         control: ConnectionControl,
     ) -> Result<Registered, Rejection> {
         let now = SystemTime::now();
-        let identity = self.identify(request, link, now)?;
+        let identity = self.identify(request, link, now).await?;
         let node_id = identity.node_id.clone();
-        let refund = |proof: &Proof| {
+        let refund = async |proof: &Proof| {
             if let (Proof::JoinToken(token), Some(trust)) = (proof, &self.trust) {
-                trust.refund(token);
+                trust.refund(token).await;
             }
         };
         let mut registered = match self.claim(&node_id, generation) {
             Ok(registered) => registered,
             Err(rejection) => {
-                refund(&identity.proof);
+                refund(&identity.proof).await;
                 return Err(rejection);
             }
+        };
+        let mut proof = match (&identity.proof, link.client_cert()) {
+            (Proof::Certificate, Some(cert)) => LinkProof::Certificate {
+                not_before_secs: cert.not_before_secs,
+            },
+            (Proof::StaticToken, _) => LinkProof::Token {
+                hash: hash_token(&request.token),
+            },
+            _ => LinkProof::Joined,
         };
         let mut expires = identity.expires_unix_ms;
         let credential = match &identity.proof {
@@ -127,6 +136,11 @@ impl Edge {
                 match trust.issue(&node_id, &request.credential_csr, lifetime, now) {
                     Ok(cert) => {
                         expires = Some(cert.not_after_unix_ms);
+                        if let Ok(parsed) = crate::trust::ClientCert::parse(&cert.der) {
+                            proof = LinkProof::Certificate {
+                                not_before_secs: parsed.not_before_secs,
+                            };
+                        }
                         registered.credential = Some(pb::NodeCredential {
                             certificate_der: cert.der.to_vec(),
                             expires_unix_ms: cert.not_after_unix_ms,
@@ -139,7 +153,7 @@ impl Edge {
                     }
                     Err(message) => {
                         self.nodes.unclaim(&node_id, generation);
-                        refund(&identity.proof);
+                        refund(&identity.proof).await;
                         return Err(Rejection::Credential(message));
                     }
                 }
@@ -158,12 +172,13 @@ impl Edge {
                     hostname: bounded_label(&request.hostname),
                 },
                 control,
+                proof,
             },
         );
         Ok(registered)
     }
 
-    fn identify(
+    async fn identify(
         &self,
         request: &pb::RegisterRequest,
         link: &Link,
@@ -207,12 +222,12 @@ impl Edge {
             }
             let token = JoinToken::parse(&request.join_token)
                 .map_err(|_| Rejection::JoinToken(JoinError::Unknown))?;
-            let node_id = trust.redeem(&token, now).map_err(|e| match e {
+            let node_id = trust.redeem(&token, now).await.map_err(|e| match e {
                 RedeemError::Refused(e) => Rejection::JoinToken(e),
-                RedeemError::Persist(e) => Rejection::Unavailable(e.to_string()),
+                RedeemError::Save(e) => Rejection::Unavailable(e.to_string()),
             })?;
             if !configured(&node_id) {
-                trust.refund(&token);
+                trust.refund(&token).await;
                 return Err(Rejection::UnknownNode { node_id });
             }
             return Ok(Identity {
@@ -241,7 +256,7 @@ impl Edge {
 
     /// Creates a join token for `node_id` and the join string that carries it. `edges`
     /// (host:port) default to `node_tls.advertise`, then to the listener's own address.
-    pub fn create_join(
+    pub async fn create_join(
         &self,
         node_id: &str,
         ttl: Duration,
@@ -285,7 +300,9 @@ impl Edge {
                 "edge address {bad:?} must be host:port"
             )));
         }
-        let (token, record) = trust.create_join_token(node_id, ttl, uses, SystemTime::now())?;
+        let (token, record) = trust
+            .create_join_token(node_id, ttl, uses, SystemTime::now())
+            .await?;
         tracing::info!(node_id, token_id = %record.id, uses, ttl_sec = ttl.as_secs(), "join token created");
         Ok(CreatedJoin {
             join: JoinString { edges, pin, token },
@@ -294,8 +311,9 @@ impl Edge {
     }
 
     /// Revokes every credential `node_id` holds now and closes its live connection (the
-    /// node is told it was revoked). Survives restarts.
-    pub fn revoke(&self, node_id: &str) -> Result<RevokeReport, CredentialAdminError> {
+    /// node is told it was revoked). Survives restarts; in a fleet every edge learns it
+    /// and closes the node's connection to it ([`Edge::revoked_elsewhere`]).
+    pub async fn revoke(&self, node_id: &str) -> Result<RevokeReport, CredentialAdminError> {
         let config = self.config();
         let node = config
             .nodes
@@ -304,23 +322,8 @@ impl Edge {
             .ok_or_else(|| CredentialAdminError::NoSuchNode(node_id.to_string()))?;
         let trust = self.trust.as_ref().ok_or(CredentialAdminError::NoState)?;
         let now = SystemTime::now();
-        let removed = trust.revoke(node_id, node.token_hash(), now)?;
-        let entry = self.nodes.take_link(node_id);
-        let session_closed = entry.is_some();
-        if let Some(entry) = entry {
-            let rejection = Rejection::Revoked {
-                node_id: node_id.to_string(),
-            };
-            entry.control.outbound.try_send(pb::RegisterResponse {
-                accepted: false,
-                reject_reason: rejection.wire_reason() as i32,
-                reason: rejection.to_string(),
-                node_id: node_id.to_string(),
-                ..Default::default()
-            });
-            entry.control.kick.cancel();
-            self.connection_lost(node_id, entry.generation, "node credentials revoked");
-        }
+        let removed = trust.revoke(node_id, node.token_hash(), now).await?;
+        let session_closed = self.close_if_revoked(node_id);
         tracing::warn!(
             node_id,
             session_closed,
@@ -333,5 +336,51 @@ impl Edge {
             session_closed,
             join_tokens_removed: removed,
         })
+    }
+
+    /// Another edge of the fleet revoked these nodes: their connections to this edge
+    /// that the revocations cover are closed.
+    pub fn revoked_elsewhere(&self, node_ids: &[String]) {
+        for node_id in node_ids {
+            if self.close_if_revoked(node_id) {
+                tracing::warn!(
+                    node_id,
+                    "node revoked on another edge of the fleet: its connection here is closed"
+                );
+            }
+        }
+    }
+
+    /// Closes `node_id`'s live connection if the credential it registered with is
+    /// revoked now (telling the node so); whether it did.
+    fn close_if_revoked(&self, node_id: &str) -> bool {
+        let Some(trust) = &self.trust else {
+            return false;
+        };
+        let entry = self
+            .nodes
+            .take_link_if(node_id, |entry| match &entry.proof {
+                LinkProof::Certificate { not_before_secs } => {
+                    trust.cert_revoked(node_id, *not_before_secs)
+                }
+                LinkProof::Token { hash } => trust.token_revoked(node_id, hash),
+                LinkProof::Joined => true,
+            });
+        let Some(entry) = entry else {
+            return false;
+        };
+        let rejection = Rejection::Revoked {
+            node_id: node_id.to_string(),
+        };
+        entry.control.outbound.try_send(pb::RegisterResponse {
+            accepted: false,
+            reject_reason: rejection.wire_reason() as i32,
+            reason: rejection.to_string(),
+            node_id: node_id.to_string(),
+            ..Default::default()
+        });
+        entry.control.kick.cancel();
+        self.connection_lost(node_id, entry.generation, "node credentials revoked");
+        true
     }
 }

@@ -20,7 +20,8 @@ pub mod command;
 pub mod credentials;
 pub mod dispatch;
 pub mod dispatch_state;
-pub mod errors;
+mod errors;
+pub mod fleet;
 pub mod health;
 pub mod keys;
 pub mod nodes;
@@ -295,7 +296,7 @@ impl Edge {
     /// config payload; a join also issues the node its credential. Publishes registered /
     /// rejected, except for a refused credential: the transport reports those, summarized
     /// (guesses come in floods).
-    pub fn register(
+    pub async fn register(
         &self,
         request: &pb::RegisterRequest,
         link: &Link,
@@ -303,7 +304,9 @@ impl Edge {
         peer: &str,
         control: ConnectionControl,
     ) -> Result<Registered, Rejection> {
-        let result = self.authenticate_and_claim(request, link, generation, control);
+        let result = self
+            .authenticate_and_claim(request, link, generation, control)
+            .await;
         match &result {
             Ok(r) => {
                 tracing::info!(node_id = %r.node_id, %generation, peer, link = link.name(), joined = r.credential.is_some(), "node registered (pending ready)");

@@ -31,6 +31,19 @@ pub struct LinkEntry {
     pub generation: Generation,
     pub status: LinkStatus,
     pub control: ConnectionControl,
+    /// The credential it registered with, as a revocation checks it.
+    pub proof: LinkProof,
+}
+
+/// What a revocation is checked against for a live connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkProof {
+    /// A client certificate valid from this time (Unix seconds).
+    Certificate { not_before_secs: i64 },
+    /// The static token with this hash.
+    Token { hash: [u8; 32] },
+    /// A join whose credential could not be read back: any revocation covers it.
+    Joined,
 }
 
 #[derive(Debug)]
@@ -154,6 +167,13 @@ impl Nodes {
         sessions
     }
 
+    /// The ids of the dispatch-ready nodes, sorted.
+    pub fn ready_node_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.sessions.read().keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
     /// Records how the node's connection of `entry.generation` is secured.
     pub fn set_link(&self, node_id: String, entry: LinkEntry) {
         self.links.lock().insert(node_id, entry);
@@ -168,9 +188,17 @@ impl Nodes {
             .map(|l| l.status.clone())
     }
 
-    /// Takes the node's link (to drop its connection).
-    pub fn take_link(&self, node_id: &str) -> Option<LinkEntry> {
-        self.links.lock().remove(node_id)
+    /// Removes and returns the node's link entry when `covered` says so.
+    pub fn take_link_if(
+        &self,
+        node_id: &str,
+        covered: impl FnOnce(&LinkEntry) -> bool,
+    ) -> Option<LinkEntry> {
+        let mut links = self.links.lock();
+        if !links.get(node_id).is_some_and(covered) {
+            return None;
+        }
+        links.remove(node_id)
     }
 
     /// Notes that the node was sent config `version`; whether that is news to it (a

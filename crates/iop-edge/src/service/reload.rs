@@ -154,7 +154,7 @@ mod tests {
     use crate::service::nodes::ConnectionControl;
     use crate::trust::Link;
 
-    fn register(edge: &Edge) -> Result<crate::service::Registered, Rejection> {
+    async fn register(edge: &Edge) -> Result<crate::service::Registered, Rejection> {
         let (outbound, _sent) = Outbound::channel(8);
         let request = pb::RegisterRequest {
             token: "token-n1-0123456789".into(),
@@ -171,10 +171,11 @@ mod tests {
             "peer",
             control,
         )
+        .await
     }
 
-    #[test]
-    fn a_registration_in_the_middle_of_a_reload_that_removed_its_node_is_refused() {
+    #[tokio::test]
+    async fn a_registration_in_the_middle_of_a_reload_that_removed_its_node_is_refused() {
         let config = |nodes: &str| {
             EdgeConfig::from_yaml(&format!("nodes: {nodes}\nmodel_groups: []\n"), "test").unwrap()
         };
@@ -185,13 +186,16 @@ mod tests {
         // still knows n1's token: refused as an unknown node, and nothing is left claimed.
         *edge.config.write() = Arc::new(config("[]"));
         assert!(matches!(
-            register(&edge),
+            register(&edge).await,
             Err(Rejection::UnknownNode { node_id }) if node_id == "n1"
         ));
         assert_eq!(edge.nodes.owner_state("n1"), OwnerState::Offline);
         // The whole reload: n1 is gone for good.
         edge.reload(config("[]"));
-        assert!(matches!(register(&edge), Err(Rejection::UnknownToken)));
+        assert!(matches!(
+            register(&edge).await,
+            Err(Rejection::UnknownToken)
+        ));
     }
 
     #[test]
@@ -200,7 +204,10 @@ mod tests {
             EdgeConfig::from_yaml_with_env(
                 &format!("{store}nodes: []\nmodel_groups: []\n"),
                 "test",
-                &|_| None,
+                &|var| {
+                    (var == crate::config::store::STORE_SECRET_KEY_ENV)
+                        .then(|| "A".repeat(43) + "=")
+                },
             )
             .unwrap()
         };

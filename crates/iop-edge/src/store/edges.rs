@@ -25,25 +25,45 @@ pub struct EdgeRecord {
     /// Its HTTP listener and node listener, as bound.
     pub http: String,
     pub nodes: String,
+    /// The `host:port` nodes dial it at (`store.node_address`).
+    pub node_address: String,
     pub version: String,
     pub started_unix_ms: i64,
+    /// The nodes linked to it (dispatch-ready), as it last said.
+    pub linked: Vec<String>,
 }
 
 impl EdgeRecord {
-    /// This edge, listening on `http` and `nodes`, named `id` or `<hostname>:<http port>`.
-    pub fn this_edge(id: Option<String>, http: SocketAddr, nodes: SocketAddr) -> Self {
-        let id = id.unwrap_or_else(|| {
-            let host = std::env::var("HOSTNAME")
+    /// This edge, listening on `http` and `nodes`, named `id` or `<hostname>:<http port>`;
+    /// nodes dial it at `node_address`, else at `nodes` unless that is a wildcard address,
+    /// else at `<hostname>:<node port>`.
+    pub fn this_edge(
+        id: Option<String>,
+        node_address: Option<String>,
+        http: SocketAddr,
+        nodes: SocketAddr,
+    ) -> Self {
+        let host = || {
+            std::env::var("HOSTNAME")
                 .ok()
                 .filter(|h| !h.is_empty())
                 .or_else(|| nix::unistd::gethostname().ok()?.into_string().ok())
-                .unwrap_or_else(|| "edge".into());
-            format!("{host}:{}", http.port())
+                .unwrap_or_else(|| "edge".into())
+        };
+        let id = id.unwrap_or_else(|| format!("{}:{}", host(), http.port()));
+        let node_address = node_address.unwrap_or_else(|| {
+            if nodes.ip().is_unspecified() {
+                format!("{}:{}", host(), nodes.port())
+            } else {
+                nodes.to_string()
+            }
         });
         EdgeRecord {
             id,
             http: http.to_string(),
             nodes: nodes.to_string(),
+            node_address,
+            linked: Vec::new(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             started_unix_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -75,46 +95,69 @@ impl Fleet {
         self.live.lock().clone()
     }
 
+    /// The live edges as nodes dial them (this edge included), for a register reply or
+    /// a `FleetUpdate`.
+    pub fn for_nodes(&self) -> Vec<iop_proto::pb::FleetEdge> {
+        for_nodes(&self.live.lock())
+    }
+
+    /// This edge's id in the fleet.
+    pub fn this_edge_id(&self) -> String {
+        self.live
+            .lock()
+            .iter()
+            .find(|e| e.this_edge)
+            .map(|e| e.record.id.clone())
+            .unwrap_or_default()
+    }
+
     /// The last failure to reach the store, while it lasts.
     pub fn store_error(&self) -> Option<String> {
         self.last_error.lock().clone()
     }
 }
 
-/// Keeps this edge's row fresh and the fleet's list current until `shutdown`, then
-/// removes the row.
+fn for_nodes(live: &[LiveEdge]) -> Vec<iop_proto::pb::FleetEdge> {
+    live.iter()
+        .filter(|e| !e.record.node_address.is_empty())
+        .map(|e| iop_proto::pb::FleetEdge {
+            id: e.record.id.clone(),
+            address: e.record.node_address.clone(),
+        })
+        .collect()
+}
+
+/// Keeps this edge's row fresh (with the nodes `linked` returns) and the fleet's list
+/// current until `shutdown`, then removes the row. Whenever the edges nodes should link
+/// to change, `announce` gets the new list.
 pub async fn run(
-    config: tokio_postgres::Config,
+    store: Arc<Store>,
     me: EdgeRecord,
+    linked: impl Fn() -> Vec<String> + Send + 'static,
+    announce: impl Fn(Vec<iop_proto::pb::FleetEdge>) + Send + 'static,
     fleet: Arc<Fleet>,
     shutdown: CancellationToken,
 ) {
-    let mut store: Option<Arc<Store>> = None;
     let mut ticker = tokio::time::interval(HEARTBEAT);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut me = me;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = ticker.tick() => {}
         }
-        let result = async {
-            if store.is_none() {
-                store = Some(Store::open(config.clone()).await?);
-                tracing::info!(
-                    edge_id = me.id.as_str(),
-                    "store connected and its schema up to date"
-                );
-            }
-            let store = store.as_ref().expect("opened above");
-            refresh(store, &me).await
-        }
-        .await;
-        match result {
+        me.linked = linked();
+        match refresh(&store, &me).await {
             Ok(live) => {
                 if fleet.last_error.lock().take().is_some() {
                     tracing::info!("the store answers again");
                 }
+                let before = for_nodes(&fleet.live.lock());
+                let after = for_nodes(&live);
                 *fleet.live.lock() = live;
+                if before != after {
+                    announce(after);
+                }
             }
             Err(error) => {
                 let mut last = fleet.last_error.lock();
@@ -125,9 +168,7 @@ pub async fn run(
             }
         }
     }
-    if let Some(store) = store
-        && let Ok(client) = store.client().await
-    {
+    if let Ok(Ok(client)) = tokio::time::timeout(Duration::from_secs(2), store.client()).await {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&me.id];
         let removed = client.execute("DELETE FROM iop_edges WHERE id = $1", &params);
         let _ = tokio::time::timeout(Duration::from_secs(2), removed).await;
@@ -140,16 +181,19 @@ async fn refresh(store: &Store, me: &EdgeRecord) -> Result<Vec<LiveEdge>, String
     let fail = |e: tokio_postgres::Error| format!("store: {}", super::reason(&e));
     client
         .execute(
-            "INSERT INTO iop_edges (id, http, nodes, version, started_unix_ms, seen)
-             VALUES ($1, $2, $3, $4, $5, now())
-             ON CONFLICT (id) DO UPDATE SET http = $2, nodes = $3, version = $4,
-                 started_unix_ms = $5, seen = now()",
+            "INSERT INTO iop_edges (id, http, nodes, node_address, version, started_unix_ms,
+                                    linked, seen)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, now())
+             ON CONFLICT (id) DO UPDATE SET http = $2, nodes = $3, node_address = $4,
+                 version = $5, started_unix_ms = $6, linked = $7, seen = now()",
             &[
                 &me.id,
                 &me.http,
                 &me.nodes,
+                &me.node_address,
                 &me.version,
                 &me.started_unix_ms,
+                &me.linked,
             ],
         )
         .await
@@ -157,7 +201,7 @@ async fn refresh(store: &Store, me: &EdgeRecord) -> Result<Vec<LiveEdge>, String
     let within = LIVE_WITHIN.as_secs_f64();
     let rows = client
         .query(
-            "SELECT id, http, nodes, version, started_unix_ms,
+            "SELECT id, http, nodes, node_address, version, started_unix_ms, linked,
                     (EXTRACT(EPOCH FROM (now() - seen)) * 1000)::BIGINT
              FROM iop_edges WHERE seen > now() - make_interval(secs => $1) ORDER BY id",
             &[&within],
@@ -171,13 +215,15 @@ async fn refresh(store: &Store, me: &EdgeRecord) -> Result<Vec<LiveEdge>, String
                 id: row.get(0),
                 http: row.get(1),
                 nodes: row.get(2),
-                version: row.get(3),
-                started_unix_ms: row.get(4),
+                node_address: row.get(3),
+                version: row.get(4),
+                started_unix_ms: row.get(5),
+                linked: row.get(6),
             };
             LiveEdge {
                 this_edge: record.id == me.id,
                 record,
-                seen_ms_ago: row.get(5),
+                seen_ms_ago: row.get(7),
             }
         })
         .collect())

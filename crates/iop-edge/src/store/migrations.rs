@@ -18,6 +18,33 @@ const MIGRATIONS: &[&str] = &[
         started_unix_ms BIGINT NOT NULL,
         seen TIMESTAMPTZ NOT NULL
     )",
+    // 2: node trust shared by the fleet (the CA, join tokens, revocations), and what each
+    // edge tells the others: the address nodes dial it at and the nodes linked to it.
+    "CREATE TABLE iop_ca (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        cert_pem TEXT NOT NULL,
+        key_sealed BYTEA NOT NULL,
+        key_check TEXT NOT NULL,
+        created TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    CREATE TABLE iop_join_tokens (
+        id TEXT PRIMARY KEY,
+        node_id TEXT NOT NULL,
+        secret_sha256 TEXT NOT NULL,
+        created_unix_ms BIGINT NOT NULL,
+        expires_unix_ms BIGINT NOT NULL,
+        max_uses INTEGER NOT NULL,
+        uses_left INTEGER NOT NULL CHECK (uses_left >= 0)
+    );
+    CREATE INDEX iop_join_tokens_node ON iop_join_tokens (node_id);
+    CREATE TABLE iop_revocations (
+        seq BIGSERIAL PRIMARY KEY,
+        node_id TEXT NOT NULL,
+        revoked_unix_ms BIGINT NOT NULL,
+        token_sha256 TEXT
+    );
+    ALTER TABLE iop_edges ADD COLUMN node_address TEXT NOT NULL DEFAULT '';
+    ALTER TABLE iop_edges ADD COLUMN linked TEXT[] NOT NULL DEFAULT '{}'",
 ];
 
 /// Brings the schema up to date; returns the version it is at.

@@ -172,6 +172,48 @@ impl EdgeCa {
     }
 
     fn create(dir: &Path) -> Result<EdgeCa, StateError> {
+        let ca = Self::generate()?;
+        ca.save(dir)?;
+        Ok(ca)
+    }
+
+    /// Writes the CA into `dir` (0600 files): a fleet's CA is kept there too, so the edge
+    /// restarts with it while the store is down.
+    pub fn save(&self, dir: &Path) -> Result<(), StateError> {
+        let io = |source| StateError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        super::files::ensure_private_dir(dir).map_err(io)?;
+        let (cert_pem, key_pem) = self.to_pem();
+        write_private(&dir.join(CA_KEY), key_pem.as_bytes()).map_err(io)?;
+        write_private(&dir.join(CA_CERT), cert_pem.as_bytes()).map_err(io)?;
+        Ok(())
+    }
+
+    /// The certificate and private key, PEM.
+    pub fn to_pem(&self) -> (String, String) {
+        (
+            pem_text("CERTIFICATE", self.cert.as_ref()),
+            self.key.serialize_pem(),
+        )
+    }
+
+    /// A CA from its PEM certificate and key (as [`EdgeCa::to_pem`] wrote them).
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<EdgeCa, String> {
+        let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes())
+            .map_err(|e| format!("not a PEM certificate: {e}"))?;
+        let key =
+            KeyPair::from_pem(key_pem).map_err(|e| format!("not a usable private key: {e}"))?;
+        let pin = pin_of(&cert)?;
+        if Pin::of_spki(&key.subject_public_key_info()) != pin {
+            return Err("the key does not belong to the certificate".into());
+        }
+        Ok(EdgeCa { cert, key, pin })
+    }
+
+    /// A new CA, kept nowhere yet.
+    pub fn generate() -> Result<EdgeCa, StateError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
         let mut id = [0u8; 4];
@@ -194,14 +236,8 @@ impl EdgeCa {
         params.not_after = datetime(now + CA_LIFETIME);
         params.serial_number = Some(serial());
         let cert = params.self_signed(&key)?;
-        let io = |source| StateError::Io {
-            dir: dir.to_path_buf(),
-            source,
-        };
-        write_private(&dir.join(CA_KEY), key.serialize_pem().as_bytes()).map_err(io)?;
-        write_private(&dir.join(CA_CERT), cert.pem().as_bytes()).map_err(io)?;
         let cert = cert.der().clone();
-        let pin = pin_of(&cert).map_err(|m| file_error(&dir.join(CA_CERT), m))?;
+        let pin = pin_of(&cert).map_err(|m| file_error(Path::new(CA_CERT), m))?;
         Ok(EdgeCa { cert, key, pin })
     }
 
@@ -357,6 +393,19 @@ impl EdgeCa {
             not_after_unix_ms: unix_secs(not_after) as u64 * 1000,
         })
     }
+}
+
+/// `der` as PEM text under `label`.
+fn pem_text(label: &str, der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }
 
 fn ip_text(bytes: &[u8]) -> String {

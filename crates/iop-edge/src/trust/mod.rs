@@ -4,15 +4,21 @@
 //!
 //! [`TrustStore`] is the one owner of that state at run time: every change is written to
 //! the state directory (0600 files, atomic replace) before it is answered, so what an
-//! admin was told holds across a restart.
+//! admin was told holds across a restart. With a shared store (`store.url`) the CA, the
+//! join tokens and the revocations are the fleet's, kept there ([`shared`]): a join token's uses count across all edges and a
+//! revocation on one edge reaches every other within a second. The CA and the
+//! revocations this edge learnt are mirrored into the state directory, so it restarts and
+//! refuses what it must while the store is down.
 
 pub mod ca;
 pub mod files;
 pub mod join;
 pub mod node_tls;
 pub mod revocation;
+pub mod shared;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
@@ -23,6 +29,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
+use crate::store::Store;
 use ca::{EdgeCa, IssuedCert, StateError};
 use files::{read_optional, write_private};
 use join::{JoinError, JoinTokenRecord, JoinTokens};
@@ -108,13 +115,23 @@ pub struct PersistError {
     pub source: std::io::Error,
 }
 
+/// A state change that could not be saved, to a file or to the store (so it did not
+/// happen).
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    #[error(transparent)]
+    File(#[from] PersistError),
+    #[error("{0}")]
+    Store(String),
+}
+
 /// Why a join token was not redeemed.
 #[derive(Debug, thiserror::Error)]
 pub enum RedeemError {
     #[error(transparent)]
     Refused(#[from] JoinError),
     #[error(transparent)]
-    Persist(#[from] PersistError),
+    Save(#[from] SaveError),
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -136,6 +153,8 @@ pub struct TrustStore {
     ca: Option<EdgeCa>,
     join: Mutex<JoinTokens>,
     revocations: Mutex<Revocations>,
+    /// The fleet's store, which then holds the join tokens and the revocations.
+    shared: Option<Arc<Store>>,
 }
 
 impl TrustStore {
@@ -162,7 +181,35 @@ impl TrustStore {
             ca,
             join: Mutex::new(JoinTokens::from_records(join.join_tokens)),
             revocations: Mutex::new(Revocations::from_records(revocations.revocations)),
+            shared: None,
         })
+    }
+
+    /// Opens the state directory of an edge in a fleet: `ca` is the fleet's (already
+    /// mirrored into `dir`), join tokens and revocations live in `store`. The revocations
+    /// mirrored in `dir` hold until the store's are read.
+    pub fn open_shared(
+        dir: &Path,
+        ca: Option<EdgeCa>,
+        store: Arc<Store>,
+    ) -> Result<TrustStore, StateError> {
+        files::ensure_private_dir(dir).map_err(|source| StateError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let revocations: RevocationsFile = load_json(&dir.join(REVOCATIONS_FILE))?;
+        Ok(TrustStore {
+            dir: dir.to_path_buf(),
+            ca,
+            join: Mutex::new(JoinTokens::default()),
+            revocations: Mutex::new(Revocations::from_records(revocations.revocations)),
+            shared: Some(store),
+        })
+    }
+
+    /// The fleet's store, when this edge is in one.
+    pub fn shared(&self) -> Option<&Arc<Store>> {
+        self.shared.as_ref()
     }
 
     pub fn dir(&self) -> &Path {
@@ -194,13 +241,13 @@ impl TrustStore {
 
     /// Creates a join token for `node_id`: good for `uses` registrations until `ttl` from
     /// `now`. The returned token holds the only copy of the secret.
-    pub fn create_join_token(
+    pub async fn create_join_token(
         &self,
         node_id: &str,
         ttl: Duration,
         uses: u32,
         now: SystemTime,
-    ) -> Result<(JoinToken, JoinTokenRecord), PersistError> {
+    ) -> Result<(JoinToken, JoinTokenRecord), SaveError> {
         let mut id = [0u8; 8];
         let mut secret = [0u8; 32];
         random_bytes(&mut id);
@@ -209,23 +256,41 @@ impl TrustStore {
             id: hex::encode(id),
             secret: URL_SAFE_NO_PAD.encode(secret),
         };
+        let ttl_ms = ttl.as_millis() as u64;
+        if let Some(store) = &self.shared {
+            let record = JoinTokens::default()
+                .create(node_id, &token, ttl_ms, uses, unix_ms(now))
+                .clone();
+            shared::insert_join_token(store, &record)
+                .await
+                .map_err(SaveError::Store)?;
+            return Ok((token, record));
+        }
         let mut tokens = self.join.lock();
         tokens.prune(unix_ms(now));
         let record = tokens
-            .create(node_id, &token, ttl.as_millis() as u64, uses, unix_ms(now))
+            .create(node_id, &token, ttl_ms, uses, unix_ms(now))
             .clone();
         if let Err(e) = self.save_join(&tokens) {
             tokens.remove(&token.id);
-            return Err(e);
+            return Err(e.into());
         }
         Ok((token, record))
     }
 
-    pub fn join_tokens(&self) -> Vec<JoinTokenRecord> {
-        self.join.lock().records().to_vec()
+    pub async fn join_tokens(&self) -> Result<Vec<JoinTokenRecord>, SaveError> {
+        match &self.shared {
+            Some(store) => shared::join_tokens(store).await.map_err(SaveError::Store),
+            None => Ok(self.join.lock().records().to_vec()),
+        }
     }
 
-    pub fn delete_join_token(&self, id: &str) -> Result<bool, PersistError> {
+    pub async fn delete_join_token(&self, id: &str) -> Result<bool, SaveError> {
+        if let Some(store) = &self.shared {
+            return shared::delete_join_token(store, id)
+                .await
+                .map_err(SaveError::Store);
+        }
         let mut tokens = self.join.lock();
         let removed = tokens.remove(id);
         if removed {
@@ -235,18 +300,30 @@ impl TrustStore {
     }
 
     /// Redeems one use of `token`; the use is saved before the node id is returned.
-    pub fn redeem(&self, token: &JoinToken, now: SystemTime) -> Result<String, RedeemError> {
+    pub async fn redeem(&self, token: &JoinToken, now: SystemTime) -> Result<String, RedeemError> {
+        if let Some(store) = &self.shared {
+            return shared::redeem(store, token, unix_ms(now))
+                .await
+                .map_err(|e| RedeemError::Save(SaveError::Store(e)))?
+                .map_err(RedeemError::Refused);
+        }
         let mut tokens = self.join.lock();
         let node_id = tokens.redeem(token, unix_ms(now))?;
         if let Err(e) = self.save_join(&tokens) {
             tokens.refund(&token.id);
-            return Err(e.into());
+            return Err(SaveError::File(e).into());
         }
         Ok(node_id)
     }
 
     /// Gives back a use whose registration failed afterwards.
-    pub fn refund(&self, token: &JoinToken) {
+    pub async fn refund(&self, token: &JoinToken) {
+        if let Some(store) = &self.shared {
+            if let Err(error) = shared::refund(store, &token.id).await {
+                tracing::warn!(%error, "could not give back a join token use");
+            }
+            return;
+        }
         let mut tokens = self.join.lock();
         tokens.refund(&token.id);
         if let Err(e) = self.save_join(&tokens) {
@@ -255,21 +332,34 @@ impl TrustStore {
     }
 
     /// Revokes every credential `node_id` holds now (certificates valid from before now,
-    /// its static token `token_hash`) and deletes its join tokens; returns how many.
-    pub fn revoke(
+    /// its static token `token_hash`) and deletes its join tokens; returns how many. In a
+    /// fleet the revocation is the store's, and every edge learns it.
+    pub async fn revoke(
         &self,
         node_id: &str,
         token_hash: Option<[u8; 32]>,
         now: SystemTime,
-    ) -> Result<usize, PersistError> {
+    ) -> Result<usize, SaveError> {
+        let record = RevocationRecord {
+            node_id: node_id.to_string(),
+            revoked_unix_ms: unix_ms(now),
+            token_sha256: token_hash.map(hex::encode),
+        };
+        if let Some(store) = &self.shared {
+            let removed = shared::revoke(store, &record)
+                .await
+                .map_err(SaveError::Store)?;
+            self.learn_revocations(vec![record]);
+            return Ok(removed);
+        }
         {
             let mut revocations = self.revocations.lock();
-            revocations.revoke(node_id, unix_ms(now), token_hash);
+            revocations.add(record);
             if let Err(e) = self.save_revocations(&revocations) {
                 *revocations = Revocations::from_records(
                     revocations.records()[..revocations.records().len() - 1].to_vec(),
                 );
-                return Err(e);
+                return Err(e.into());
             }
         }
         let mut tokens = self.join.lock();
@@ -278,6 +368,26 @@ impl TrustStore {
             self.save_join(&tokens)?;
         }
         Ok(removed)
+    }
+
+    /// Takes in revocations the fleet recorded (each edge reads them from the store);
+    /// returns the nodes of those it did not know, after mirroring them to the state
+    /// directory (a failure to mirror is logged: they are in force either way).
+    pub fn learn_revocations(&self, records: Vec<RevocationRecord>) -> Vec<String> {
+        let mut revocations = self.revocations.lock();
+        let mut news = Vec::new();
+        for record in records {
+            if !revocations.records().contains(&record) {
+                news.push(record.node_id.clone());
+                revocations.add(record);
+            }
+        }
+        if !news.is_empty()
+            && let Err(e) = self.save_revocations(&revocations)
+        {
+            tracing::warn!(error = %e, "could not mirror the fleet's revocations to the state directory");
+        }
+        news
     }
 
     pub fn cert_revoked(&self, node_id: &str, not_before_secs: i64) -> bool {
@@ -369,31 +479,33 @@ pub fn load_pem_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, Strin
 mod tests {
     use super::*;
 
-    #[test]
-    fn join_tokens_and_revocations_survive_a_reopen() {
+    #[tokio::test]
+    async fn join_tokens_and_revocations_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let now = SystemTime::now();
         let store = TrustStore::open(dir.path(), true).unwrap();
         let pin = store.pin().unwrap();
         let (token, _) = store
             .create_join_token("gpu", Duration::from_secs(60), 1, now)
+            .await
             .unwrap();
         let (other, _) = store
             .create_join_token("laptop", Duration::from_secs(60), 1, now)
+            .await
             .unwrap();
-        assert_eq!(store.redeem(&token, now).unwrap(), "gpu");
-        store.revoke("laptop", Some([1; 32]), now).unwrap();
+        assert_eq!(store.redeem(&token, now).await.unwrap(), "gpu");
+        store.revoke("laptop", Some([1; 32]), now).await.unwrap();
         drop(store);
 
         let store = TrustStore::open(dir.path(), true).unwrap();
         assert_eq!(store.pin(), Some(pin));
         assert!(matches!(
-            store.redeem(&token, now),
+            store.redeem(&token, now).await,
             Err(RedeemError::Refused(JoinError::UsedUp { .. }))
         ));
         assert!(
             matches!(
-                store.redeem(&other, now),
+                store.redeem(&other, now).await,
                 Err(RedeemError::Refused(JoinError::Unknown))
             ),
             "revoking a node deletes its join tokens"
@@ -404,12 +516,12 @@ mod tests {
         assert!(!json.contains(&token.secret), "secrets are stored hashed");
     }
 
-    #[test]
-    fn a_credential_issued_after_a_revocation_is_not_caught_by_it() {
+    #[tokio::test]
+    async fn a_credential_issued_after_a_revocation_is_not_caught_by_it() {
         let dir = tempfile::tempdir().unwrap();
         let store = TrustStore::open(dir.path(), true).unwrap();
         let now = SystemTime::now();
-        store.revoke("gpu", None, now).unwrap();
+        store.revoke("gpu", None, now).await.unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
         let csr = rcgen::CertificateParams::default()
             .serialize_request(&key)

@@ -33,12 +33,8 @@ impl Revocations {
         &self.records
     }
 
-    pub fn revoke(&mut self, node_id: &str, now_ms: u64, token_hash: Option<[u8; 32]>) {
-        self.records.push(RevocationRecord {
-            node_id: node_id.to_string(),
-            revoked_unix_ms: now_ms,
-            token_sha256: token_hash.map(hex::encode),
-        });
+    pub fn add(&mut self, record: RevocationRecord) {
+        self.records.push(record);
     }
 
     /// The latest revocation time of a node, in whole seconds.
@@ -68,6 +64,16 @@ impl Revocations {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Revocations {
+        fn revoke(&mut self, node_id: &str, now_ms: u64, token_hash: Option<[u8; 32]>) {
+            self.add(RevocationRecord {
+                node_id: node_id.to_string(),
+                revoked_unix_ms: now_ms,
+                token_sha256: token_hash.map(hex::encode),
+            });
+        }
+    }
 
     #[test]
     fn certificates_from_before_the_revocation_are_refused_later_ones_are_not() {

@@ -100,6 +100,7 @@ model_groups:
                 token.clone(),
             )),
             max_frame_bytes: iop_proto::DEFAULT_MAX_FRAME_BYTES,
+            fleet_edge: None,
         },
         ReconnectConfig {
             max_attempts: 0,
@@ -116,7 +117,8 @@ model_groups:
     }
     let join = server
         .edge
-        .create_join("joiner", Duration::from_secs(3600), 1, Vec::new())?;
+        .create_join("joiner", Duration::from_secs(3600), 1, Vec::new())
+        .await?;
     let http = server.http_addr;
     println!("iop demo is running: edge + node + mock backend, all on loopback.");
     println!("  OpenAI API:   http://{http}/v1");

@@ -70,7 +70,7 @@ pub async fn run(args: Args) -> super::Result {
         .load()
         .map_err(|e| Failure::new(EXIT_CONFIG, e.to_string()))?;
     if args.print_pin {
-        return match iop_edge::node_listener_pin(&config) {
+        return match iop_edge::node_listener_pin(&config).await {
             Ok(Some(pin)) => {
                 println!("{pin}");
                 Ok(())

@@ -134,6 +134,7 @@ pub async fn run(args: Args) -> super::Result {
     let target = EdgeTarget {
         link: Arc::new(link),
         max_frame_bytes: config.max_frame_bytes,
+        fleet_edge: None,
     };
     let shutdown = crate::signals::shutdown_on_signal();
     tracing::info!(edge = %target.link.edge_addr(), credential = target.link.credential_kind(), db = %config.db, "node starting");

@@ -144,7 +144,57 @@ pub async fn run(args: Args) -> super::Result {
             );
         }
     }
+    print_fleet(&body);
     Ok(())
+}
+
+/// The fleet's live edges, and which of them each node is linked to (edges sharing a
+/// store only).
+fn print_fleet(body: &Value) {
+    let Some(edges) = body["edges"].as_array() else {
+        return;
+    };
+    println!();
+    println!("{:<24} {:<24} {:>8} NODES", "EDGE", "NODE ADDRESS", "SEEN");
+    for e in edges {
+        let me = if e["this_edge"] == true {
+            " (this)"
+        } else {
+            ""
+        };
+        let linked = e["linked"].as_array().map_or(0, Vec::len);
+        println!(
+            "{:<24} {:<24} {:>8} {linked}",
+            format!("{}{me}", e["id"].as_str().unwrap_or("")),
+            e["node_address"].as_str().unwrap_or(""),
+            format!(
+                "{:.1}s",
+                e["seen_ms_ago"].as_i64().unwrap_or(0) as f64 / 1000.0
+            ),
+        );
+    }
+    if let Some(error) = body["store_error"].as_str() {
+        println!("store: {error}");
+    }
+    println!();
+    println!("{:<16} LINKED TO EDGES", "NODE");
+    for node in body["nodes"].as_array().into_iter().flatten() {
+        let linked: Vec<&str> = node["edges"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        println!(
+            "{:<16} {}",
+            node["id"].as_str().unwrap_or(""),
+            if linked.is_empty() {
+                "-".to_string()
+            } else {
+                linked.join(", ")
+            }
+        );
+    }
 }
 
 /// A Unix-milliseconds expiry as how far away it is.

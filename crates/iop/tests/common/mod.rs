@@ -195,6 +195,16 @@ pub async fn start_edge_env(dir: &Path, config: &str, env: &[(&str, &str)]) -> E
     spawn_edge(dir, config, "127.0.0.1:0", "127.0.0.1:0", &[], env).await
 }
 
+/// An edge whose node listener is on `nodes` and whose process gets `env`.
+pub async fn start_edge_full(
+    dir: &Path,
+    config: &str,
+    nodes: &str,
+    env: &[(&str, &str)],
+) -> EdgeProc {
+    spawn_edge(dir, config, nodes, "127.0.0.1:0", &[], env).await
+}
+
 async fn spawn_edge(
     dir: &Path,
     config: &str,
@@ -445,6 +455,12 @@ pub fn sse_events(body: &str) -> Vec<(String, String)> {
 }
 
 /// A temporary directory for one test's configs and databases.
+/// A loopback address no one listens on now (`127.0.0.1:<port>`).
+pub fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }

@@ -76,7 +76,20 @@ async fn status(State(edge): State<Arc<Edge>>) -> Response {
         })
         .collect();
     if let Some(fleet) = edge.fleet.get() {
-        body["edges"] = json!(fleet.live());
+        let live = fleet.live();
+        // Which edges of the fleet each node is linked to, as each edge last said.
+        if let Some(nodes) = body["nodes"].as_array_mut() {
+            for node in nodes {
+                let id = node["id"].as_str().unwrap_or_default().to_string();
+                let linked: Vec<&str> = live
+                    .iter()
+                    .filter(|e| e.record.linked.contains(&id))
+                    .map(|e| e.record.id.as_str())
+                    .collect();
+                node["edges"] = json!(linked);
+            }
+        }
+        body["edges"] = json!(live);
         if let Some(error) = fleet.store_error() {
             body["store_error"] = json!(error);
         }

@@ -60,7 +60,7 @@ fn admin_error(e: CredentialAdminError) -> ApiError {
         CredentialAdminError::NoCa(_) => {
             ApiError::of(ErrorCode::Conflict, message).with_detail("join_tokens_unavailable")
         }
-        CredentialAdminError::NoState | CredentialAdminError::Persist(_) => {
+        CredentialAdminError::NoState | CredentialAdminError::Save(_) => {
             ApiError::of(ErrorCode::Internal, message).with_detail("state_unavailable")
         }
     }
@@ -91,6 +91,7 @@ async fn create(
             request.uses.unwrap_or(1),
             request.edges,
         )
+        .await
         .map_err(admin_error)?;
     let record = &created.record;
     Ok((
@@ -114,6 +115,8 @@ async fn list(State(edge): State<Arc<Edge>>) -> Result<Response, ApiError> {
         .ok_or_else(|| admin_error(CredentialAdminError::NoState))?;
     let tokens: Vec<_> = trust
         .join_tokens()
+        .await
+        .map_err(|e| admin_error(e.into()))?
         .into_iter()
         .map(|r| {
             json!({
@@ -136,7 +139,7 @@ async fn remove(
     let trust = edge
         .trust()
         .ok_or_else(|| admin_error(CredentialAdminError::NoState))?;
-    match trust.delete_join_token(&id) {
+    match trust.delete_join_token(&id).await {
         Ok(true) => Ok(axum::Json(json!({"deleted": id})).into_response()),
         Ok(false) => Err(ApiError::not_found(
             "unknown_join_token",
@@ -150,6 +153,6 @@ async fn revoke(
     State(edge): State<Arc<Edge>>,
     Path(node): Path<String>,
 ) -> Result<Response, ApiError> {
-    let report = edge.revoke(&node).map_err(admin_error)?;
+    let report = edge.revoke(&node).await.map_err(admin_error)?;
     Ok(axum::Json(report).into_response())
 }

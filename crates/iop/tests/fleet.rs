@@ -1,0 +1,181 @@
+//! Edges sharing a PostgreSQL store (a real server, started by the test) are one fleet to
+//! nodes: one join string from edge 1 links the node to every edge, each edge's status
+//! says which edges the node is linked to, an edge started later is linked too, a join
+//! token is good for its uses across all edges together, and a revocation on one edge
+//! closes the node's connections to the others.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::postgres::Postgres;
+use common::tls::{join_token, revoke, start_joining_node};
+use common::*;
+use serde_json::Value;
+
+/// The fleet's store secret key (base64 of 32 bytes), given to every edge.
+const SECRET_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+fn config(url: &str, id: &str, node_address: Option<&str>) -> String {
+    let address = node_address
+        .map(|a| format!(", node_address: \"{a}\""))
+        .unwrap_or_default();
+    format!(
+        r#"
+store: {{url: "{url}", edge_id: {id}{address}}}
+nodes:
+  - id: gpu
+    providers:
+      - {{id: m, kind: mock}}
+  - id: spare
+    providers:
+      - {{id: m, kind: mock}}
+model_groups:
+  - {{name: mock, members: [{{node: gpu, provider: m}}]}}
+"#
+    )
+}
+
+async fn fleet_edge(dir: &std::path::Path, pg: &Postgres, id: &str) -> EdgeProc {
+    fleet_edge_on(dir, pg, id, "127.0.0.1:0", None).await
+}
+
+async fn fleet_edge_on(
+    dir: &std::path::Path,
+    pg: &Postgres,
+    id: &str,
+    nodes: &str,
+    node_address: Option<&str>,
+) -> EdgeProc {
+    start_edge_full(
+        dir,
+        &config(&pg.url(), id, node_address),
+        nodes,
+        &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
+    )
+    .await
+}
+
+/// The edges `edge`'s status says `node` is linked to.
+fn linked_edges(status: &Value, node: &str) -> Vec<String> {
+    node_status(status, node)["edges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.as_str().map(String::from))
+        .collect()
+}
+
+async fn wait_linked(edge: &EdgeProc, node: &str, edges: &[&str]) {
+    wait_status(
+        edge,
+        Duration::from_secs(60),
+        &format!("{node} linked to {edges:?}"),
+        |s| linked_edges(s, node) == edges,
+    )
+    .await;
+}
+
+async fn wait_offline(edge: &EdgeProc, node: &str, within: Duration) -> Duration {
+    wait_status(edge, within, &format!("{node} offline"), |s| {
+        node_status(s, node)["ready"] != true
+    })
+    .await
+}
+
+#[tokio::test]
+async fn one_join_links_a_node_to_every_edge_and_a_revocation_anywhere_cuts_it_everywhere() {
+    let Some(pg) = Postgres::start("a fleet of edges") else {
+        return;
+    };
+    let (d1, d2, d3, dn) = (tempdir(), tempdir(), tempdir(), tempdir());
+    let e1 = fleet_edge(d1.path(), &pg, "edge-1").await;
+    // Nodes reach edge 2 through a proxy the test can cut: its fleet address.
+    let e2_nodes = free_addr();
+    let proxy = CuttableProxy::start(&e2_nodes).await;
+    let e2 = fleet_edge_on(d2.path(), &pg, "edge-2", &e2_nodes, Some(&proxy.addr)).await;
+    assert_eq!(e1.pin, e2.pin, "one pin for the fleet");
+
+    // The join string names edge 1 only; the node learns the others from it.
+    let join = join_token(&e1, "gpu", &[]).await;
+    let mut node = start_joining_node("gpu", dn.path(), &join, &[]);
+    wait_ready(&e1, "gpu").await;
+    wait_ready(&e2, "gpu").await;
+    // An edge started later is linked too, with no word to the node.
+    let e3 = fleet_edge(d3.path(), &pg, "edge-3").await;
+    assert_eq!(e1.pin, e3.pin);
+    let ready_on_new_edge = wait_ready(&e3, "gpu").await;
+    eprintln!("the node was ready on the new edge {ready_on_new_edge:?} after its start");
+    for edge in [&e1, &e2, &e3] {
+        wait_linked(edge, "gpu", &["edge-1", "edge-2", "edge-3"]).await;
+        let (status, _) = chat_completion(edge, "mock", "hi", serde_json::json!({})).await;
+        assert_eq!(status, 200, "every edge serves through the node");
+    }
+
+    // A join token's uses count across the fleet: one use, redeemed on edge 1 by the
+    // first node, is used up on edge 3 too.
+    let spare = join_token(&e3, "spare", &[]).await;
+    let first = start_joining_node("spare", dn.path(), &spare, &["--edge", &e1.nodes]);
+    wait_ready(&e1, "spare").await;
+    drop(first);
+    let other = tempdir();
+    let mut again = start_joining_node("spare", other.path(), &spare, &["--edge", &e3.nodes]);
+    assert!(!again.wait_exit(Duration::from_secs(60)).await.success());
+    assert!(again.log().contains("used up"), "{}", again.log());
+
+    // Revoked on edge 2 while the node's link to edge 2 is cut: only the fleet can tell
+    // edges 1 and 3.
+    proxy.cut();
+    wait_offline(&e2, "gpu", Duration::from_secs(30)).await;
+    let revoked = Instant::now();
+    revoke(&e2, "gpu").await;
+    let on_1 = wait_offline(&e1, "gpu", Duration::from_secs(10)).await;
+    let on_3 = wait_offline(&e3, "gpu", Duration::from_secs(10)).await;
+    let took = revoked.elapsed();
+    eprintln!(
+        "the revocation closed the node's links on edges 1 and 3 within {took:?} ({on_1:?}, {on_3:?})"
+    );
+    for edge in [&e1, &e3] {
+        assert!(
+            edge.proc.log().contains("node revoked on another edge"),
+            "{}",
+            edge.proc.log()
+        );
+    }
+    // Well under the heartbeat's 5 s: the edges closed the links, not a timeout.
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    assert!(!node.wait_exit(Duration::from_secs(30)).await.success());
+    assert!(node.log().contains("revoked"), "{}", node.log());
+}
+
+#[tokio::test]
+async fn a_second_edge_with_another_secret_key_is_refused_and_says_so() {
+    let Some(pg) = Postgres::start("a wrong store secret key") else {
+        return;
+    };
+    let (d1, d2) = (tempdir(), tempdir());
+    let _e1 = fleet_edge(d1.path(), &pg, "edge-1").await;
+    let path = d2.path().join("edge.yaml");
+    std::fs::write(&path, config(&pg.url(), "edge-2", None)).unwrap();
+    let other_key = "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=";
+    let mut e2 = Proc::spawn_with_env(
+        "edge",
+        &[
+            "edge",
+            "--config",
+            path.to_str().unwrap(),
+            "--listen-nodes",
+            "127.0.0.1:0",
+            "--listen-http",
+            "127.0.0.1:0",
+        ],
+        &[("IOP_STORE_SECRET_KEY", other_key)],
+    );
+    assert!(!e2.wait_exit(Duration::from_secs(60)).await.success());
+    assert!(
+        e2.log().contains("sealed with another secret key"),
+        "{}",
+        e2.log()
+    );
+    assert!(!e2.log().contains(other_key), "the key is never printed");
+}
