@@ -302,6 +302,9 @@ impl EdgeServer {
     pub async fn drain(&self, stop_now: impl std::future::Future<Output = ()>) {
         let grace = self.edge.config().shutdown.grace();
         self.edge.drain.begin();
+        if let Some(fleet) = self.edge.fleet.get() {
+            fleet.retire(std::time::Duration::from_secs(3)).await;
+        }
         let in_progress = self.edge.drain.in_progress();
         if in_progress == 0 || grace.is_zero() {
             return;

@@ -267,7 +267,10 @@ async fn fleet_link(
                 };
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = retire.cancelled() => return,
+                    _ = retire.cancelled() => {
+                        tracing::info!(edge_id, %address, "an edge that left the fleet: not dialling it again");
+                        return;
+                    }
                     _ = wait => {}
                 }
             }

@@ -1,8 +1,9 @@
 //! Edges sharing a PostgreSQL store (a real server, started by the test) are one fleet to
 //! nodes: one join string from edge 1 links the node to every edge, each edge's status
 //! says which edges the node is linked to, an edge started later is linked too, a join
-//! token is good for its uses across all edges together, and a revocation on one edge
-//! closes the node's connections to the others.
+//! token is good for its uses across all edges together, an edge that drains leaves the
+//! list and the node's links, and a revocation on one edge closes the node's connections
+//! to the others.
 
 mod common;
 
@@ -102,7 +103,7 @@ async fn one_join_links_a_node_to_every_edge_and_a_revocation_anywhere_cuts_it_e
     wait_ready(&e1, "gpu").await;
     wait_ready(&e2, "gpu").await;
     // An edge started later is linked too, with no word to the node.
-    let e3 = fleet_edge(d3.path(), &pg, "edge-3").await;
+    let mut e3 = fleet_edge(d3.path(), &pg, "edge-3").await;
     assert_eq!(e1.pin, e3.pin);
     let ready_on_new_edge = wait_ready(&e3, "gpu").await;
     eprintln!("the node was ready on the new edge {ready_on_new_edge:?} after its start");
@@ -122,6 +123,21 @@ async fn one_join_links_a_node_to_every_edge_and_a_revocation_anywhere_cuts_it_e
     let mut again = start_joining_node("spare", other.path(), &spare, &["--edge", &e3.nodes]);
     assert!(!again.wait_exit(Duration::from_secs(60)).await.success());
     assert!(again.log().contains("used up"), "{}", again.log());
+
+    // An edge that drains leaves the fleet's list and the node lets its link go; started
+    // again, it is linked again.
+    e3.proc.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(e3.proc.wait_exit(Duration::from_secs(60)).await.success());
+    wait_linked(&e1, "gpu", &["edge-1", "edge-2"]).await;
+    node.wait_line(
+        "link to an edge that left the fleet ended",
+        Duration::from_secs(30),
+    )
+    .await;
+    let e3 = fleet_edge(d3.path(), &pg, "edge-3").await;
+    let ready_again = wait_ready(&e3, "gpu").await;
+    eprintln!("the node was ready on the restarted edge {ready_again:?} after its start");
+    wait_linked(&e1, "gpu", &["edge-1", "edge-2", "edge-3"]).await;
 
     // Revoked on edge 2 while the node's link to edge 2 is cut: only the fleet can tell
     // edges 1 and 3.

@@ -1,7 +1,7 @@
 //! The fleet's live edges: every edge with a store refreshes its own row every
 //! [`HEARTBEAT`] and reads the rows refreshed within [`LIVE_WITHIN`]; `/admin/status` shows
-//! that list. An edge that stops removes its row; one that dies drops out of the list
-//! after [`LIVE_WITHIN`]. While the store cannot be reached the edge keeps serving and
+//! that list. An edge that drains or stops removes its row; one that dies drops out of the
+//! list after [`LIVE_WITHIN`]. While the store cannot be reached the edge keeps serving and
 //! keeps trying; the list it shows is the last one it read.
 
 use std::net::SocketAddr;
@@ -88,9 +88,29 @@ pub struct LiveEdge {
 pub struct Fleet {
     live: parking_lot::Mutex<Vec<LiveEdge>>,
     last_error: parking_lot::Mutex<Option<String>>,
+    /// Set when this edge drains: it leaves the fleet's list at once.
+    retiring: tokio::sync::Notify,
+    retired: std::sync::atomic::AtomicBool,
+    /// Notified once the row is gone and the nodes were told.
+    left: tokio::sync::Notify,
 }
 
 impl Fleet {
+    /// This edge drains: it removes its row (the other edges drop it from their lists
+    /// within one heartbeat) and its nodes are told the list without it. Resolves once
+    /// both are done, or after `within`.
+    pub async fn retire(&self, within: Duration) {
+        let left = self.left.notified();
+        self.retired
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.retiring.notify_one();
+        let _ = tokio::time::timeout(within, left).await;
+    }
+
+    fn is_retired(&self) -> bool {
+        self.retired.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     pub fn live(&self) -> Vec<LiveEdge> {
         self.live.lock().clone()
     }
@@ -145,6 +165,16 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = ticker.tick() => {}
+            _ = fleet.retiring.notified() => {}
+        }
+        if fleet.is_retired() {
+            let others: Vec<LiveEdge> = fleet.live().into_iter().filter(|e| !e.this_edge).collect();
+            announce(for_nodes(&others));
+            remove_row(&store, &me.id).await;
+            tracing::info!("draining: left the fleet's list of live edges and told the nodes");
+            fleet.left.notify_waiters();
+            shutdown.cancelled().await;
+            return;
         }
         me.linked = linked();
         match refresh(&store, &me).await {
@@ -168,8 +198,13 @@ pub async fn run(
             }
         }
     }
+    remove_row(&store, &me.id).await;
+}
+
+/// Removes this edge's row (bounded: a store that does not answer is left to expire it).
+async fn remove_row(store: &Store, id: &str) {
     if let Ok(Ok(client)) = tokio::time::timeout(Duration::from_secs(2), store.client()).await {
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&me.id];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
         let removed = client.execute("DELETE FROM iop_edges WHERE id = $1", &params);
         let _ = tokio::time::timeout(Duration::from_secs(2), removed).await;
     }
