@@ -177,6 +177,14 @@ async fn an_edge_whose_store_is_down_keeps_serving_and_says_why() {
         "{}",
         edge.proc.log()
     );
+    // Join tokens live in the store: none can be made while it is down, and the answer
+    // says why.
+    let (made, _, stderr) = common::tls::iop_admin(&edge, &["join-token", "--node", "n1"]).await;
+    assert!(!made);
+    assert!(
+        stderr.contains("503") && stderr.contains("store"),
+        "{stderr}"
+    );
 
     // Restarted while the store is down: the fleet CA kept in the state directory.
     edge.proc.signal(Signal::SIGTERM);

@@ -24,7 +24,13 @@ certificate and key. Every model-API request is recorded in state_dir/usage.db (
 ledger; `iop usage` reads it). SIGTERM or SIGINT drains the edge first: /readyz answers 503
 and new requests are refused while those in progress finish, for at most shutdown.grace_sec
 (30 s); a second signal stops it at once. Without auth.keys the edge serves loopback only
-unless the config says auth.allow_anonymous: true. configs/edge.yaml documents every field.")]
+unless the config says auth.allow_anonymous: true.
+
+Several edges sharing a PostgreSQL store (store.url or IOP_STORE_URL) are one fleet to
+nodes: one CA and pin, join tokens and revocations shared, every node linked to every
+edge. Give each the same config and the same secret key (store.secret_key_file or
+IOP_STORE_SECRET_KEY: base64 of 32 random bytes); docs/ha.md.
+configs/edge.yaml documents every field.")]
 pub struct Args {
     /// Edge config file (nodes, tokens, providers, model groups).
     #[arg(long, short, default_value = "configs/edge.yaml")]
@@ -38,7 +44,8 @@ pub struct Args {
     /// Keep the CA, join tokens and revocations here instead of the config's `state_dir`.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// Print the pin nodes verify this edge by (creating the CA on a first start) and exit.
+    /// Print the pin nodes verify this edge by (creating the CA on a first start; in a
+    /// fleet, the fleet's) and exit.
     #[arg(long)]
     print_pin: bool,
     #[command(flatten)]

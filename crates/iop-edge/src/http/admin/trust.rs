@@ -23,6 +23,7 @@ use serde_json::json;
 use crate::canonical::ApiError;
 use crate::service::Edge;
 use crate::service::credentials::CredentialAdminError;
+use crate::trust::SaveError;
 use iop_proto::ErrorCode;
 
 /// Default lifetime of a join token.
@@ -59,6 +60,9 @@ fn admin_error(e: CredentialAdminError) -> ApiError {
         }
         CredentialAdminError::NoCa(_) => {
             ApiError::of(ErrorCode::Conflict, message).with_detail("join_tokens_unavailable")
+        }
+        CredentialAdminError::Save(SaveError::Store(_)) => {
+            ApiError::of(ErrorCode::Unavailable, message).with_detail("store_unavailable")
         }
         CredentialAdminError::NoState | CredentialAdminError::Save(_) => {
             ApiError::of(ErrorCode::Internal, message).with_detail("state_unavailable")
