@@ -112,6 +112,8 @@ pub struct MockStats {
     pub completed: AtomicU64,
     pub aborted: AtomicU64,
     pub in_flight: AtomicU64,
+    /// The most requests in flight at once so far.
+    pub peak_in_flight: AtomicU64,
     /// The tracing headers of the last request: `x-*`, `traceparent`, `tracestate`.
     pub last_headers: Mutex<BTreeMap<String, String>>,
 }
@@ -122,6 +124,7 @@ pub struct StatsSnapshot {
     pub completed: u64,
     pub aborted: u64,
     pub in_flight: u64,
+    pub peak_in_flight: u64,
     pub last_headers: BTreeMap<String, String>,
 }
 
@@ -132,6 +135,7 @@ impl MockStats {
             completed: self.completed.load(Ordering::SeqCst),
             aborted: self.aborted.load(Ordering::SeqCst),
             in_flight: self.in_flight.load(Ordering::SeqCst),
+            peak_in_flight: self.peak_in_flight.load(Ordering::SeqCst),
             last_headers: self.last_headers.lock().expect("not poisoned").clone(),
         }
     }
@@ -185,7 +189,8 @@ struct Tracked {
 impl Tracked {
     fn new(stats: &Arc<MockStats>) -> Self {
         stats.requests.fetch_add(1, Ordering::SeqCst);
-        stats.in_flight.fetch_add(1, Ordering::SeqCst);
+        let now = stats.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        stats.peak_in_flight.fetch_max(now, Ordering::SeqCst);
         Self {
             stats: stats.clone(),
             finished: false,

@@ -195,3 +195,108 @@ async fn a_second_edge_with_another_secret_key_is_refused_and_says_so() {
     );
     assert!(!e2.log().contains(other_key), "the key is never printed");
 }
+
+/// A fleet config whose one node `n1` (static token) serves `mock` from an
+/// OpenAI-compatible provider at `base` with `max_concurrency: 2`.
+fn narrow_config(url: &str, id: &str, base: &str) -> String {
+    format!(
+        r#"
+store: {{url: "{url}", edge_id: {id}}}
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers:
+      - {{id: p, kind: openai_compat, base_url: "{base}", capacity: {{normal: 4}}, max_concurrency: 2}}
+model_groups:
+  - {{name: mock, members: [{{node: n1, provider: p}}]}}
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_provider_behind_three_edges_never_sees_more_than_its_limit_and_a_dead_edge_costs_only_its_own_requests()
+ {
+    let Some(pg) = Postgres::start("capacity across edges") else {
+        return;
+    };
+    let mock = start_mock(&["--tokens", "8", "--token-delay-ms", "25"]).await;
+    let dirs = [tempdir(), tempdir(), tempdir()];
+    let mut edges = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let config = narrow_config(&pg.url(), &format!("edge-{}", i + 1), &mock.openai_base());
+        edges.push(
+            start_edge_full(
+                dir.path(),
+                &config,
+                "127.0.0.1:0",
+                &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
+            )
+            .await,
+        );
+    }
+    let node_dir = tempdir();
+    let _node = start_node(
+        "n1",
+        node_dir.path(),
+        &edges[0].nodes,
+        "token-n1-0123456789",
+        "",
+    );
+    for edge in &edges {
+        wait_ready(edge, "n1").await;
+    }
+
+    // A burst of twelve streams, four on each edge: each edge admits up to two, the
+    // node's gate keeps the provider at two.
+    let burst = edges.iter().flat_map(|edge| {
+        (0..4).map(move |i| async move {
+            chat_completion(edge, "mock", &format!("burst {i}"), serde_json::json!({})).await
+        })
+    });
+    let answers = futures::future::join_all(burst).await;
+    let served = answers.iter().filter(|(status, _)| *status == 200).count();
+    let stats = mock.stats().await;
+    eprintln!("burst: {served} of 12 served; provider stats {stats}");
+    assert!(stats["peak_in_flight"].as_u64().unwrap() <= 2, "{stats}");
+    for (status, body) in &answers {
+        assert!(
+            *status == 200 || body.contains("node_capacity"),
+            "{status}: {body}"
+        );
+    }
+
+    // Steady load on every edge; edge 3 is killed in the middle of it. Every request
+    // sent to edges 1 and 2 is served.
+    let load = |edge: &EdgeProc| {
+        let url = edge.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for i in 0..12 {
+                let answer = client()
+                    .post(&url)
+                    .json(&serde_json::json!({"model": "mock", "messages": [{"role": "user", "content": format!("steady {i}")}]}))
+                    .send()
+                    .await;
+                let status = match answer {
+                    Ok(response) => response.status().as_u16(),
+                    Err(_) => 0,
+                };
+                outcomes.push(status);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            outcomes
+        })
+    };
+    let steady: Vec<_> = edges[..2].iter().map(load).collect();
+    let doomed = load(&edges[2]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    edges[2].proc.kill9();
+    let lost = doomed.await.unwrap();
+    eprintln!("requests to the killed edge: {lost:?}");
+    for outcomes in steady {
+        let outcomes = outcomes.await.unwrap();
+        assert!(outcomes.iter().all(|s| *s == 200), "{outcomes:?}");
+    }
+    let stats = mock.stats().await;
+    assert!(stats["peak_in_flight"].as_u64().unwrap() <= 2, "{stats}");
+}
