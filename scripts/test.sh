@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 
 # What a fresh machine may lack for the tests: curl, Python's venv module (the pinned client
 # libraries), Node.js and npm (the OpenAI Node SDK and the agents), Chromium (the status
-# page's test), PostgreSQL's server binaries (the shared-store tests start their own).
+# page's test), PostgreSQL's server binaries (the shared-store tests start their own),
+# HAProxy (the rolling-restart test puts it in front of a fleet of edges).
 # Installed with apt-get when running as root; otherwise the missing ones are named.
 missing=()
 command -v curl >/dev/null || missing+=(curl)
@@ -24,6 +25,7 @@ command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
 ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || [ -n "${IOP_PG_BIN:-}" ] || missing+=(postgresql)
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || [ -n "${IOP_HAPROXY:-}" ] || missing+=(haproxy)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         apt-get update -qq
@@ -34,8 +36,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 export IOP_REQUIRE_BROWSER=1
-# The store tests start a PostgreSQL server of their own from these binaries.
+# The store tests start a PostgreSQL server of their own from these binaries, and an
+# HAProxy in front of their edges.
 export IOP_REQUIRE_POSTGRES=1
+export IOP_REQUIRE_HAPROXY=1
 
 requirements=crates/iop/tests/python/requirements.txt
 if [ ! -x .venv/bin/python ] || ! cmp -s "$requirements" .venv/iop-requirements.txt; then

@@ -1,8 +1,10 @@
-//! Draining before a stop: once [`Drain::begin`] is called (on SIGTERM) the edge takes no
-//! new client requests (they get a 503 saying so, and `/readyz` answers 503 so a load
-//! balancer moves traffic elsewhere) while the requests in progress run to their end;
-//! [`Drain::until_idle`] resolves when the last one has. Only the client APIs count:
-//! probes, the admin API, the status page and the event stream never hold a drain up.
+//! Draining before a stop: once [`Drain::begin`] is called (on SIGTERM) `/readyz` answers
+//! 503 so a load balancer moves traffic elsewhere, and every response asks its client to
+//! close the connection (so none stays pinned to this edge). New client requests are
+//! still served until [`Drain::refuse`] (after `shutdown.accept_grace_sec`), then get a
+//! 503 saying so, while the requests in progress run to their end; [`Drain::until_idle`]
+//! resolves when the last one has. Only the client APIs count: probes, the admin API,
+//! the status page and the event stream never hold a drain up.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,6 +14,7 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub struct Drain {
     draining: AtomicBool,
+    refusing: AtomicBool,
     in_progress: AtomicUsize,
     idle: Notify,
 }
@@ -40,13 +43,24 @@ pub fn starts_work(method: &http::Method, path: &str) -> bool {
 }
 
 impl Drain {
-    /// From now on new requests are refused.
+    /// The drain starts: `/readyz` answers 503, connections are closed after their
+    /// response; new requests are still served.
     pub fn begin(&self) {
         self.draining.store(true, Ordering::Release);
     }
 
+    /// From now on new requests are refused.
+    pub fn refuse(&self) {
+        self.begin();
+        self.refusing.store(true, Ordering::Release);
+    }
+
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+
+    pub fn is_refusing(&self) -> bool {
+        self.refusing.load(Ordering::Acquire)
     }
 
     /// Counts a request until the returned guard drops.
@@ -85,7 +99,9 @@ mod tests {
         let first = drain.started();
         let second = drain.started();
         drain.begin();
-        assert!(drain.is_draining());
+        assert!(drain.is_draining() && !drain.is_refusing());
+        drain.refuse();
+        assert!(drain.is_refusing());
         let waiter = tokio::spawn({
             let drain = drain.clone();
             async move { drain.until_idle().await }

@@ -296,15 +296,34 @@ impl EdgeServer {
         }
     }
 
-    /// Drains the edge before a stop: from now on `/readyz` answers 503 and new client
-    /// requests are refused, while those in progress run on — until the last one ends,
-    /// `config.shutdown.grace_sec` passes, or `stop_now` resolves (a second signal).
+    /// Drains the edge before a stop: from now on `/readyz` answers 503 and responses close
+    /// their connections; in a fleet the edge leaves the list of live edges. New client
+    /// requests are served for `shutdown.accept_grace_sec` more, then refused, while those
+    /// in progress run on — until the last one ends, `shutdown.grace_sec` passes, or
+    /// `stop_now` resolves (a second signal).
     pub async fn drain(&self, stop_now: impl std::future::Future<Output = ()>) {
-        let grace = self.edge.config().shutdown.grace();
+        let shutdown = self.edge.config().shutdown;
+        let grace = shutdown.grace();
         self.edge.drain.begin();
         if let Some(fleet) = self.edge.fleet.get() {
             fleet.retire(std::time::Duration::from_secs(3)).await;
         }
+        let accept_grace = shutdown.accept_grace();
+        tokio::pin!(stop_now);
+        if !accept_grace.is_zero() {
+            tracing::info!(
+                accept_grace_sec = accept_grace.as_secs(),
+                "draining: /readyz answers 503; still serving new requests meanwhile (shutdown.accept_grace_sec)"
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(accept_grace) => {}
+                _ = &mut stop_now => {
+                    self.edge.drain.refuse();
+                    return;
+                }
+            }
+        }
+        self.edge.drain.refuse();
         let in_progress = self.edge.drain.in_progress();
         if in_progress == 0 || grace.is_zero() {
             return;
@@ -321,7 +340,7 @@ impl EdgeServer {
                 "requests still in progress after {}s (shutdown.grace_sec): closing them",
                 grace.as_secs()
             ),
-            _ = stop_now => tracing::warn!(
+            _ = &mut stop_now => tracing::warn!(
                 requests = self.edge.drain.in_progress(),
                 "stopping at once (second signal): closing the requests in progress"
             ),

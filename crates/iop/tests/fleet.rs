@@ -52,6 +52,7 @@ async fn fleet_edge_on(
         dir,
         &config(&pg.url(), id, node_address),
         nodes,
+        "127.0.0.1:0",
         &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
     )
     .await
@@ -229,6 +230,7 @@ async fn a_provider_behind_three_edges_never_sees_more_than_its_limit_and_a_dead
                 dir.path(),
                 &config,
                 "127.0.0.1:0",
+                "127.0.0.1:0",
                 &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
             )
             .await,
@@ -302,5 +304,8 @@ async fn a_provider_behind_three_edges_never_sees_more_than_its_limit_and_a_dead
     // that stream beside the next one for a moment (one per stream cut).
     let stats = mock.stats().await;
     let cut = stats["aborted"].as_u64().unwrap();
-    assert!(stats["peak_in_flight"].as_u64().unwrap() <= 2 + cut, "{stats}");
+    assert!(
+        stats["peak_in_flight"].as_u64().unwrap() <= 2 + cut,
+        "{stats}"
+    );
 }

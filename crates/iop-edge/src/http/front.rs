@@ -41,14 +41,15 @@ impl App {
     }
 
     /// Answers one request; every response carries the request's `x-request-id`. A client
-    /// request counts as in progress until its response body ends; while the edge drains
-    /// it is refused instead.
+    /// request counts as in progress until its response body ends; once a drain refuses new
+    /// requests it is refused instead, and while the edge drains every response closes
+    /// its connection.
     pub async fn serve(&self, mut request: Request) -> Response {
         let (id, span) = request_id::assign(&mut request);
         let path = request.uri().path();
         let mut response = if !crate::drain::counts(path) {
             self.route(request).instrument(span).await
-        } else if self.edge.drain.is_draining() && crate::drain::starts_work(request.method(), path)
+        } else if self.edge.drain.is_refusing() && crate::drain::starts_work(request.method(), path)
         {
             draining(path)
         } else {
@@ -57,6 +58,13 @@ impl App {
             response.map(|body| Body::new(Holding::new(body, in_progress)))
         };
         response.headers_mut().insert(X_REQUEST_ID, id);
+        if self.edge.drain.is_draining() {
+            // The client's next request goes through a new connection: to another edge.
+            response.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
         response
     }
 

@@ -147,6 +147,20 @@ fn for_nodes(live: &[LiveEdge]) -> Vec<iop_proto::pb::FleetEdge> {
         .collect()
 }
 
+/// Each live edge nodes can dial, with its address and when it started.
+fn incarnations(live: &[LiveEdge]) -> Vec<(String, String, i64)> {
+    live.iter()
+        .filter(|e| !e.record.node_address.is_empty())
+        .map(|e| {
+            (
+                e.record.id.clone(),
+                e.record.node_address.clone(),
+                e.record.started_unix_ms,
+            )
+        })
+        .collect()
+}
+
 /// Keeps this edge's row fresh (with the nodes `linked` returns) and the fleet's list
 /// current until `shutdown`, then removes the row. Whenever the edges nodes should link
 /// to change, `announce` gets the new list.
@@ -182,11 +196,14 @@ pub async fn run(
                 if fleet.last_error.lock().take().is_some() {
                     tracing::info!("the store answers again");
                 }
-                let before = for_nodes(&fleet.live.lock());
-                let after = for_nodes(&live);
+                // An edge that restarted between two refreshes is news too: while it
+                // drained it told its nodes the list without it.
+                let before = incarnations(&fleet.live.lock());
+                let after = incarnations(&live);
+                let list = for_nodes(&live);
                 *fleet.live.lock() = live;
                 if before != after {
-                    announce(after);
+                    announce(list);
                 }
             }
             Err(error) => {

@@ -6,6 +6,7 @@
 
 pub mod agents;
 pub mod browser;
+pub mod haproxy;
 pub mod health;
 pub mod node_wire;
 pub mod ollama_api;
@@ -195,14 +196,15 @@ pub async fn start_edge_env(dir: &Path, config: &str, env: &[(&str, &str)]) -> E
     spawn_edge(dir, config, "127.0.0.1:0", "127.0.0.1:0", &[], env).await
 }
 
-/// An edge whose node listener is on `nodes` and whose process gets `env`.
+/// An edge listening on `nodes` and `http` whose process gets `env`.
 pub async fn start_edge_full(
     dir: &Path,
     config: &str,
     nodes: &str,
+    http: &str,
     env: &[(&str, &str)],
 ) -> EdgeProc {
-    spawn_edge(dir, config, nodes, "127.0.0.1:0", &[], env).await
+    spawn_edge(dir, config, nodes, http, &[], env).await
 }
 
 async fn spawn_edge(

@@ -1,0 +1,97 @@
+//! A real HAProxy in front of test edges: TCP mode (the load balancer sees bytes, not
+//! requests), round robin, each edge health-checked on `/readyz` every 200 ms and taken
+//! out at its first failure; a connection an edge refuses is dispatched to another.
+//! The binary comes from `IOP_HAPROXY`, else `haproxy` on the PATH or in /usr/sbin
+//! (Debian's `haproxy` package). Without it the test is skipped, unless
+//! `IOP_REQUIRE_HAPROXY=1` (as in CI).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::Proc;
+use super::suite::notice;
+
+pub struct Haproxy {
+    pub proc: Proc,
+    /// Where clients connect.
+    pub addr: String,
+    _dir: tempfile::TempDir,
+}
+
+fn binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("IOP_HAPROXY") {
+        return Some(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|dir| dir.join("haproxy"))
+        .find(|p| p.is_file())
+}
+
+impl Haproxy {
+    /// HAProxy balancing over the edges' HTTP addresses, or `None` after a notice when
+    /// there is no HAProxy here.
+    pub async fn start(test: &str, backends: &[&str]) -> Option<Haproxy> {
+        let Some(bin) = binary() else {
+            assert!(
+                std::env::var("IOP_REQUIRE_HAPROXY").as_deref() != Ok("1"),
+                "IOP_REQUIRE_HAPROXY=1 but no haproxy (IOP_HAPROXY, PATH, /usr/sbin)"
+            );
+            notice(&format!(
+                "SKIPPED {test}: no haproxy (IOP_HAPROXY, PATH, /usr/sbin)"
+            ));
+            return None;
+        };
+        let dir = super::tempdir();
+        let addr = super::free_addr();
+        let servers: String = backends
+            .iter()
+            .enumerate()
+            .map(|(i, backend)| format!("    server edge-{} {backend} check\n", i + 1))
+            .collect();
+        let config = format!(
+            "global
+    maxconn 4096
+defaults
+    mode tcp
+    timeout connect 1s
+    timeout client 60s
+    timeout server 60s
+    retries 3
+    option redispatch
+frontend api
+    bind {addr}
+    default_backend edges
+backend edges
+    balance roundrobin
+    option httpchk
+    http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host localhost
+    http-check expect status 200
+    default-server inter 200ms fall 1 rise 2
+{servers}"
+        );
+        let file = dir.path().join("haproxy.cfg");
+        std::fs::write(&file, config).unwrap();
+        let proc = Proc::spawn_program("haproxy", &bin, &["-db", "-f", file.to_str().unwrap()]);
+        // Listening once a TCP connection is accepted.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(&addr).await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "haproxy did not listen:\n{}",
+                proc.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Some(Haproxy {
+            proc,
+            addr,
+            _dir: dir,
+        })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
