@@ -141,25 +141,43 @@ impl KeyLimiter {
                 retry_after: Duration::from_millis(until_next_day(now_ms).max(0) as u64),
             });
         }
-        match limits.requests_per_minute {
-            Some(rpm) => {
-                let window = self.recent.entry(key.to_string()).or_default();
-                while window
-                    .front()
-                    .is_some_and(|t| now.saturating_duration_since(*t) >= MINUTE)
-                {
-                    window.pop_front();
-                }
-                if window.len() >= rpm as usize {
-                    // The oldest of the last `rpm` leaves the window first.
-                    let oldest = window[window.len() - rpm as usize];
-                    return Err(LimitExceeded {
-                        limit: Limit::RequestsPerMinute(rpm),
-                        retry_after: MINUTE.saturating_sub(now.saturating_duration_since(oldest)),
-                    });
-                }
-                window.push_back(now);
+        if let Some(rpm) = limits.requests_per_minute {
+            let window = self.recent.entry(key.to_string()).or_default();
+            while window
+                .front()
+                .is_some_and(|t| now.saturating_duration_since(*t) >= MINUTE)
+            {
+                window.pop_front();
             }
+            if window.len() >= rpm as usize {
+                // The oldest of the last `rpm` leaves the window first.
+                let oldest = window[window.len() - rpm as usize];
+                return Err(LimitExceeded {
+                    limit: Limit::RequestsPerMinute(rpm),
+                    retry_after: MINUTE.saturating_sub(now.saturating_duration_since(oldest)),
+                });
+            }
+        }
+        Ok(self.count(key, limits, reserve, now))
+    }
+
+    /// Counts a request of `key` admitted elsewhere (by the fleet's store): against the
+    /// minute, with `max_concurrent` a place until released, with `tokens_per_day`
+    /// `reserve` tokens until settled — the same as [`KeyLimiter::admit`] without the
+    /// checks.
+    pub fn count(
+        &mut self,
+        key: &str,
+        limits: &KeyLimitsConfig,
+        reserve: u64,
+        now: Instant,
+    ) -> Admitted {
+        match limits.requests_per_minute {
+            Some(_) => self
+                .recent
+                .entry(key.to_string())
+                .or_default()
+                .push_back(now),
             None => {
                 self.recent.remove(key);
             }
@@ -174,11 +192,19 @@ impl KeyLimiter {
         } else {
             0
         };
-        Ok(Admitted {
+        Admitted {
             key: key.to_string(),
             concurrent,
             reserved_tokens,
-        })
+        }
+    }
+
+    /// What `key` holds on this edge: requests in flight and tokens reserved.
+    pub fn held(&self, key: &str) -> (u32, u64) {
+        (
+            self.in_flight.get(key).copied().unwrap_or(0),
+            self.reserved(key),
+        )
     }
 
     /// Gives back an admitted request's concurrency place (its request ended).

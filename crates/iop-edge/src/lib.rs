@@ -15,6 +15,7 @@ pub(crate) mod drain;
 pub(crate) mod ejection;
 pub(crate) mod events;
 pub mod fdlimit;
+pub(crate) mod fleet_limits;
 pub(crate) mod health;
 pub(crate) mod http;
 pub(crate) mod key_limits;
@@ -252,6 +253,10 @@ impl EdgeServer {
                 http_addr,
                 node_addr,
             );
+            let limits =
+                fleet_limits::FleetLimits::new(store.clone(), me.id.clone(), fleet.clone());
+            edge.keys.share_with(limits.clone());
+            tasks.spawn(limits.run(edge.shutdown_token().clone()));
             let (linked_edge, announcing_edge) = (edge.clone(), edge.clone());
             tasks.spawn(store::edges::run(
                 store.clone(),

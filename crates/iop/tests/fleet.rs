@@ -309,3 +309,184 @@ async fn a_provider_behind_three_edges_never_sees_more_than_its_limit_and_a_dead
         "{stats}"
     );
 }
+
+const LIMITED: &str = "sk-limited-0123456789";
+const SINGLE: &str = "sk-single-0123456789";
+const BUDGET: &str = "sk-budget-0123456789";
+const SPREAD: &str = "sk-spread-0123456789";
+
+fn limits_config(url: &str, id: &str) -> String {
+    format!(
+        r#"
+store: {{url: "{url}", edge_id: {id}}}
+auth:
+  keys:
+    - {{name: ops, role: admin, key: {TEST_API_KEY}}}
+    - {{name: limited, role: client, key: {LIMITED}, limits: {{requests_per_minute: 10}}}}
+    - {{name: single, role: client, key: {SINGLE}, limits: {{max_concurrent: 2}}}}
+    - {{name: budget, role: client, key: {BUDGET}, limits: {{tokens_per_day: 60, reserve_tokens: 8}}}}
+    - {{name: spread, role: client, key: {SPREAD}, limits: {{requests_per_minute: 9}}}}
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers:
+      - {{id: m, kind: mock, capacity: {{normal: 16}}, mock: {{tokens: 8, token_delay_ms: 100}}}}
+model_groups:
+  - {{name: mock, members: [{{node: n1, provider: m}}]}}
+"#
+    )
+}
+
+/// Sends one chat completion with `key` to `edge`; the status and the error code.
+async fn keyed(edge: &EdgeProc, key: &str, stream: bool) -> (u16, String) {
+    let response = client()
+        .post(edge.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(
+            &serde_json::json!({"model": "mock", "stream": stream, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap_or_default();
+    let code = serde_json::from_str::<Value>(&body)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(String::from))
+        .unwrap_or_default();
+    (status, code)
+}
+
+#[tokio::test]
+async fn api_key_limits_hold_across_the_fleet() {
+    let Some(pg) = Postgres::start("key limits across edges") else {
+        return;
+    };
+    let dirs = [tempdir(), tempdir(), tempdir()];
+    let mut edges = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        edges.push(
+            start_edge_full(
+                dir.path(),
+                &limits_config(&pg.url(), &format!("edge-{}", i + 1)),
+                "127.0.0.1:0",
+                "127.0.0.1:0",
+                &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
+            )
+            .await,
+        );
+    }
+    let node_dir = tempdir();
+    let _node = start_node(
+        "n1",
+        node_dir.path(),
+        &edges[0].nodes,
+        "token-n1-0123456789",
+        "",
+    );
+    for edge in &edges {
+        wait_ready(edge, "n1").await;
+    }
+
+    // requests_per_minute: 10, thirty requests spread over three edges at once: ten pass.
+    let all = (0..30).map(|i| keyed(&edges[i % 3], LIMITED, true));
+    let answers = futures::future::join_all(all).await;
+    let passed = answers.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(passed, 10, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|(s, c)| *s == 200 || (*s == 429 && c == "requests_per_minute_exceeded")),
+        "{answers:?}"
+    );
+
+    // max_concurrent: 2 — two slow streams on edge 1 hold both places; edges 2 and 3
+    // refuse a third, and take one once a place is back.
+    let hold = |edge: &EdgeProc| {
+        let url = edge.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            let mut response = client()
+                .post(url)
+                .bearer_auth(SINGLE)
+                .json(&serde_json::json!({"model": "mock", "stream": true,
+                    "messages": [{"role": "user", "content": "hold"}]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            while let Ok(Some(_)) = response.chunk().await {}
+        })
+    };
+    let first = hold(&edges[0]);
+    let second = hold(&edges[0]);
+    wait_status(&edges[0], Duration::from_secs(10), "two in flight", |s| {
+        s["keys"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|k| k["name"] == "single" && k["in_flight"] == 2)
+    })
+    .await;
+    for edge in &edges[1..] {
+        let (status, code) = keyed(edge, SINGLE, false).await;
+        assert_eq!((status, code.as_str()), (429, "max_concurrent_exceeded"));
+    }
+    first.await.unwrap();
+    second.await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = keyed(&edges[2], SINGLE, false).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the places never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // tokens_per_day: 60 — requests of about 13 tokens (5 in, 8 out), one edge after
+    // another: the fleet stops the key near its budget, not each edge at its own.
+    let mut served = 0;
+    for i in 0..30 {
+        let (status, code) = keyed(&edges[i % 3], BUDGET, false).await;
+        if status == 200 {
+            served += 1;
+        } else {
+            assert_eq!((status, code.as_str()), (429, "tokens_per_day_exceeded"));
+        }
+    }
+    // What the key used, as each edge counted its own requests.
+    let mut used = 0;
+    for edge in &edges {
+        let s = status(edge).await;
+        used += s["keys"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|k| k["name"] == "budget")
+            .and_then(|k| k["tokens_today"].as_u64())
+            .unwrap_or(0);
+    }
+    eprintln!("tokens_per_day 60: {served} requests served across the fleet, {used} tokens");
+    // The fleet's bound: below the budget when the last request was admitted, plus that
+    // request's tokens (each edge on its own would have served about three times more).
+    let per_request = used / (served as u64).max(1);
+    assert!(
+        used < 60 + per_request,
+        "{used} tokens in {served} requests"
+    );
+    assert!(served as u64 >= 60 / (per_request + 1), "{served}");
+
+    // The store stops: the edges keep serving, each within its share of the limit
+    // (9 requests per minute over three edges: 3 each).
+    pg.stop();
+    let all = (0..30).map(|i| keyed(&edges[i % 3], SPREAD, false));
+    let answers = futures::future::join_all(all).await;
+    let passed = answers.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(passed, 9, "{answers:?}");
+    assert!(
+        edges[0].proc.log().contains("each edge enforces its share"),
+        "{}",
+        edges[0].proc.log()
+    );
+}

@@ -134,7 +134,7 @@ async fn handle(
         name: &decoded.model,
         models_endpoint: surface.models_endpoint(),
     };
-    let group = edge.admit(caller, target, estimate, recorder)?;
+    let group = edge.admit(caller, target, estimate, recorder).await?;
     if let Some(immediate) = decoded.immediate {
         let answer = surface.immediate(immediate, &group, SystemTime::now());
         return Ok(axum::Json(answer).into_response());

@@ -85,7 +85,7 @@ async fn handle(
         adapter: &spec.adapter,
         target: &spec.target,
     };
-    edge.admit(caller, target, estimate, recorder)?;
+    edge.admit(caller, target, estimate, recorder).await?;
     spec.session_id = caller.scoped_session_id(&spec.session_id);
     let ctx = RequestContext {
         api_key: caller.owner(),

@@ -1,7 +1,8 @@
 //! The API keys' part of the edge: the configured keys, the throttle of wrong keys by
 //! source address, each key's limits (request windows, concurrency, today's tokens with
 //! what is reserved), and which key started each live run. Each has its own lock, held
-//! only for the call.
+//! only for the call. In a fleet the limits count across edges ([`FleetLimits`]), with
+//! this edge's own counts kept here too.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::auth::{Caller, KeyTable};
 use crate::config::AuthConfig;
+use crate::fleet_limits::{FleetLimits, Shared};
 use crate::key_limits::{Admitted, KeyLimiter, KeyUsage, LimitExceeded};
 use crate::ledger::day_tokens::DayTokens;
 use crate::ledger::unix_ms_now;
@@ -35,6 +37,8 @@ pub struct Keys {
     limiter: Arc<Mutex<KeyLimiter>>,
     /// The API key that started each live run (runs of keyed callers only).
     run_owners: Mutex<foldhash::HashMap<String, String>>,
+    /// The fleet's count of the limits, when edges share a store.
+    fleet: std::sync::OnceLock<Arc<FleetLimits>>,
 }
 
 /// A key's concurrency place, given back when dropped (with the request's recorder).
@@ -42,6 +46,7 @@ pub struct Keys {
 pub struct KeyPermit {
     limiter: Arc<Mutex<KeyLimiter>>,
     admitted: Admitted,
+    fleet: Option<Arc<FleetLimits>>,
 }
 
 impl KeyPermit {
@@ -53,7 +58,17 @@ impl KeyPermit {
 
 impl Drop for KeyPermit {
     fn drop(&mut self) {
-        self.limiter.lock().release(&self.admitted);
+        let held = {
+            let mut limiter = self.limiter.lock();
+            limiter.release(&self.admitted);
+            limiter.held(&self.admitted.key)
+        };
+        if let Some(fleet) = self.fleet.clone()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let key = self.admitted.key.clone();
+            runtime.spawn(async move { fleet.hold(&key, held.0, held.1).await });
+        }
     }
 }
 
@@ -65,7 +80,13 @@ impl Keys {
             failures: Mutex::new(FailureThrottle::new(KEY_FAILURE_POLICY)),
             limiter: Arc::new(Mutex::new(KeyLimiter::new(today))),
             run_owners: Mutex::new(foldhash::HashMap::default()),
+            fleet: std::sync::OnceLock::new(),
         }
+    }
+
+    /// From now on the limits count across the fleet.
+    pub fn share_with(&self, fleet: Arc<FleetLimits>) {
+        let _ = self.fleet.set(fleet);
     }
 
     /// The configured API keys.
@@ -94,28 +115,65 @@ impl Keys {
 
     /// Whether `caller` may start a request that reserves `reserve` tokens now. The
     /// permit (if any) holds a concurrency place until it is dropped; the reservation
-    /// stays until [`Self::settle`].
-    pub fn admit(&self, caller: &Caller, reserve: u64) -> Result<Option<KeyPermit>, LimitExceeded> {
+    /// stays until [`Self::settle`]. In a fleet the store decides; while it does not
+    /// answer, this edge's share of each limit.
+    pub async fn admit(
+        &self,
+        caller: &Caller,
+        reserve: u64,
+    ) -> Result<Option<KeyPermit>, LimitExceeded> {
         let (Some(key), Some(limits)) = (caller.key_name(), caller.limits()) else {
             return Ok(None);
         };
-        let admitted =
-            self.limiter
-                .lock()
-                .admit(key, limits, reserve, Instant::now(), unix_ms_now())?;
+        let fleet = self.fleet.get().filter(|_| limits.any()).cloned();
+        let admitted = match &fleet {
+            Some(shared) => match shared.admit(key, limits, reserve).await {
+                Shared::Admitted => self
+                    .limiter
+                    .lock()
+                    .count(key, limits, reserve, Instant::now()),
+                Shared::Refused(exceeded) => return Err(exceeded),
+                Shared::Unreachable(_) => self.limiter.lock().admit(
+                    key,
+                    &shared.share(limits),
+                    reserve,
+                    Instant::now(),
+                    unix_ms_now(),
+                )?,
+            },
+            None => {
+                self.limiter
+                    .lock()
+                    .admit(key, limits, reserve, Instant::now(), unix_ms_now())?
+            }
+        };
         Ok((!admitted.is_free()).then(|| KeyPermit {
             limiter: self.limiter.clone(),
             admitted,
+            fleet,
         }))
     }
 
     /// A finished request of `key` that used `tokens` (at `time_ms`): its reservation
-    /// gives way to what it used.
+    /// gives way to what it used (in a fleet, in the store's count too).
     pub fn settle(&self, key: &str, reserved: u64, tokens: u64, time_ms: i64) {
-        if tokens > 0 || reserved > 0 {
-            self.limiter
-                .lock()
-                .settle(key, reserved, tokens, time_ms, unix_ms_now());
+        if tokens == 0 && reserved == 0 {
+            return;
+        }
+        let held = {
+            let mut limiter = self.limiter.lock();
+            limiter.settle(key, reserved, tokens, time_ms, unix_ms_now());
+            limiter.held(key)
+        };
+        if let Some(fleet) = self.fleet.get().cloned()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let key = key.to_string();
+            let day = time_ms.div_euclid(86_400_000);
+            runtime.spawn(async move {
+                fleet.add_tokens(&key, day, tokens).await;
+                fleet.hold(&key, held.0, held.1).await;
+            });
         }
     }
 
@@ -166,8 +224,8 @@ mod tests {
         Caller::with_key(keys.table().find("a-key-0123456789abcdef").unwrap())
     }
 
-    #[test]
-    fn a_permit_holds_a_concurrency_place_until_dropped() {
+    #[tokio::test]
+    async fn a_permit_holds_a_concurrency_place_until_dropped() {
         let keys = Keys::new(
             &config(", limits: {max_concurrent: 1}").auth,
             DayTokens::default(),
@@ -175,21 +233,25 @@ mod tests {
         let a = caller(&keys);
         let permit = keys
             .admit(&a, 0)
+            .await
             .unwrap()
             .expect("a limited key gets a permit");
-        assert!(keys.admit(&a, 0).is_err(), "the one place is taken");
+        assert!(keys.admit(&a, 0).await.is_err(), "the one place is taken");
         drop(permit);
-        assert!(keys.admit(&a, 0).unwrap().is_some(), "the place came back");
+        assert!(
+            keys.admit(&a, 0).await.unwrap().is_some(),
+            "the place came back"
+        );
     }
 
-    #[test]
-    fn a_reservation_counts_until_settled_with_what_was_used() {
+    #[tokio::test]
+    async fn a_reservation_counts_until_settled_with_what_was_used() {
         let keys = Keys::new(
             &config(", limits: {tokens_per_day: 100}").auth,
             DayTokens::default(),
         );
         let a = caller(&keys);
-        let permit = keys.admit(&a, 60).unwrap().unwrap();
+        let permit = keys.admit(&a, 60).await.unwrap().unwrap();
         assert_eq!(permit.reserved_tokens(), 60);
         assert_eq!(keys.usage()[0].1.tokens_reserved, 60);
         keys.settle("a", 60, 7, unix_ms_now());
@@ -198,10 +260,10 @@ mod tests {
         assert_eq!((usage.tokens_reserved, usage.tokens_today), (0, 7));
     }
 
-    #[test]
-    fn an_unlimited_key_needs_no_permit() {
+    #[tokio::test]
+    async fn an_unlimited_key_needs_no_permit() {
         let keys = Keys::new(&config("").auth, DayTokens::default());
-        assert!(keys.admit(&caller(&keys), 1_000).unwrap().is_none());
+        assert!(keys.admit(&caller(&keys), 1_000).await.unwrap().is_none());
     }
 
     #[test]

@@ -102,7 +102,7 @@ impl Edge {
     /// a name no group has) goes on the request's record, and what the limits hold (a
     /// concurrency place, a token reservation) is held by the record until the request
     /// ends. Returns the model group's name (empty for a run).
-    pub(crate) fn admit(
+    pub(crate) async fn admit(
         &self,
         caller: &Caller,
         target: AdmitTarget<'_>,
@@ -138,6 +138,7 @@ impl Edge {
         let permit = self
             .keys
             .admit(caller, reserve)
+            .await
             .map_err(|e| over_limit(caller, e))?;
         let reserved = permit.as_ref().map_or(0, |p| p.reserved_tokens());
         recorder.admitted(estimate.input, reserved);
