@@ -8,6 +8,7 @@
 #   IOP_BENCH_BASELINE=/path/to/older/iop scripts/bench.sh   # before/after in one run
 #   IOP_BENCH_BASELINE="v1=/path/a v2=/path/b" scripts/bench.sh   # several, named
 #   IOP_BENCH_LEDGER=both scripts/bench.sh    # direct vs usage ledger off vs on
+#   IOP_BENCH_STORE=both scripts/bench.sh     # direct vs an edge alone vs one with a store
 #
 # IOP_BENCH_LINK picks the edge–node link: `tls` (the default, what users get),
 # `plaintext` (node_tls.mode insecure_plaintext), or `both` (two edge + node pairs, one per
@@ -24,6 +25,13 @@
 # without and one with the ledger, in the same interleaved run (targets `ledger-off` and
 # `ledger-on`). scripts/bench-ledger.sh measures the ledger's own write throughput.
 #
+# IOP_BENCH_STORE=both starts a PostgreSQL server of its own (Debian's binaries, as the
+# tests do) and two edge + node pairs: `store-off` (an edge alone) and `store-on` (an edge
+# of a fleet on that store). Requests carry an API key with requests_per_minute and
+# max_concurrent limits far above what the run sends, so every request is admitted by
+# the limiter: this edge's own, or the fleet's in the store. IOP_BENCH_KEY_LIMITS=off
+# gives the key no limits (the store is then off the request path).
+#
 # Builds release binaries, starts the processes on loopback ports, prints the table
 # `iop bench` produces and stops everything.
 set -euo pipefail
@@ -33,11 +41,20 @@ cargo build --release --quiet --bin iop
 IOP="$PWD/target/release/iop"
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+PG_STOP=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    [ ${#PG_STOP[@]} -gt 0 ] && "${PG_STOP[@]}" >/dev/null 2>&1
+    rm -rf "$WORK"
+}
 trap cleanup EXIT
 
 LINK=${IOP_BENCH_LINK:-tls}
 LEDGER=${IOP_BENCH_LEDGER:-on}
+STORE=${IOP_BENCH_STORE:-off}
+STORE_URL=""
+AUTH_YAML=""
+BENCH_KEY=sk-bench-key-0123456789
 MOCK_PORT=${MOCK_PORT:-18000}
 NODE_PORT=${NODE_PORT:-17700}
 HTTP_PORT=${HTTP_PORT:-18080}
@@ -61,10 +78,30 @@ PIDS+=($!)
 
 TARGETS=(--target "direct=http://127.0.0.1:$MOCK_PORT/v1")
 
-# start_pair NAME LINK NODE_PORT HTTP_PORT [LEDGER]: an edge and a node whose link is
-# LINK, the edge's usage ledger on or off (default: $LEDGER).
+# start_pg: a PostgreSQL server in $WORK/pg on a loopback port; sets STORE_URL.
+start_pg() {
+    local bin port=15432 run=()
+    bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+    mkdir -p "$WORK/pg"
+    if [ "$(id -u)" = 0 ]; then
+        chown postgres "$WORK" "$WORK/pg"
+        run=(runuser -u postgres --)
+    fi
+    "${run[@]}" "$bin/initdb" -D "$WORK/pg/data" -A trust -U iop --no-sync >/dev/null
+    "${run[@]}" "$bin/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w \
+        -o "-p $port -k $WORK/pg -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off" start >/dev/null
+    "${run[@]}" "$bin/createdb" -h 127.0.0.1 -p "$port" -U iop iop
+    PG_STOP=("${run[@]}" "$bin/pg_ctl" -D "$WORK/pg/data" -m immediate stop)
+    STORE_URL="postgres://iop@127.0.0.1:$port/iop"
+}
+
+# start_pair NAME LINK NODE_PORT HTTP_PORT [LEDGER] [STORE]: an edge and a node whose link
+# is LINK, the edge's usage ledger on or off (default: $LEDGER), in a fleet on $STORE_URL
+# when STORE is on.
 start_pair() {
-    local name=$1 link=$2 node_port=$3 http_port=$4 ledger=${5:-$LEDGER}
+    local name=$1 link=$2 node_port=$3 http_port=$4 ledger=${5:-$LEDGER} store=${6:-off}
+    local store_yaml=""
+    [ "$store" = on ] && store_yaml="store: {url: \"$STORE_URL\", edge_id: $name}"
     local ledger_enabled=true
     [ "$ledger" = off ] && ledger_enabled=false
     local mode=auto node_args=()
@@ -77,6 +114,8 @@ listen: {nodes: "127.0.0.1:$node_port", http: "127.0.0.1:$http_port"}
 state_dir: "$WORK/$name-state"
 node_tls: {mode: $mode}
 ledger: {enabled: $ledger_enabled}
+$store_yaml
+$AUTH_YAML
 nodes:
   - id: bench
     token: bench-token-0123456789
@@ -86,9 +125,11 @@ model_groups:
   - {name: mock-model, members: [{node: bench, provider: mock}], queue: {max_waiting: 1024}}
 YAML
     if [ "$link" = tls ]; then
-        node_args=(--edge-pin "$(RUST_LOG=warn "$IOP" edge --config "$WORK/$name.yaml" --print-pin)")
+        node_args=(--edge-pin "$(IOP_STORE_SECRET_KEY=MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY= \
+            RUST_LOG=warn "$IOP" edge --config "$WORK/$name.yaml" --print-pin)")
     fi
-    RUST_LOG=warn "$IOP" edge --config "$WORK/$name.yaml" >"$WORK/$name-edge.log" 2>&1 &
+    IOP_STORE_SECRET_KEY=MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY= RUST_LOG=warn \
+        "$IOP" edge --config "$WORK/$name.yaml" >"$WORK/$name-edge.log" 2>&1 &
     PIDS+=($!)
     sleep 0.5
     RUST_LOG=warn "$IOP" node --edge "127.0.0.1:$node_port" --token bench-token-0123456789 \
@@ -145,7 +186,16 @@ for entry in ${IOP_BENCH_BASELINE:-}; do
     baseline_port=$((baseline_port + 1))
 done
 
-if [ "$LINK" = both ]; then
+BENCH_ARGS=()
+if [ "$STORE" = both ]; then
+    start_pg
+    limits="limits: {requests_per_minute: 1000000, max_concurrent: 100000}"
+    [ "${IOP_BENCH_KEY_LIMITS:-on}" = off ] && limits="limits: {}"
+    AUTH_YAML="auth: {keys: [{name: bench, role: admin, key: $BENCH_KEY, $limits}]}"
+    BENCH_ARGS=(--api-key "$BENCH_KEY")
+    start_pair store-off "$LINK" "$NODE_PORT" "$HTTP_PORT" "$LEDGER" off
+    start_pair store-on "$LINK" "$((NODE_PORT + 1))" "$((HTTP_PORT + 1))" "$LEDGER" on
+elif [ "$LINK" = both ]; then
     start_pair plaintext plaintext "$NODE_PORT" "$HTTP_PORT"
     start_pair tls tls "$((NODE_PORT + 1))" "$((HTTP_PORT + 1))"
 elif [ "$LEDGER" = both ]; then
@@ -155,7 +205,8 @@ else
     start_pair iop "$LINK" "$NODE_PORT" "$HTTP_PORT"
 fi
 
-"$IOP" bench "${TARGETS[@]}" --model mock-model "$@"
+"$IOP" bench "${TARGETS[@]}" --model mock-model "${BENCH_ARGS[@]}" "$@"
+[ -n "$STORE_URL" ] && "${PG_STOP[@]}" >/dev/null
 if [ "$LEDGER" != off ]; then
     for log in "$WORK"/*-edge.log; do
         grep -h "records dropped" "$log" && echo "WARNING: the ledger dropped records in $log" >&2

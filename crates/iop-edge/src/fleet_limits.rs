@@ -5,8 +5,10 @@
 //! flight and tokens reserved by the key on every live edge (an edge that died stops
 //! counting once it is no longer live, within 10 s), and the tokens used today.
 //!
-//! Each edge keeps its own row per key (in flight, reserved) and writes it whole after a
-//! request ends or settles, so a write the store missed is mended by the next one. Tokens
+//! Each edge keeps its own row per key (in flight, reserved) and writes it whole, at most
+//! every [`HOLD_FLUSH`] for the keys whose requests ended or settled meanwhile (so a
+//! place comes back to the fleet within that time, and a write the store missed is
+//! mended by the next one). Tokens
 //! used are added to the day's count; those the store could not take wait here and are
 //! added when it answers again. While the store does not answer (or answered with an
 //! error in the last [`BACKOFF`]), admissions fall back to this edge's share of each
@@ -27,6 +29,8 @@ use crate::store::edges::{Fleet, LIVE_WITHIN};
 pub const ADMIT_TIMEOUT: Duration = Duration::from_millis(500);
 /// After a failure, how long admissions use this edge's share without asking the store.
 pub const BACKOFF: Duration = Duration::from_secs(2);
+/// How often what keys hold on this edge is written to the store (when it changed).
+pub const HOLD_FLUSH: Duration = Duration::from_millis(50);
 
 /// What the store decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +50,9 @@ pub struct FleetLimits {
     pending_tokens: Mutex<HashMap<(String, i64), u64>>,
     /// When the store last failed an admission.
     failed_at: Mutex<Option<Instant>>,
+    /// What keys hold on this edge (in flight, reserved) and the store was not told yet.
+    dirty: Mutex<HashMap<String, (u32, u64)>>,
+    wake: tokio::sync::Notify,
 }
 
 impl FleetLimits {
@@ -56,6 +63,8 @@ impl FleetLimits {
             fleet,
             pending_tokens: Mutex::default(),
             failed_at: Mutex::default(),
+            dirty: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
         })
     }
 
@@ -136,8 +145,25 @@ impl FleetLimits {
         }
     }
 
+    /// `key` holds this on this edge now (in flight, reserved): written to the store
+    /// within [`HOLD_FLUSH`].
+    pub fn held(&self, key: &str, in_flight: u32, reserved: u64) {
+        self.dirty
+            .lock()
+            .insert(key.to_string(), (in_flight, reserved));
+        self.wake.notify_one();
+    }
+
+    /// Writes what the keys told of since the last flush hold, whole.
+    async fn flush_held(&self) {
+        let dirty: Vec<(String, (u32, u64))> = self.dirty.lock().drain().collect();
+        for (key, (in_flight, reserved)) in dirty {
+            self.hold(&key, in_flight, reserved).await;
+        }
+    }
+
     /// Writes what `key` holds on this edge now (in flight, reserved), whole.
-    pub async fn hold(&self, key: &str, in_flight: u32, reserved: u64) {
+    async fn hold(&self, key: &str, in_flight: u32, reserved: u64) {
         let write = async {
             let client = self.store.client().await?;
             client
@@ -162,9 +188,9 @@ impl FleetLimits {
         }
     }
 
-    /// Adds `tokens` used by `key` on UTC day `day` (days since the epoch), now or once
-    /// the store answers again.
-    pub async fn add_tokens(&self, key: &str, day: i64, tokens: u64) {
+    /// Adds `tokens` used by `key` on UTC day `day` (days since the epoch), within
+    /// [`HOLD_FLUSH`] or once the store answers again.
+    pub fn add_tokens(&self, key: &str, day: i64, tokens: u64) {
         if tokens == 0 {
             return;
         }
@@ -173,7 +199,7 @@ impl FleetLimits {
             .lock()
             .entry((key.to_string(), day))
             .or_default() += tokens;
-        self.flush().await;
+        self.wake.notify_one();
     }
 
     /// Adds the tokens waiting here to the store's day counts.
@@ -201,15 +227,25 @@ impl FleetLimits {
         }
     }
 
-    /// Flushes waiting tokens every [`crate::store::edges::HEARTBEAT`] until `shutdown`.
+    /// Writes what changed (tokens used, places held) at most every [`HOLD_FLUSH`], and
+    /// tries again what the store did not take every [`crate::store::edges::HEARTBEAT`],
+    /// until `shutdown`.
     pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(crate::store::edges::HEARTBEAT);
+        let mut retry = tokio::time::interval(crate::store::edges::HEARTBEAT);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tick.tick() => self.flush().await,
+                _ = self.wake.notified() => {}
+                _ = retry.tick() => {}
+            }
+            self.flush_held().await;
+            self.flush().await;
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(HOLD_FLUSH) => {}
             }
         }
+        self.flush_held().await;
         self.flush().await;
     }
 }

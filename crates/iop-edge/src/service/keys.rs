@@ -63,11 +63,8 @@ impl Drop for KeyPermit {
             limiter.release(&self.admitted);
             limiter.held(&self.admitted.key)
         };
-        if let Some(fleet) = self.fleet.clone()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let key = self.admitted.key.clone();
-            runtime.spawn(async move { fleet.hold(&key, held.0, held.1).await });
+        if let Some(fleet) = &self.fleet {
+            fleet.held(&self.admitted.key, held.0, held.1);
         }
     }
 }
@@ -165,15 +162,9 @@ impl Keys {
             limiter.settle(key, reserved, tokens, time_ms, unix_ms_now());
             limiter.held(key)
         };
-        if let Some(fleet) = self.fleet.get().cloned()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let key = key.to_string();
-            let day = time_ms.div_euclid(86_400_000);
-            runtime.spawn(async move {
-                fleet.add_tokens(&key, day, tokens).await;
-                fleet.hold(&key, held.0, held.1).await;
-            });
+        if let Some(fleet) = self.fleet.get() {
+            fleet.add_tokens(key, time_ms.div_euclid(86_400_000), tokens);
+            fleet.held(key, held.0, held.1);
         }
     }
 
