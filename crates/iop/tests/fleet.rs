@@ -197,6 +197,51 @@ async fn a_second_edge_with_another_secret_key_is_refused_and_says_so() {
     assert!(!e2.log().contains(other_key), "the key is never printed");
 }
 
+/// Three edges of one store and the node `n1` that links to them all.
+struct ThreeEdges {
+    edges: Vec<EdgeProc>,
+    _dirs: Vec<tempfile::TempDir>,
+    _node: Proc,
+}
+
+/// Starts `edge-1`..`edge-3`, each with `config(id)`, and `n1` (static token, told of
+/// edge 1 only); returns once `n1` is ready on all three.
+async fn three_edges_and_n1(config: impl Fn(&str) -> String) -> ThreeEdges {
+    let mut dirs = Vec::new();
+    let mut edges = Vec::new();
+    for i in 1..=3 {
+        let dir = tempdir();
+        edges.push(
+            start_edge_full(
+                dir.path(),
+                &config(&format!("edge-{i}")),
+                "127.0.0.1:0",
+                "127.0.0.1:0",
+                &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
+            )
+            .await,
+        );
+        dirs.push(dir);
+    }
+    let node_dir = tempdir();
+    let node = start_node(
+        "n1",
+        node_dir.path(),
+        &edges[0].nodes,
+        "token-n1-0123456789",
+        "",
+    );
+    dirs.push(node_dir);
+    for edge in &edges {
+        wait_ready(edge, "n1").await;
+    }
+    ThreeEdges {
+        edges,
+        _dirs: dirs,
+        _node: node,
+    }
+}
+
 /// A fleet config whose one node `n1` (static token) serves `mock` from an
 /// OpenAI-compatible provider at `base` with `max_concurrency: 2`.
 fn narrow_config(url: &str, id: &str, base: &str) -> String {
@@ -221,32 +266,9 @@ async fn a_provider_behind_three_edges_never_sees_more_than_its_limit_and_a_dead
         return;
     };
     let mock = start_mock(&["--tokens", "8", "--token-delay-ms", "25"]).await;
-    let dirs = [tempdir(), tempdir(), tempdir()];
-    let mut edges = Vec::new();
-    for (i, dir) in dirs.iter().enumerate() {
-        let config = narrow_config(&pg.url(), &format!("edge-{}", i + 1), &mock.openai_base());
-        edges.push(
-            start_edge_full(
-                dir.path(),
-                &config,
-                "127.0.0.1:0",
-                "127.0.0.1:0",
-                &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
-            )
-            .await,
-        );
-    }
-    let node_dir = tempdir();
-    let _node = start_node(
-        "n1",
-        node_dir.path(),
-        &edges[0].nodes,
-        "token-n1-0123456789",
-        "",
-    );
-    for edge in &edges {
-        wait_ready(edge, "n1").await;
-    }
+    let mut fleet =
+        three_edges_and_n1(|id| narrow_config(&pg.url(), id, &mock.openai_base())).await;
+    let edges = &mut fleet.edges;
 
     // A burst of twelve streams, four on each edge: each edge admits up to two, the
     // node's gate keeps the provider at two.
@@ -363,31 +385,8 @@ async fn api_key_limits_hold_across_the_fleet() {
     let Some(pg) = Postgres::start("key limits across edges") else {
         return;
     };
-    let dirs = [tempdir(), tempdir(), tempdir()];
-    let mut edges = Vec::new();
-    for (i, dir) in dirs.iter().enumerate() {
-        edges.push(
-            start_edge_full(
-                dir.path(),
-                &limits_config(&pg.url(), &format!("edge-{}", i + 1)),
-                "127.0.0.1:0",
-                "127.0.0.1:0",
-                &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
-            )
-            .await,
-        );
-    }
-    let node_dir = tempdir();
-    let _node = start_node(
-        "n1",
-        node_dir.path(),
-        &edges[0].nodes,
-        "token-n1-0123456789",
-        "",
-    );
-    for edge in &edges {
-        wait_ready(edge, "n1").await;
-    }
+    let fleet = three_edges_and_n1(|id| limits_config(&pg.url(), id)).await;
+    let edges = &fleet.edges;
 
     // requests_per_minute: 10, thirty requests spread over three edges at once: ten pass.
     let all = (0..30).map(|i| keyed(&edges[i % 3], LIMITED, true));
@@ -457,7 +456,7 @@ async fn api_key_limits_hold_across_the_fleet() {
     }
     // What the key used, as each edge counted its own requests.
     let mut used = 0;
-    for edge in &edges {
+    for edge in edges {
         let s = status(edge).await;
         used += s["keys"]
             .as_array()
