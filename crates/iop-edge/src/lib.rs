@@ -125,18 +125,26 @@ async fn fleet_ca(
 /// The pin nodes verify this edge's node listener by (creating the CA on a first start;
 /// in a fleet, the fleet's).
 pub async fn node_listener_pin(config: &EdgeConfig) -> Result<Option<Pin>, StartError> {
-    Ok(node_listener_tls(config, shared_store(config))
+    Ok(node_listener_tls(config, shared_store(config)?)
         .await?
         .1
         .and_then(|tls| tls.pin()))
 }
 
-/// The shared store the config names, not connected yet.
-fn shared_store(config: &EdgeConfig) -> Option<Arc<store::Store>> {
-    match config.store.connect_config()? {
-        Ok(pg) => Some(store::Store::new(pg)),
-        Err(_) => None,
-    }
+/// The shared store the config names, not connected yet: over TLS when its URL says
+/// `sslmode=require` or its host is another machine.
+fn shared_store(config: &EdgeConfig) -> Result<Option<Arc<store::Store>>, StartError> {
+    let Some(Ok(pg)) = config.store.connect_config() else {
+        return Ok(None);
+    };
+    let tls = match pg.get_ssl_mode() {
+        tokio_postgres::config::SslMode::Require => Some(
+            store::tls::MakeRustls::new(config.store.ca_file.as_deref())
+                .map_err(StartError::Store)?,
+        ),
+        _ => None,
+    };
+    Ok(Some(store::Store::new(pg, tls)))
 }
 
 /// Renews the node listener's server certificate while the edge runs (auto mode).
@@ -189,7 +197,7 @@ impl EdgeServer {
             Ok(limit) => tracing::info!(open_files = limit, "open-files limit"),
             Err(err) => tracing::warn!(%err, "cannot raise the open-files limit"),
         }
-        let shared = shared_store(&config);
+        let shared = shared_store(&config)?;
         let (trust, node_tls) = node_listener_tls(&config, shared.clone()).await?;
         let http_tls = match &config.http_tls {
             Some(tls) => Some(Arc::new(HttpTls::load(tls).map_err(StartError::Tls)?)),

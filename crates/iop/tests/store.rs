@@ -199,3 +199,69 @@ async fn an_edge_whose_store_is_down_keeps_serving_and_says_why() {
         edge.proc.log()
     );
 }
+
+/// Starts `iop edge` with `config` and waits for it to exit; its log.
+async fn failed_start(config: &str) -> String {
+    let dir = tempdir();
+    let path = dir.path().join("edge.yaml");
+    std::fs::write(&path, config).unwrap();
+    let mut edge = Proc::spawn_with_env(
+        "edge",
+        &[
+            "edge",
+            "--config",
+            path.to_str().unwrap(),
+            "--listen-nodes",
+            "127.0.0.1:0",
+            "--listen-http",
+            "127.0.0.1:0",
+        ],
+        &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
+    );
+    assert!(!edge.wait_exit(Duration::from_secs(60)).await.success());
+    edge.log()
+}
+
+#[tokio::test]
+async fn a_store_that_takes_only_tls_is_reached_over_tls_and_verified() {
+    let Some(pg) = Postgres::start_tls("a store over TLS") else {
+        return;
+    };
+    let ca = pg.ca_file.clone().unwrap();
+    let url = format!("postgres://iop@127.0.0.1:{}/iop?sslmode=require", pg.port);
+    let with_ca = |url: &str, ca: &std::path::Path| {
+        config(url, "edge-1").replace(
+            "edge_id: edge-1}",
+            &format!("edge_id: edge-1, ca_file: \"{}\"}}", ca.display()),
+        )
+    };
+    let dir = tempdir();
+    let edge = start_edge_env(
+        dir.path(),
+        &with_ca(&url, &ca),
+        &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
+    )
+    .await;
+    wait_fleet(&edge, &["edge-1"]).await;
+
+    // Without TLS the server refuses the edge, and the edge says why.
+    let plain = failed_start(&config(&url.replace("?sslmode=require", ""), "edge-2")).await;
+    assert!(
+        plain.contains("a first start in a fleet needs the store"),
+        "{plain}"
+    );
+    assert!(plain.contains("pg_hba.conf"), "{plain}");
+    // A server whose certificate is not from the CA given is not trusted.
+    let other = tempdir();
+    let other_ca = other.path().join("ca.pem");
+    std::fs::copy(dir.path().join("iop-edge-state/ca.pem"), &other_ca).unwrap();
+    let untrusted = failed_start(&with_ca(&url, &other_ca)).await;
+    assert!(
+        untrusted.contains("cannot connect to the store"),
+        "{untrusted}"
+    );
+    assert!(
+        untrusted.to_lowercase().contains("certificate"),
+        "{untrusted}"
+    );
+}

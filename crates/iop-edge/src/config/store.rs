@@ -1,8 +1,9 @@
 //! The `store` section: the PostgreSQL database several edges share (optional; without it
 //! everything stays in `state_dir`). Its URL comes from `url` or, when set, the edge's
-//! `IOP_STORE_URL` environment variable. Until the link to the store is encrypted, its
-//! host must be this machine (a loopback address or a Unix socket directory): a URL with
-//! a password must not cross a network in the clear.
+//! `IOP_STORE_URL` environment variable. The link to a store on another machine is always
+//! TLS, the server verified against `ca_file` (else the system's roots): a URL with a
+//! password never crosses a network in the clear. On this machine (a loopback address or
+//! a Unix socket directory) TLS is used when the URL says `sslmode=require`.
 //!
 //! The secret key seals what the store keeps secret (the fleet CA's private key): 32 random
 //! bytes, base64, from `IOP_STORE_SECRET_KEY` or the file `secret_key_file` (0600), read
@@ -61,6 +62,10 @@ pub struct StoreConfig {
     /// is a wildcard address, then `<hostname>:<port>`).
     #[serde(default)]
     pub node_address: Option<String>,
+    /// PEM certificate(s) of the CA that signed the store server's certificate (default:
+    /// the system's trusted roots).
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// A file holding the secret key (base64 of 32 bytes); `IOP_STORE_SECRET_KEY` wins.
     #[serde(default)]
     pub secret_key_file: Option<std::path::PathBuf>,
@@ -144,30 +149,31 @@ impl StoreConfig {
 
 /// Parses a store URL; errors never repeat it (it may hold a password).
 fn parse(url: &str) -> Result<tokio_postgres::Config, FieldError> {
-    let config = tokio_postgres::Config::from_str(url).map_err(|e| {
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
         FieldError::new(
             "url".into(),
             format!("not a PostgreSQL connection URL ({e}); e.g. postgres://iop@127.0.0.1/iop"),
         )
     })?;
-    for host in config.get_hosts() {
-        let local = match host {
-            tokio_postgres::config::Host::Tcp(name) => {
-                name == "localhost"
-                    || name
-                        .parse::<std::net::IpAddr>()
-                        .is_ok_and(|ip| ip.is_loopback())
-            }
-            tokio_postgres::config::Host::Unix(_) => true,
-        };
-        if !local {
+    let remote = config.get_hosts().iter().any(|host| !match host {
+        tokio_postgres::config::Host::Tcp(name) => {
+            name == "localhost"
+                || name
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        tokio_postgres::config::Host::Unix(_) => true,
+    });
+    if remote {
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
             return Err(FieldError::new(
                 "url".into(),
-                "the store's host must be this machine (a loopback address or a Unix socket \
-                 directory): the link to it is not encrypted yet"
+                "sslmode=disable for a store on another machine: the link to it is always \
+                 TLS (drop sslmode)"
                     .into(),
             ));
         }
+        config.ssl_mode(tokio_postgres::config::SslMode::Require);
     }
     if config.get_hosts().is_empty() {
         return Err(FieldError::new(
@@ -196,7 +202,27 @@ mod tests {
     }
 
     #[test]
-    fn only_a_local_store_with_a_database_is_accepted() {
+    fn a_store_on_another_machine_is_always_reached_over_tls() {
+        use tokio_postgres::config::SslMode;
+        let remote = store("postgres://iop:secret@db.example.net/iop")
+            .connect_config()
+            .unwrap()
+            .unwrap();
+        assert_eq!(remote.get_ssl_mode(), SslMode::Require);
+        let local = store("postgres://iop@127.0.0.1/iop")
+            .connect_config()
+            .unwrap()
+            .unwrap();
+        assert_eq!(local.get_ssl_mode(), SslMode::Prefer);
+        let clear = store("postgres://iop:secret@db.example.net/iop?sslmode=disable")
+            .validate()
+            .unwrap_err();
+        assert!(clear.message.contains("always TLS"), "{}", clear.message);
+        assert!(!clear.message.contains("secret"), "{}", clear.message);
+    }
+
+    #[test]
+    fn only_a_store_with_a_host_and_a_database_is_accepted() {
         assert!(
             store("postgres://iop:secret@127.0.0.1:5432/iop")
                 .validate()
@@ -208,15 +234,6 @@ mod tests {
                 .validate()
                 .is_ok()
         );
-        let remote = store("postgres://iop:secret@db.example.net/iop")
-            .validate()
-            .unwrap_err();
-        assert!(
-            remote.message.contains("this machine"),
-            "{}",
-            remote.message
-        );
-        assert!(!remote.message.contains("secret"), "{}", remote.message);
         assert!(store("postgres://iop@127.0.0.1").validate().is_err());
         let garbage = store("postgres://iop:hunter2@[::1").validate().unwrap_err();
         assert!(!garbage.message.contains("hunter2"), "{}", garbage.message);

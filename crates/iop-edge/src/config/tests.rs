@@ -638,7 +638,7 @@ model_groups:
     let c = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &env).unwrap();
     assert_eq!(c.store.url.as_deref(), Some("postgres://iop@[::1]/two"));
     let remote = |var: &str| match var {
-        "IOP_STORE_URL" => Some("postgres://iop:pw@db.example.net/iop".to_string()),
+        "IOP_STORE_URL" => Some("postgres://iop:pw@db.example.net/iop?sslmode=disable".to_string()),
         other => key(other),
     };
     let err = EdgeConfig::from_yaml_with_env(text, "edge.yaml", &remote).unwrap_err();

@@ -7,6 +7,7 @@
 pub mod edges;
 pub mod migrations;
 pub mod seal;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// brought up to date on the first connection.
 pub struct Store {
     config: tokio_postgres::Config,
+    /// TLS to the store ([`tls`]), when the URL asks for it or the host is another machine.
+    tls: Option<tls::MakeRustls>,
     client: Mutex<Option<Arc<tokio_postgres::Client>>>,
     migrated: std::sync::atomic::AtomicBool,
 }
@@ -35,19 +38,38 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     /// A store not connected yet: the first [`Store::client`] connects and migrates.
-    pub fn new(config: tokio_postgres::Config) -> Arc<Store> {
+    pub fn new(config: tokio_postgres::Config, tls: Option<tls::MakeRustls>) -> Arc<Store> {
         Arc::new(Store {
             config,
+            tls,
             client: Mutex::new(None),
             migrated: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    /// Connects and migrates; the error says what failed, never the URL.
-    pub async fn open(config: tokio_postgres::Config) -> Result<Arc<Store>, String> {
-        let store = Store::new(config);
-        store.client().await?;
-        Ok(store)
+    /// A new connection, its driver spawned; `notified` gets a wake-up per notification.
+    async fn connect(
+        &self,
+        notified: Option<mpsc::UnboundedSender<()>>,
+    ) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), String> {
+        let connected = async {
+            match &self.tls {
+                Some(tls) => {
+                    let (client, connection) = self.config.connect(tls.clone()).await?;
+                    Ok((client, tokio::spawn(drive(connection, notified))))
+                }
+                None => {
+                    let (client, connection) = self.config.connect(tokio_postgres::NoTls).await?;
+                    Ok((client, tokio::spawn(drive(connection, notified))))
+                }
+            }
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, connected)
+            .await
+            .map_err(|_| format!("no connection to the store within {CONNECT_TIMEOUT:?}"))?
+            .map_err(|e: tokio_postgres::Error| {
+                format!("cannot connect to the store: {}", reason(&e))
+            })
     }
 
     /// The live connection, or a new one.
@@ -56,16 +78,7 @@ impl Store {
         if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
             return Ok(client.clone());
         }
-        let connect = self.config.connect(tokio_postgres::NoTls);
-        let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connect)
-            .await
-            .map_err(|_| format!("no connection to the store within {CONNECT_TIMEOUT:?}"))?
-            .map_err(|e| format!("cannot connect to the store: {}", reason(&e)))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %reason(&e), "the connection to the store broke");
-            }
-        });
+        let (client, _driver) = self.connect(None).await?;
         if !self.migrated.load(std::sync::atomic::Ordering::Acquire) {
             migrations::apply(&client).await?;
             self.migrated
@@ -81,24 +94,17 @@ impl Store {
 impl Store {
     /// Listens on `channel` on a connection of its own (opened again when it breaks)
     /// until `shutdown`; the receiver gets a wake-up for each notification (coalesced).
-    pub fn listen(&self, channel: &'static str, shutdown: CancellationToken) -> mpsc::Receiver<()> {
+    pub fn listen(
+        self: &Arc<Self>,
+        channel: &'static str,
+        shutdown: CancellationToken,
+    ) -> mpsc::Receiver<()> {
         let (wake, woken) = mpsc::channel(1);
-        let config = self.config.clone();
+        let store = self.clone();
         tokio::spawn(async move {
             loop {
-                let connect =
-                    tokio::time::timeout(CONNECT_TIMEOUT, config.connect(tokio_postgres::NoTls));
-                if let Ok(Ok((client, mut connection))) = connect.await {
-                    let (notified, mut notifications) = mpsc::unbounded_channel();
-                    let drive = tokio::spawn(async move {
-                        let mut messages =
-                            futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-                        while let Some(Ok(message)) = messages.next().await {
-                            if matches!(message, tokio_postgres::AsyncMessage::Notification(_)) {
-                                let _ = notified.send(());
-                            }
-                        }
-                    });
+                let (notified, mut notifications) = mpsc::unbounded_channel();
+                if let Ok((client, driver)) = store.connect(Some(notified)).await {
                     if client
                         .batch_execute(&format!("LISTEN {channel}"))
                         .await
@@ -107,7 +113,7 @@ impl Store {
                         loop {
                             tokio::select! {
                                 _ = shutdown.cancelled() => {
-                                    drive.abort();
+                                    driver.abort();
                                     return;
                                 }
                                 n = notifications.recv() => match n {
@@ -117,7 +123,7 @@ impl Store {
                             }
                         }
                     }
-                    drive.abort();
+                    driver.abort();
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -129,10 +135,46 @@ impl Store {
     }
 }
 
+/// Drives a connection until it ends, passing notifications on to `notified`.
+async fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    notified: Option<mpsc::UnboundedSender<()>>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+    while let Some(message) = messages.next().await {
+        match message {
+            Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
+                if let Some(notified) = &notified {
+                    let _ = notified.send(());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %reason(&e), "the connection to the store broke");
+                return;
+            }
+        }
+    }
+}
+
 /// What went wrong, as PostgreSQL or the connection said it (never the URL).
 pub fn reason(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
     }
+    // The causes too: "error performing TLS handshake" alone does not say which.
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(inner) = cause {
+        let said = inner.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = inner.source();
+    }
+    text
 }

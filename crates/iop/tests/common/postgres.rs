@@ -3,6 +3,8 @@
 //! `IOP_PG_BIN`, else the newest `/usr/lib/postgresql/<version>/bin` (Debian's
 //! `postgresql` package). As root it runs as the `postgres` user (the server refuses
 //! root). Without binaries the test is skipped, unless `IOP_REQUIRE_POSTGRES=1` (as in CI).
+//! [`Postgres::start_tls`] serves TLS only (a certificate from a CA of the test's own;
+//! connections without TLS are refused).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,6 +15,8 @@ pub struct Postgres {
     dir: tempfile::TempDir,
     bin: PathBuf,
     pub port: u16,
+    /// With TLS: the PEM certificate of the CA that signed the server's.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Where the server's binaries are.
@@ -59,6 +63,16 @@ impl Postgres {
     /// A fresh server with a database `iop` owned by the trusted user `iop`, or `None`
     /// after a notice when there is no PostgreSQL here.
     pub fn start(test: &str) -> Option<Postgres> {
+        Self::start_with(test, false)
+    }
+
+    /// A server that takes TLS connections only, its certificate (for `localhost` and
+    /// 127.0.0.1) signed by a CA whose certificate is [`Postgres::ca_file`].
+    pub fn start_tls(test: &str) -> Option<Postgres> {
+        Self::start_with(test, true)
+    }
+
+    fn start_with(test: &str, tls: bool) -> Option<Postgres> {
         let Some(bin) = bin_dir() else {
             assert!(
                 std::env::var("IOP_REQUIRE_POSTGRES").as_deref() != Ok("1"),
@@ -99,10 +113,36 @@ impl Postgres {
             .local_addr()
             .unwrap()
             .port();
-        let options = format!(
+        let mut options = format!(
             "-p {port} -k {dir_s} -c listen_addresses=127.0.0.1 -c fsync=off \
              -c synchronous_commit=off -c full_page_writes=off"
         );
+        let ca_file = tls.then(|| {
+            let ca_file = dir.path().join("ca.pem");
+            let (cert, key) = (data.join("server.crt"), data.join("server.key"));
+            make_server_certificate(&ca_file, &cert, &key);
+            options.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                cert.display(),
+                key.display()
+            ));
+            // TLS only: a connection without it is refused.
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+            )
+            .unwrap();
+            if is_root() {
+                for file in [&cert, &key, &data.join("pg_hba.conf")] {
+                    let status = Command::new("chown")
+                        .args(["postgres:postgres", file.to_str().unwrap()])
+                        .status()
+                        .unwrap();
+                    assert!(status.success());
+                }
+            }
+            ca_file
+        });
         let log = dir.path().join("server.log");
         run(
             &bin,
@@ -126,7 +166,12 @@ impl Postgres {
             "createdb",
             &["-h", "127.0.0.1", "-p", &port_s, "-U", "iop", "iop"],
         );
-        Some(Postgres { dir, bin, port })
+        Some(Postgres {
+            dir,
+            bin,
+            port,
+            ca_file,
+        })
     }
 
     /// The store URL of its `iop` database.
@@ -143,6 +188,29 @@ impl Postgres {
             &["-D", data.to_str().unwrap(), "-m", "immediate", "stop"],
         );
     }
+}
+
+/// A CA (its certificate to `ca_file`) and a server certificate it signed for `localhost`
+/// and 127.0.0.1 (to `cert`, its key to `key`, 0600 as the server requires).
+fn make_server_certificate(ca_file: &Path, cert: &Path, key: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "test store CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    let server = params.signed_by(&server_key, &issuer).unwrap();
+    std::fs::write(ca_file, ca_cert.pem()).unwrap();
+    std::fs::write(cert, server.pem()).unwrap();
+    std::fs::write(key, server_key.serialize_pem()).unwrap();
+    std::fs::set_permissions(key, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 impl Drop for Postgres {
