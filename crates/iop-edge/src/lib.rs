@@ -261,6 +261,14 @@ impl EdgeServer {
                 http_addr,
                 node_addr,
             );
+            if let Some(reader) = edge.telemetry.ledger().reader() {
+                tasks.spawn(ledger::ship::run(
+                    reader,
+                    store.clone(),
+                    me.id.clone(),
+                    edge.shutdown_token().clone(),
+                ));
+            }
             let limits =
                 fleet_limits::FleetLimits::new(store.clone(), me.id.clone(), fleet.clone());
             edge.keys.share_with(limits.clone());

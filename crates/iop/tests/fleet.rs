@@ -489,3 +489,94 @@ async fn api_key_limits_hold_across_the_fleet() {
         edges[0].proc.log()
     );
 }
+
+fn mock_config(url: &str, id: &str) -> String {
+    format!(
+        r#"
+store: {{url: "{url}", edge_id: {id}}}
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers:
+      - {{id: m, kind: mock, capacity: {{normal: 8}}}}
+model_groups:
+  - {{name: mock, members: [{{node: n1, provider: m}}]}}
+"#
+    )
+}
+
+/// Waits (bounded) until the store's ledger holds `n` records.
+async fn wait_shipped(pg: &Postgres, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let held: usize = pg.query("SELECT count(*) FROM iop_usage").parse().unwrap();
+        if held == n {
+            return;
+        }
+        assert!(
+            held < n && Instant::now() < deadline,
+            "the store's ledger holds {held} records, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_fleet_ledger_loses_nothing_while_the_store_is_down_for_30_seconds() {
+    let Some(pg) = Postgres::start("the fleet's ledger") else {
+        return;
+    };
+    let fleet = three_edges_and_n1(|id| mock_config(&pg.url(), id)).await;
+    let send = |n: usize| {
+        let edges = &fleet.edges;
+        async move {
+            for i in 0..n {
+                let (status, body) =
+                    chat_completion(&edges[i % 3], "mock", "count me", serde_json::json!({})).await;
+                assert_eq!(status, 200, "{body}");
+            }
+        }
+    };
+    send(12).await;
+    wait_shipped(&pg, 12).await;
+
+    // The store stops for 30 s: requests keep flowing, their records wait on the edges.
+    pg.stop();
+    let stopped = Instant::now();
+    send(18).await;
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(stopped.elapsed())).await;
+    pg.restart();
+    wait_shipped(&pg, 30).await;
+    // Each edge's records once: as many as each edge wrote to its own ledger.
+    for (i, edge) in fleet.edges.iter().enumerate() {
+        let local = status(edge).await["ledger"]["written_records"]
+            .as_u64()
+            .unwrap();
+        let shipped = pg.query(&format!(
+            "SELECT count(DISTINCT id) FROM iop_usage WHERE edge_id = 'edge-{}'",
+            i + 1
+        ));
+        assert_eq!(shipped, local.to_string(), "edge-{}", i + 1);
+    }
+    assert!(
+        fleet.edges[0]
+            .proc
+            .log()
+            .contains("records kept meanwhile are shipped"),
+        "{}",
+        fleet.edges[0].proc.log()
+    );
+    // Any edge answers for the whole fleet; by default for itself.
+    let fleet_usage = admin_get(&fleet.edges[1], "/admin/usage?scope=fleet&per=node")
+        .await
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(fleet_usage["rows"][0]["requests"], 30, "{fleet_usage}");
+    let own = admin_get(&fleet.edges[1], "/admin/usage?per=node")
+        .await
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(own["rows"][0]["requests"], 10, "{own}");
+}

@@ -342,6 +342,9 @@ async fn every_request_is_in_the_ledger_after_a_restart_with_the_tokens_clients_
         ("per=colour", "per"),
         ("since=yesterday", "since"),
         ("bogus=1", "bogus"),
+        // No fleet: this edge has no shared store.
+        ("scope=fleet", "scope"),
+        ("scope=world", "scope"),
     ] {
         let response = client()
             .get(s.edge.url(&format!("/admin/usage?{query}")))

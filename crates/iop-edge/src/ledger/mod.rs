@@ -10,7 +10,8 @@
 //! - [`writer`]: the thread that commits records in batches; [`store`]: the file and its
 //!   schema; [`query`]: summaries and raw records;
 //! - [`live`]: the last minute per model group, in memory; [`day_tokens`]: each key's
-//!   tokens today, for `tokens_per_day` limits.
+//!   tokens today, for `tokens_per_day` limits;
+//! - [`ship`]: in a fleet, the records copied into the store, the local file as the spool.
 //!
 //! [`Ledger`] owns the writer: [`Ledger::push`] never blocks (a full queue counts a drop),
 //! [`Ledger::close`] commits what is queued and stops.
@@ -20,6 +21,7 @@ pub mod live;
 pub mod query;
 pub mod record;
 pub mod recorder;
+pub mod ship;
 pub mod store;
 pub mod writer;
 
@@ -278,9 +280,29 @@ impl Ledger {
         &self,
         query: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, String> {
-        let Some(reader) = self.reader.clone() else {
-            return Err("the usage ledger is off (ledger.enabled: false)".into());
-        };
+        match self.reader() {
+            Some(reader) => reader.read(query).await,
+            None => Err("the usage ledger is off (ledger.enabled: false)".into()),
+        }
+    }
+
+    /// A handle on the reader connection that outlives this borrow (for a task).
+    pub fn reader(&self) -> Option<LedgerReader> {
+        self.reader.clone().map(LedgerReader)
+    }
+}
+
+/// Reads the ledger from a task of its own.
+#[derive(Clone)]
+pub struct LedgerReader(Arc<Mutex<Connection>>);
+
+impl LedgerReader {
+    /// Runs `query` on the reader connection on a blocking thread.
+    pub async fn read<T: Send + 'static>(
+        &self,
+        query: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, String> {
+        let reader = self.0.clone();
         tokio::task::spawn_blocking(move || query(&reader.lock()).map_err(|e| e.to_string()))
             .await
             .map_err(|e| e.to_string())?

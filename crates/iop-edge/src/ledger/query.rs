@@ -114,37 +114,175 @@ pub struct UsageRow {
     pub est_output_tokens: u64,
 }
 
-/// The WHERE clause of `filter` and its parameters.
-fn where_clause(filter: &Filter) -> (String, Vec<SqlValue>) {
-    let mut sql = String::from("time_ms >= ? AND time_ms < ?");
-    let mut args = vec![
-        SqlValue::Integer(filter.since_ms),
-        SqlValue::Integer(filter.until_ms),
-    ];
+/// How a database spells what the summary needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// The edge's own ledger (`?` parameters).
+    Sqlite,
+    /// The fleet's ledger in the store (`$n` parameters).
+    Postgres,
+}
+
+/// A query parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Arg {
+    Integer(i64),
+    Text(String),
+}
+
+/// The WHERE clause of `filter` and its parameters (`?`, or `$1`, `$2`, …).
+fn where_clause(filter: &Filter, dialect: Dialect) -> (String, Vec<Arg>) {
+    let mut args = vec![Arg::Integer(filter.since_ms), Arg::Integer(filter.until_ms)];
+    let mut conditions = vec!["time_ms >= {}".to_string(), "time_ms < {}".to_string()];
     for (column, value) in [
         ("key", &filter.key),
         ("grp", &filter.group),
         ("node", &filter.node),
     ] {
         if let Some(value) = value {
-            sql.push_str(&format!(" AND {column} = ?"));
-            args.push(SqlValue::Text(value.clone()));
+            conditions.push(format!("{column} = {{}}"));
+            args.push(Arg::Text(value.clone()));
         }
     }
     match &filter.outcome {
         None => {}
-        Some(OutcomeFilter::Ok) => sql.push_str(" AND outcome = 'ok'"),
-        Some(OutcomeFilter::Failed) => sql.push_str(" AND outcome <> 'ok'"),
+        Some(OutcomeFilter::Ok) => conditions.push("outcome = 'ok'".into()),
+        Some(OutcomeFilter::Failed) => conditions.push("outcome <> 'ok'".into()),
         Some(OutcomeFilter::Code(code)) => {
-            sql.push_str(" AND outcome = ?");
-            args.push(SqlValue::Text(code.clone()));
+            conditions.push("outcome = {}".into());
+            args.push(Arg::Text(code.clone()));
         }
     }
+    // Number the placeholders in order.
+    let mut n = 0;
+    let sql = conditions
+        .iter()
+        .map(|c| {
+            if c.contains("{}") {
+                n += 1;
+                let mark = match dialect {
+                    Dialect::Sqlite => "?".to_string(),
+                    Dialect::Postgres => format!("${n}"),
+                };
+                c.replace("{}", &mark)
+            } else {
+                c.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ");
     (sql, args)
+}
+
+fn sqlite_args(args: Vec<Arg>) -> impl Iterator<Item = SqlValue> {
+    args.into_iter().map(|a| match a {
+        Arg::Integer(n) => SqlValue::Integer(n),
+        Arg::Text(t) => SqlValue::Text(t),
+    })
 }
 
 fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+/// The summary's SQL over `table` and its parameters: per `bucket` and `per`, at most
+/// `max_rows + 1` rows (to tell a truncated answer).
+pub fn summary_sql(
+    table: &str,
+    filter: &Filter,
+    bucket: Bucket,
+    per: &[Per],
+    max_rows: usize,
+    dialect: Dialect,
+) -> (String, Vec<Arg>) {
+    let (condition, args) = where_clause(filter, dialect);
+    let mut select = Vec::new();
+    let mut group_by = Vec::new();
+    if let Some(ms) = bucket.millis() {
+        select.push(format!("(time_ms / {ms}) * {ms}"));
+        group_by.push("1".to_string());
+    }
+    for (i, p) in per.iter().enumerate() {
+        select.push(p.column().to_string());
+        group_by.push((i + 1 + usize::from(bucket != Bucket::Total)).to_string());
+    }
+    let sum = |expr: &str| match dialect {
+        Dialect::Sqlite => format!("SUM({expr})"),
+        // PostgreSQL sums BIGINT to NUMERIC: back to BIGINT for the driver.
+        Dialect::Postgres => format!("SUM({expr})::BIGINT"),
+    };
+    select.push(match dialect {
+        Dialect::Sqlite => "COUNT(*)".to_string(),
+        Dialect::Postgres => "COUNT(*)::BIGINT".to_string(),
+    });
+    select.push(match dialect {
+        Dialect::Sqlite => "SUM(outcome = 'ok')".to_string(),
+        Dialect::Postgres => sum("CASE WHEN outcome = 'ok' THEN 1 ELSE 0 END"),
+    });
+    for column in [
+        "input_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "cached_tokens",
+        "est_input_tokens",
+        "est_output_tokens",
+    ] {
+        select.push(sum(column));
+    }
+    let grouping = if group_by.is_empty() {
+        String::new()
+    } else {
+        format!(" GROUP BY {0} ORDER BY {0}", group_by.join(", "))
+    };
+    let sql = format!(
+        "SELECT {} FROM {table} WHERE {condition}{grouping} LIMIT {}",
+        select.join(", "),
+        max_rows + 1
+    );
+    (sql, args)
+}
+
+/// One summary row from its columns as [`summary_sql`] selects them: `int(i)` and
+/// `text(i)` read column `i`. `None` for the empty whole-range row.
+pub fn summary_row<E>(
+    bucket: Bucket,
+    per: &[Per],
+    int: impl Fn(usize) -> Result<Option<i64>, E>,
+    text: impl Fn(usize) -> Result<String, E>,
+) -> Result<Option<UsageRow>, E> {
+    let mut i = 0;
+    let start_ms = match bucket {
+        Bucket::Total => None,
+        _ => {
+            i += 1;
+            Some(int(0)?.unwrap_or(0))
+        }
+    };
+    let mut values = Vec::with_capacity(per.len());
+    for _ in per {
+        values.push(text(i)?);
+        i += 1;
+    }
+    let requests = count(int(i)?.unwrap_or(0));
+    if requests == 0 {
+        // The whole-range sum of an empty range is one row of zeros (and NULL sums).
+        return Ok(None);
+    }
+    let sum = |j: usize| -> Result<u64, E> { Ok(count(int(i + j)?.unwrap_or(0))) };
+    let ok = sum(1)?;
+    Ok(Some(UsageRow {
+        start_ms,
+        per: values,
+        requests,
+        ok,
+        failed: requests - ok.min(requests),
+        input_tokens: sum(2)?,
+        output_tokens: sum(3)?,
+        reasoning_tokens: sum(4)?,
+        cached_tokens: sum(5)?,
+        est_input_tokens: sum(6)?,
+        est_output_tokens: sum(7)?,
+    }))
 }
 
 /// Usage summed per `per` and `bucket`, ordered by bucket then the `per` values; at most
@@ -156,79 +294,15 @@ pub fn summarize(
     per: &[Per],
     max_rows: usize,
 ) -> rusqlite::Result<(Vec<UsageRow>, bool)> {
-    let (condition, args) = where_clause(filter);
-    let mut select = Vec::new();
-    let mut group_by = Vec::new();
-    if let Some(ms) = bucket.millis() {
-        select.push(format!("(time_ms / {ms}) * {ms}"));
-        group_by.push("1".to_string());
-    }
-    for (i, p) in per.iter().enumerate() {
-        select.push(p.column().to_string());
-        group_by.push((i + 1 + usize::from(bucket != Bucket::Total)).to_string());
-    }
-    select.extend(
-        [
-            "COUNT(*)",
-            "SUM(outcome = 'ok')",
-            "SUM(input_tokens)",
-            "SUM(output_tokens)",
-            "SUM(reasoning_tokens)",
-            "SUM(cached_tokens)",
-            "SUM(est_input_tokens)",
-            "SUM(est_output_tokens)",
-        ]
-        .map(String::from),
-    );
-    let grouping = if group_by.is_empty() {
-        String::new()
-    } else {
-        format!(" GROUP BY {0} ORDER BY {0}", group_by.join(", "))
-    };
-    let sql = format!(
-        "SELECT {} FROM requests WHERE {condition}{grouping} LIMIT {}",
-        select.join(", "),
-        max_rows + 1
-    );
+    let (sql, args) = summary_sql("requests", filter, bucket, per, max_rows, Dialect::Sqlite);
+    let args = sqlite_args(args);
     let mut statement = conn.prepare(&sql)?;
     let mut rows = statement.query(params_from_iter(args))?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
-        let mut i = 0;
-        let start_ms = match bucket {
-            Bucket::Total => None,
-            _ => {
-                i += 1;
-                Some(row.get::<_, i64>(0)?)
-            }
-        };
-        let mut values = Vec::with_capacity(per.len());
-        for _ in per {
-            values.push(row.get::<_, String>(i)?);
-            i += 1;
+        if let Some(summed) = summary_row(bucket, per, |i| row.get(i), |i| row.get(i))? {
+            out.push(summed);
         }
-        let requests = count(row.get(i)?);
-        if requests == 0 {
-            // The whole-range sum of an empty range is one row of zeros (and NULL sums).
-            continue;
-        }
-        let ok = count(row.get::<_, Option<i64>>(i + 1)?.unwrap_or(0));
-        let sum = |j: usize| -> rusqlite::Result<u64> {
-            Ok(count(row.get::<_, Option<i64>>(i + j)?.unwrap_or(0)))
-        };
-        out.push(UsageRow {
-            start_ms,
-            per: values,
-            requests,
-            ok,
-            failed: requests - ok.min(requests),
-            input_tokens: sum(2)?,
-            output_tokens: sum(3)?,
-            reasoning_tokens: sum(4)?,
-            cached_tokens: sum(5)?,
-            est_input_tokens: sum(6)?,
-            est_output_tokens: sum(7)?,
-        });
     }
     let truncated = out.len() > max_rows;
     out.truncate(max_rows);
@@ -241,7 +315,8 @@ pub fn records(
     filter: &Filter,
     limit: usize,
 ) -> rusqlite::Result<Vec<UsageRecord>> {
-    let (condition, args) = where_clause(filter);
+    let (condition, args) = where_clause(filter, Dialect::Sqlite);
+    let args = sqlite_args(args);
     let sql = format!(
         "SELECT time_ms, key, grp, node, provider, path, api, input_tokens, output_tokens, \
          reasoning_tokens, cached_tokens, latency_ms, ttft_ms, outcome, status, attempts, \

@@ -121,6 +121,32 @@ const MIGRATIONS: &[&str] = &[
         RETURN QUERY SELECT NULL::TEXT, 0::BIGINT;
     END
     $$ LANGUAGE plpgsql",
+    // 4: the fleet's usage ledger: every edge's records, keyed by (edge, local id).
+    "CREATE TABLE iop_usage (
+        edge_id TEXT NOT NULL,
+        id BIGINT NOT NULL,
+        time_ms BIGINT NOT NULL,
+        key TEXT NOT NULL,
+        grp TEXT NOT NULL,
+        node TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        path TEXT NOT NULL,
+        api TEXT NOT NULL,
+        input_tokens BIGINT NOT NULL,
+        output_tokens BIGINT NOT NULL,
+        reasoning_tokens BIGINT NOT NULL,
+        cached_tokens BIGINT NOT NULL,
+        est_input_tokens BIGINT,
+        est_output_tokens BIGINT,
+        latency_ms BIGINT NOT NULL,
+        ttft_ms BIGINT,
+        outcome TEXT NOT NULL,
+        status BIGINT NOT NULL,
+        attempts BIGINT NOT NULL,
+        PRIMARY KEY (edge_id, id)
+    );
+    CREATE INDEX iop_usage_time ON iop_usage (time_ms);
+    CREATE INDEX iop_usage_key_time ON iop_usage (key, time_ms)",
 ];
 
 /// Brings the schema up to date; returns the version it is at.

@@ -16,7 +16,8 @@ the providers reported.
 Examples:
   iop usage                                  per key and model group, last 24 h
   iop usage --by day --since 2026-01-01T00:00:00Z --per key
-  iop usage --key team-a --by hour --format csv > team-a.csv")]
+  iop usage --key team-a --by hour --format csv > team-a.csv
+  iop usage --fleet                          every edge of the fleet (a shared store)")]
 pub struct Args {
     #[command(flatten)]
     api: EdgeApi,
@@ -44,6 +45,9 @@ pub struct Args {
     /// table, csv or json.
     #[arg(long, default_value = "table", value_parser = ["table", "csv", "json"])]
     format: String,
+    /// The whole fleet's usage (edges sharing a store), not only this edge's.
+    #[arg(long)]
+    fleet: bool,
 }
 
 /// The counts of a row, in column order.
@@ -60,6 +64,9 @@ const COUNTS: &[&str] = &[
 pub async fn run(args: Args) -> super::Result {
     let client = args.api.client()?;
     let mut query: Vec<(&str, &str)> = vec![("by", &args.by), ("per", &args.per)];
+    if args.fleet {
+        query.push(("scope", "fleet"));
+    }
     for (name, value) in [
         ("since", &args.since),
         ("until", &args.until),

@@ -17,6 +17,8 @@ pub struct Postgres {
     pub port: u16,
     /// With TLS: the PEM certificate of the CA that signed the server's.
     pub ca_file: Option<PathBuf>,
+    /// The server's options, to start it again after [`Postgres::stop`].
+    options: String,
 }
 
 /// Where the server's binaries are.
@@ -171,12 +173,59 @@ impl Postgres {
             bin,
             port,
             ca_file,
+            options,
         })
     }
 
     /// The store URL of its `iop` database.
     pub fn url(&self) -> String {
         format!("postgres://iop@127.0.0.1:{}/iop", self.port)
+    }
+
+    /// Starts the server again after [`Postgres::stop`], on the same port and data.
+    pub fn restart(&self) {
+        let data = self.dir.path().join("data");
+        let log = self.dir.path().join("server.log");
+        run(
+            &self.bin,
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-l",
+                log.to_str().unwrap(),
+                "-o",
+                &self.options,
+                "-w",
+                "-t",
+                "120",
+                "start",
+            ],
+        );
+    }
+
+    /// The first column of the first row `sql` returns, as `psql` prints it.
+    pub fn query(&self, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "iop",
+                "-d",
+                "iop",
+            ])
+            .args(["-tAc", sql])
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
     /// Stops the server at once (as a crash would).

@@ -181,7 +181,26 @@ async fn summary(State(edge): State<Arc<Edge>>, Query(params): Params) -> Respon
 
 async fn summarize(edge: &Edge, params: &[(String, String)]) -> Result<Value, ApiError> {
     let mut allowed = FILTER_PARAMS.to_vec();
-    allowed.extend(["by", "per"]);
+    allowed.extend(["by", "per", "scope"]);
+    let fleet = match param(params, "scope").unwrap_or("edge") {
+        "edge" => None,
+        "fleet" => Some(
+            edge.trust()
+                .and_then(|t| t.shared().cloned())
+                .ok_or_else(|| {
+                    ApiError::invalid_param(
+                        "scope",
+                        "scope=fleet needs a fleet: this edge has no shared store (store.url)",
+                    )
+                })?,
+        ),
+        other => {
+            return Err(ApiError::invalid_param(
+                "scope",
+                format!("`scope` must be edge or fleet; got {other:?}"),
+            ));
+        }
+    };
     check_names(params, &allowed)?;
     let by = match param(params, "by").unwrap_or("total") {
         "hour" => Bucket::Hour,
@@ -218,22 +237,38 @@ async fn summarize(edge: &Edge, params: &[(String, String)]) -> Result<Value, Ap
         MAX_RANGE_DAYS
     };
     let filter = filter_of(params, max_days)?;
-    if !edge.telemetry.ledger().is_enabled() {
-        return Err(ledger_off());
-    }
-    edge.telemetry.ledger().flush(FLUSH_WAIT).await;
     let (since_ms, until_ms) = (filter.since_ms, filter.until_ms);
-    let per_query = per.clone();
-    let (rows, truncated) = edge
-        .telemetry
-        .ledger()
-        .read(move |conn| query::summarize(conn, &filter, by, &per_query, MAX_ROWS))
-        .await
-        .map_err(read_failed)?;
+    let scope = if fleet.is_some() { "fleet" } else { "edge" };
+    let (rows, truncated) = match fleet {
+        // Every edge's records as the store holds them (each edge ships its own within
+        // a second or so).
+        Some(store) => crate::ledger::ship::summarize_fleet(&store, &filter, by, &per, MAX_ROWS)
+            .await
+            .map_err(|e| {
+                ApiError::of(
+                    ErrorCode::Unavailable,
+                    format!("the fleet's usage ledger could not be read: {e}"),
+                )
+                .with_detail("store_unavailable")
+            })?,
+        None => {
+            if !edge.telemetry.ledger().is_enabled() {
+                return Err(ledger_off());
+            }
+            edge.telemetry.ledger().flush(FLUSH_WAIT).await;
+            let per_query = per.clone();
+            edge.telemetry
+                .ledger()
+                .read(move |conn| query::summarize(conn, &filter, by, &per_query, MAX_ROWS))
+                .await
+                .map_err(read_failed)?
+        }
+    };
     Ok(json!({
         "since": rfc3339(since_ms),
         "until": rfc3339(until_ms),
         "by": by.as_str(),
+        "scope": scope,
         "per": per.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
         "rows": rows.iter().map(|r| row_json(r, &per)).collect::<Vec<_>>(),
         "truncated": truncated,
