@@ -8,7 +8,8 @@
 //! Each edge keeps its own row per key (in flight, reserved) and writes it whole, at most
 //! every [`HOLD_FLUSH`] for the keys whose requests ended or settled meanwhile (so a
 //! place comes back to the fleet within that time, and a write the store missed is
-//! mended by the next one). Tokens
+//! mended by the next one; an edge that starts clears what its earlier run held, and uses
+//! its share until it could). Tokens
 //! used are added to the day's count; those the store could not take wait here and are
 //! added when it answers again. While the store does not answer (or answered with an
 //! error in the last [`BACKOFF`]), admissions fall back to this edge's share of each
@@ -53,6 +54,9 @@ pub struct FleetLimits {
     /// What keys hold on this edge (in flight, reserved) and the store was not told yet.
     dirty: Mutex<HashMap<String, (u32, u64)>>,
     wake: tokio::sync::Notify,
+    /// Whether what an earlier run of this edge held was cleared from the store; until
+    /// then admissions use this edge's share.
+    ready: std::sync::atomic::AtomicBool,
 }
 
 impl FleetLimits {
@@ -65,12 +69,18 @@ impl FleetLimits {
             failed_at: Mutex::default(),
             dirty: Mutex::default(),
             wake: tokio::sync::Notify::new(),
+            ready: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Asks the store whether a request of `key` under `limits`, reserving `reserve`
     /// tokens, may start; on admission it is counted there.
     pub async fn admit(&self, key: &str, limits: &KeyLimitsConfig, reserve: u64) -> Shared {
+        if !self.ready.load(std::sync::atomic::Ordering::Acquire) {
+            return Shared::Unreachable(
+                "the store has not answered since this edge started".into(),
+            );
+        }
         if self
             .failed_at
             .lock()
@@ -188,6 +198,29 @@ impl FleetLimits {
         }
     }
 
+    /// Clears what an earlier run of this edge left held in the store; admissions ask
+    /// the store from then on.
+    pub async fn forget_earlier_run(&self) -> Result<(), String> {
+        if self.ready.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        let cleared = async {
+            let client = self.store.client().await?;
+            client
+                .execute(
+                    "DELETE FROM iop_key_inflight WHERE edge_id = $1",
+                    &[&self.edge_id],
+                )
+                .await
+                .map_err(|e| crate::store::reason(&e))
+        };
+        tokio::time::timeout(ADMIT_TIMEOUT * 4, cleared)
+            .await
+            .unwrap_or_else(|_| Err("timed out".into()))?;
+        self.ready.store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
     /// Adds `tokens` used by `key` on UTC day `day` (days since the epoch), within
     /// [`HOLD_FLUSH`] or once the store answers again.
     pub fn add_tokens(&self, key: &str, day: i64, tokens: u64) {
@@ -231,7 +264,17 @@ impl FleetLimits {
     /// tries again what the store did not take every [`crate::store::edges::HEARTBEAT`],
     /// until `shutdown`.
     pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        // What this edge held before it restarted is not held any more.
         let mut retry = tokio::time::interval(crate::store::edges::HEARTBEAT);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = retry.tick() => {}
+            }
+            if self.forget_earlier_run().await.is_ok() {
+                break;
+            }
+        }
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,

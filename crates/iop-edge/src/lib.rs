@@ -271,6 +271,8 @@ impl EdgeServer {
             }
             let limits =
                 fleet_limits::FleetLimits::new(store.clone(), me.id.clone(), fleet.clone());
+            // Normally at once; else the task keeps trying and each edge keeps its share.
+            let _ = limits.forget_earlier_run().await;
             edge.keys.share_with(limits.clone());
             tasks.spawn(limits.run(edge.shutdown_token().clone()));
             let (linked_edge, announcing_edge) = (edge.clone(), edge.clone());

@@ -265,3 +265,29 @@ async fn a_store_that_takes_only_tls_is_reached_over_tls_and_verified() {
         "{untrusted}"
     );
 }
+
+#[tokio::test]
+async fn two_live_edges_never_share_an_id() {
+    let Some(pg) = Postgres::start("two edges with one id") else {
+        return;
+    };
+    let (d1, d2) = (tempdir(), tempdir());
+    let first = start_fleet_edge(d1.path(), &pg.url(), "edge-1").await;
+    wait_fleet(&first, &["edge-1"]).await;
+    let second = start_fleet_edge(d2.path(), &pg.url(), "edge-1").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = status(&second).await;
+        if let Some(error) = s["store_error"].as_str() {
+            assert!(error.contains("held by another live edge"), "{error}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The first keeps its row: the second never took it over.
+    let s = status(&first).await;
+    assert!(s["store_error"].is_null(), "{s}");
+    let me = &s["edges"][0];
+    assert_eq!(me["http"], first.http, "{s}");
+}

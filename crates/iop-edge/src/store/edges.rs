@@ -231,13 +231,18 @@ async fn remove_row(store: &Store, id: &str) {
 async fn refresh(store: &Store, me: &EdgeRecord) -> Result<Vec<LiveEdge>, String> {
     let client = store.client().await?;
     let fail = |e: tokio_postgres::Error| format!("store: {}", super::reason(&e));
-    client
+    let within = LIVE_WITHIN.as_secs_f64();
+    // The row is this edge's, or one no live edge refreshes: two live edges never share
+    // an id (their key limits and ledgers would mix).
+    let written = client
         .execute(
             "INSERT INTO iop_edges (id, http, nodes, node_address, version, started_unix_ms,
                                     linked, seen)
              VALUES ($1, $2, $3, $4, $5, $6, $7, now())
              ON CONFLICT (id) DO UPDATE SET http = $2, nodes = $3, node_address = $4,
-                 version = $5, started_unix_ms = $6, linked = $7, seen = now()",
+                 version = $5, started_unix_ms = $6, linked = $7, seen = now()
+             WHERE iop_edges.started_unix_ms = $6
+                OR iop_edges.seen <= now() - make_interval(secs => $8)",
             &[
                 &me.id,
                 &me.http,
@@ -246,11 +251,20 @@ async fn refresh(store: &Store, me: &EdgeRecord) -> Result<Vec<LiveEdge>, String
                 &me.version,
                 &me.started_unix_ms,
                 &me.linked,
+                &within,
             ],
         )
         .await
         .map_err(fail)?;
-    let within = LIVE_WITHIN.as_secs_f64();
+    if written == 0 {
+        return Err(format!(
+            "the edge id {:?} is held by another live edge (one with the same store.edge_id, \
+             or this edge's previous run if it died less than {}s ago): give each edge its \
+             own store.edge_id",
+            me.id,
+            LIVE_WITHIN.as_secs()
+        ));
+    }
     let rows = client
         .query(
             "SELECT id, http, nodes, node_address, version, started_unix_ms, linked,
