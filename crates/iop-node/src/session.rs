@@ -324,14 +324,16 @@ impl Session {
             return refused(&self.addr, &response);
         }
         let node_id = response.node_id.clone();
-        self.edge_id = response.edge_id.clone();
-        self.runtime.fleet.linked(&self.edge_id, &self.addr);
-        self.runtime.fleet.listed(&response.fleet);
         if let Some(credential) = &response.credential
             && let Err(e) = target.link.joined(&node_id, credential)
         {
             return SessionEnd::Fatal(e);
         }
+        // Only now: the links to the fleet's other edges present the credential a join
+        // just gave, never the join token again.
+        self.edge_id = response.edge_id.clone();
+        self.runtime.fleet.linked(&self.edge_id, &self.addr);
+        self.runtime.fleet.listed(&response.fleet);
         let Some(payload) = response.config else {
             return SessionEnd::Fatal(
                 "the edge accepted the registration but sent no config".into(),
