@@ -117,32 +117,10 @@ async fn an_edge_whose_store_is_down_keeps_serving_and_says_why() {
     let url = pg.url();
     let dir = tempdir();
     // A first start needs the store: the fleet's CA is there.
-    let fresh = tempdir();
-    std::fs::write(
-        fresh.path().join("edge.yaml"),
-        config("postgres://iop@127.0.0.1:1/iop", "edge-0"),
-    )
-    .unwrap();
-    let mut refused = Proc::spawn_with_env(
-        "edge",
-        &[
-            "edge",
-            "--config",
-            fresh.path().join("edge.yaml").to_str().unwrap(),
-            "--listen-nodes",
-            "127.0.0.1:0",
-            "--listen-http",
-            "127.0.0.1:0",
-        ],
-        &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
-    );
-    assert!(!refused.wait_exit(Duration::from_secs(60)).await.success());
+    let refused = failed_start(&config("postgres://iop@127.0.0.1:1/iop", "edge-0")).await;
     assert!(
-        refused
-            .log()
-            .contains("a first start in a fleet needs the store"),
-        "{}",
-        refused.log()
+        refused.contains("a first start in a fleet needs the store"),
+        "{refused}"
     );
 
     let mut edge = start_fleet_edge(dir.path(), &url, "edge-1").await;
@@ -202,24 +180,7 @@ async fn an_edge_whose_store_is_down_keeps_serving_and_says_why() {
 
 /// Starts `iop edge` with `config` and waits for it to exit; its log.
 async fn failed_start(config: &str) -> String {
-    let dir = tempdir();
-    let path = dir.path().join("edge.yaml");
-    std::fs::write(&path, config).unwrap();
-    let mut edge = Proc::spawn_with_env(
-        "edge",
-        &[
-            "edge",
-            "--config",
-            path.to_str().unwrap(),
-            "--listen-nodes",
-            "127.0.0.1:0",
-            "--listen-http",
-            "127.0.0.1:0",
-        ],
-        &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
-    );
-    assert!(!edge.wait_exit(Duration::from_secs(60)).await.success());
-    edge.log()
+    edge_failing_to_start(config, &[("IOP_STORE_SECRET_KEY", SECRET_KEY)]).await
 }
 
 #[tokio::test]

@@ -196,6 +196,30 @@ pub async fn start_edge_env(dir: &Path, config: &str, env: &[(&str, &str)]) -> E
     spawn_edge(dir, config, "127.0.0.1:0", "127.0.0.1:0", &[], env).await
 }
 
+/// Runs `iop edge` with `config` (on ephemeral ports, with `env`), expects it to exit
+/// with a failure, and returns its log.
+pub async fn edge_failing_to_start(config: &str, env: &[(&str, &str)]) -> String {
+    let dir = tempdir();
+    let path = dir.path().join("edge.yaml");
+    std::fs::write(&path, config).unwrap();
+    let mut edge = Proc::spawn_with_env(
+        "edge",
+        &[
+            "edge",
+            "--config",
+            path.to_str().unwrap(),
+            "--listen-nodes",
+            "127.0.0.1:0",
+            "--listen-http",
+            "127.0.0.1:0",
+        ],
+        env,
+    );
+    let status = edge.wait_exit(Duration::from_secs(60)).await;
+    assert!(!status.success(), "the edge started:\n{}", edge.log());
+    edge.log()
+}
+
 /// An edge listening on `nodes` and `http` whose process gets `env`.
 pub async fn start_edge_full(
     dir: &Path,
