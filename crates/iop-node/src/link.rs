@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use base64::Engine;
 use iop_proto::pb;
 use iop_proto::trust::{JoinString, Pin};
 use parking_lot::Mutex;
@@ -61,17 +60,6 @@ impl std::fmt::Debug for EdgeLink {
             .field("credential", &self.credential_kind())
             .finish()
     }
-}
-
-fn pem_encode(label: &str, der: &[u8]) -> String {
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
 }
 
 impl EdgeLink {
@@ -292,7 +280,7 @@ impl EdgeLink {
         let Security::Tls(EdgeVerification::Pins(pins)) = &self.security else {
             return Err("a join always verifies the edge by pin".into());
         };
-        let certificate_pem = pem_encode("CERTIFICATE", &credential.certificate_der);
+        let certificate_pem = iop_proto::trust::pem("CERTIFICATE", &credential.certificate_der);
         let state = NodeState {
             node_id: node_id.to_string(),
             edges: self.edges.clone(),

@@ -22,6 +22,18 @@ pub struct Pin([u8; 32]);
 #[error("{0}")]
 pub struct TrustParseError(String);
 
+/// `der` as PEM text under `label` (`CERTIFICATE`): base64 in 64-character lines.
+pub fn pem(label: &str, der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
 impl Pin {
     /// The pin of a DER-encoded SubjectPublicKeyInfo.
     pub fn of_spki(spki_der: &[u8]) -> Self {

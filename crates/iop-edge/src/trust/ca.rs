@@ -194,7 +194,7 @@ impl EdgeCa {
     /// The certificate and private key, PEM.
     pub fn to_pem(&self) -> (String, String) {
         (
-            pem_text("CERTIFICATE", self.cert.as_ref()),
+            iop_proto::trust::pem("CERTIFICATE", self.cert.as_ref()),
             self.key.serialize_pem(),
         )
     }
@@ -393,19 +393,6 @@ impl EdgeCa {
             not_after_unix_ms: unix_secs(not_after) as u64 * 1000,
         })
     }
-}
-
-/// `der` as PEM text under `label`.
-fn pem_text(label: &str, der: &[u8]) -> String {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
 }
 
 fn ip_text(bytes: &[u8]) -> String {
