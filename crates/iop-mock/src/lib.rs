@@ -30,8 +30,9 @@
 //! user message as its `query`. One with Ollama's `format` gets a JSON document.
 //!
 //! `GET /mock/stats` counts requests, completed responses and responses the client
-//! abandoned before the end (the client closed its connection), and shows the tracing
-//! headers of the last request (`x-*`, `traceparent`, `tracestate`) as `last_headers`.
+//! abandoned before the end (the client closed its connection), the most in flight at
+//! once, and the tracing headers of the last request that had any (`x-*`, `traceparent`,
+//! `tracestate`) as `last_headers`.
 //!
 //! Health checks find vLLM's `GET /health` and Ollama's `GET /api/version` here too;
 //! `POST /mock/faults` makes requests or health checks fail until switched back
@@ -114,7 +115,8 @@ pub struct MockStats {
     pub in_flight: AtomicU64,
     /// The most requests in flight at once so far.
     pub peak_in_flight: AtomicU64,
-    /// The tracing headers of the last request: `x-*`, `traceparent`, `tracestate`.
+    /// The tracing headers of the last request that had any: `x-*`, `traceparent`,
+    /// `tracestate`.
     pub last_headers: Mutex<BTreeMap<String, String>>,
 }
 
@@ -146,10 +148,11 @@ fn is_traced(name: &str) -> bool {
     name.starts_with("x-") || name == "traceparent" || name == "tracestate"
 }
 
-/// Records the request's tracing headers; answers of `set-cookie` models get a cookie.
+/// Records the request's tracing headers (a request with none, such as a node's health
+/// probe, leaves the last ones); answers of `set-cookie` models get a cookie.
 async fn observe_headers(State(mock): State<Mock>, request: Request, next: Next) -> Response {
     if request.uri().path() != "/mock/stats" {
-        let seen = request
+        let seen: BTreeMap<String, String> = request
             .headers()
             .iter()
             .filter(|(name, _)| is_traced(name.as_str()))
@@ -160,7 +163,9 @@ async fn observe_headers(State(mock): State<Mock>, request: Request, next: Next)
                 )
             })
             .collect();
-        *mock.stats.last_headers.lock().expect("not poisoned") = seen;
+        if !seen.is_empty() {
+            *mock.stats.last_headers.lock().expect("not poisoned") = seen;
+        }
     }
     next.run(request).await
 }

@@ -366,6 +366,18 @@ impl Session {
                     })
                 ));
             }
+            // The edge took the registration and then the connection ended (it stopped or
+            // died before its ready answer reached us): back as soon as it is reachable,
+            // not a whole interval later.
+            Err(SessionEnd::Retry {
+                error, was_ready, ..
+            }) => {
+                return SessionEnd::Retry {
+                    error,
+                    was_ready,
+                    next: NextAttempt::WhenReachable,
+                };
+            }
             Err(end) => return end,
         }
         tracing::info!(%node_id, edge = %self.addr, edge_id = %self.edge_id, "dispatch-ready");
