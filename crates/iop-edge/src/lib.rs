@@ -23,6 +23,7 @@ pub(crate) mod lease;
 pub(crate) mod ledger;
 pub(crate) mod metrics;
 pub(crate) mod payload;
+pub(crate) mod pem;
 pub(crate) mod queue;
 pub(crate) mod registry;
 pub(crate) mod retry_budget;

@@ -9,13 +9,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::postgres::Postgres;
+use common::postgres::{Postgres, SECRET_KEY};
 use common::tls::{join_token, revoke, start_joining_node};
 use common::*;
 use serde_json::Value;
-
-/// The fleet's store secret key (base64 of 32 bytes), given to every edge.
-const SECRET_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
 fn config(url: &str, id: &str, node_address: Option<&str>) -> String {
     let address = node_address

@@ -11,12 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::haproxy::Haproxy;
-use common::postgres::Postgres;
+use common::postgres::{Postgres, SECRET_KEY};
 use common::*;
 use nix::sys::signal::Signal;
 use serde_json::json;
-
-const SECRET_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
 fn config(url: &str, id: &str) -> String {
     format!(

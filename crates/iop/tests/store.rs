@@ -8,13 +8,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::postgres::Postgres;
+use common::postgres::{Postgres, SECRET_KEY};
 use common::*;
 use nix::sys::signal::Signal;
 use serde_json::Value;
-
-/// The fleet's store secret key (base64 of 32 bytes).
-const SECRET_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
 async fn start_fleet_edge(dir: &std::path::Path, url: &str, id: &str) -> EdgeProc {
     start_edge_env(

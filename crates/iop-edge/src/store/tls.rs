@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use rustls::ClientConfig;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
+use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
 
@@ -35,15 +34,8 @@ impl MakeRustls {
             .map_err(|e| format!("TLS to the store: {e}"))?;
         let config = match ca_file {
             Some(path) => {
-                let file =
-                    |e: &dyn std::fmt::Display| format!("store.ca_file {}: {e}", path.display());
-                let certs = CertificateDer::pem_file_iter(path)
-                    .map_err(|e| file(&e))?
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| file(&e))?;
-                if certs.is_empty() {
-                    return Err(file(&"no PEM certificate in it"));
-                }
+                let certs =
+                    crate::pem::load_pem_certs(path).map_err(|e| format!("store.ca_file {e}"))?;
                 let mut roots = rustls::RootCertStore::empty();
                 for cert in certs {
                     roots

@@ -463,18 +463,6 @@ pub fn load_pem_identity(
     Ok((chain, key))
 }
 
-/// Reads PEM CA certificates (an operator's client CA).
-pub fn load_pem_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no PEM certificate in it", path.display()));
-    }
-    Ok(certs)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,8 +22,9 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use super::ca::pin_of;
-use super::{ClientCert, Link, TrustStore, load_pem_certs, load_pem_identity};
+use super::{ClientCert, Link, TrustStore, load_pem_identity};
 use crate::config::{NodeTlsConfig, NodeTlsMode};
+use crate::pem::load_pem_certs;
 
 /// In the state directory: the certificate(s) of CAs this edge's CA replaced, whose node
 /// credentials are still accepted.

@@ -11,6 +11,9 @@ use std::process::Command;
 
 use super::suite::notice;
 
+/// The store secret key the fleet tests give every edge (base64 of 32 bytes).
+pub const SECRET_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
 pub struct Postgres {
     dir: tempfile::TempDir,
     bin: PathBuf,
