@@ -149,13 +149,19 @@ async fn one_join_links_a_node_to_every_edge_and_a_revocation_anywhere_cuts_it_e
     eprintln!(
         "the revocation closed the node's links on edges 1 and 3 within {took:?} ({on_1:?}, {on_3:?})"
     );
-    for edge in [&e1, &e3] {
-        assert!(
-            edge.proc.log().contains("node revoked on another edge"),
-            "{}",
-            edge.proc.log()
-        );
-    }
+    // At least one of them learned it from the fleet (the node's link to edge 2 is cut,
+    // so nothing else could tell it); the other may instead see the node go, once the
+    // node heard of its revocation from the first.
+    let told: Vec<bool> = [&e1, &e3]
+        .iter()
+        .map(|edge| edge.proc.log().contains("node revoked on another edge"))
+        .collect();
+    assert!(
+        told.contains(&true),
+        "{}\n-----\n{}",
+        e1.proc.log(),
+        e3.proc.log()
+    );
     // Well under the heartbeat's 5 s: the edges closed the links, not a timeout.
     assert!(took < Duration::from_secs(4), "{took:?}");
     assert!(!node.wait_exit(Duration::from_secs(30)).await.success());
