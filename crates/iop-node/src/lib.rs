@@ -6,7 +6,8 @@
 //! edges of a fleet, one link to each); `session` is one connection, `link` how it reaches
 //! and authenticates to the edge (`tls`, `identity`: the state file); `runtime` is the
 //! state that outlives connections (adapter `instance`s, active runs, store); `runs`, `tunnel` and
-//! `commands` handle the three kinds of work the edge sends; `probe` checks each provider's
+//! `commands` handle the three kinds of work the edge sends (`permits`: how many of a
+//! provider's slots each linked edge may use); `probe` checks each provider's
 //! health (`health` is the state machine) and the session reports changes to the edge.
 
 pub(crate) mod adapters;
@@ -18,6 +19,7 @@ pub(crate) mod health;
 pub(crate) mod identity;
 pub(crate) mod instance;
 pub mod link;
+pub(crate) mod permits;
 pub(crate) mod probe;
 pub(crate) mod runs;
 pub(crate) mod runtime;
