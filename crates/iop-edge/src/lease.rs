@@ -8,6 +8,12 @@
 //! that is no longer live (already released, or fenced by a disconnect) does nothing. An
 //! account is online only while its node's current generation is dispatch-ready; fencing
 //! that generation takes it offline and returns all of that generation's leases at once.
+//!
+//! A node linked to several edges grants each of them permits per provider (how many
+//! requests that edge may have in flight there); while the account's generation has a
+//! grant, it bounds the account's total in flight too. Leases count as *unsent* until the
+//! request that uses them is on its way to the node ([`Leases::mark_sent`]), so the edge can
+//! tell the node what it holds but has not sent.
 
 use foldhash::HashMap;
 use std::sync::Arc;
@@ -103,6 +109,10 @@ struct Account {
     enabled: bool,
     /// The dispatch-ready generation serving this account, if any.
     online: Option<Generation>,
+    /// The node's permits for this edge, under the connection (generation) that sent them.
+    permits: Option<(Generation, u32)>,
+    /// Leases whose request has not been sent to the node yet.
+    unsent: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +120,7 @@ struct LiveLease {
     account: AccountId,
     lane: Lane,
     generation: Generation,
+    sent: bool,
 }
 
 /// What the status snapshot shows of one account.
@@ -120,6 +131,9 @@ pub struct AccountView {
     /// Configured capacity while online, 0 while offline.
     pub capacity: LaneCounts,
     pub in_flight: LaneCounts,
+    /// The node's permits for this edge (a node linked to several edges), if it grants
+    /// them over its current connection.
+    pub permits: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -160,6 +174,8 @@ impl Leases {
             max_in_flight: u32::MAX,
             enabled,
             online: None,
+            permits: None,
+            unsent: 0,
         });
         id
     }
@@ -222,6 +238,46 @@ impl Leases {
         self.serves(id, lane)
             && a.in_flight.get(lane) < a.capacity.get(lane)
             && a.in_flight.total() < a.max_in_flight
+            && a.in_flight.total() < self.permits(id).unwrap_or(u32::MAX)
+    }
+
+    /// The node's permits for this edge on the account, while its current connection
+    /// has granted some.
+    pub fn permits(&self, id: AccountId) -> Option<u32> {
+        let a = &self.accounts[id.0];
+        match a.permits {
+            Some((generation, n)) if a.online.is_none_or(|g| g == generation) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Whether the account has no slot free only for want of permits: a request waiting
+    /// for it waits for the node to grant more.
+    pub fn short_of_permits(&self, id: AccountId) -> bool {
+        let a = &self.accounts[id.0];
+        self.permits(id)
+            .is_some_and(|n| a.in_flight.total() >= n && a.in_flight.total() < a.max_in_flight)
+    }
+
+    /// Sets the node's permits on the account, granted over the connection `generation`.
+    pub fn set_permits(&mut self, id: AccountId, generation: Generation, permits: u32) {
+        self.accounts[id.0].permits = Some((generation, permits));
+    }
+
+    /// Leases of the account whose request is not on its way to the node yet.
+    pub fn unsent(&self, id: AccountId) -> u32 {
+        self.accounts[id.0].unsent
+    }
+
+    /// The lease's request was handed to the node's connection.
+    pub fn mark_sent(&mut self, lease: LeaseId) {
+        if let Some(live) = self.live.get_mut(&lease)
+            && !live.sent
+        {
+            live.sent = true;
+            let unsent = &mut self.accounts[live.account.0].unsent;
+            *unsent = unsent.saturating_sub(1);
+        }
     }
 
     /// The dispatch-ready generation serving the account, if it is online.
@@ -247,6 +303,7 @@ impl Leases {
         let account = &mut self.accounts[id.0];
         let generation = account.online.expect("has_free implies online");
         *account.in_flight.get_mut(lane) += 1;
+        account.unsent += 1;
         self.last_lease += 1;
         let lease = LeaseId(self.last_lease);
         self.live.insert(
@@ -255,6 +312,7 @@ impl Leases {
                 account: id,
                 lane,
                 generation,
+                sent: false,
             },
         );
         Some((lease, generation))
@@ -265,6 +323,10 @@ impl Leases {
     pub fn release(&mut self, lease: LeaseId) -> Option<AccountId> {
         let live = self.live.remove(&lease)?;
         self.released_total += 1;
+        if !live.sent {
+            let unsent = &mut self.accounts[live.account.0].unsent;
+            *unsent = unsent.saturating_sub(1);
+        }
         let counter = self.accounts[live.account.0].in_flight.get_mut(live.lane);
         debug_assert!(*counter > 0, "live lease with zero in-flight");
         *counter = counter.saturating_sub(1);
@@ -322,6 +384,7 @@ impl Leases {
                 LaneCounts::default()
             },
             in_flight: a.in_flight,
+            permits: self.permits(id).filter(|_| online),
         }
     }
 
@@ -446,6 +509,29 @@ mod tests {
         assert!(!l.has_free(id, Lane::Normal));
         l.release(a);
         assert!(l.acquire(id, Lane::Normal).is_some());
+    }
+
+    #[test]
+    fn the_nodes_permits_bound_the_account_under_their_connection_only() {
+        let (mut l, id) = one(LaneCounts { normal: 4, long: 0 });
+        l.set_permits(id, G1, 1);
+        l.activate("n", G1);
+        let (a, _) = l.acquire(id, Lane::Normal).unwrap();
+        assert!(l.acquire(id, Lane::Normal).is_none());
+        assert!(l.short_of_permits(id));
+        assert_eq!(l.unsent(id), 1);
+        l.mark_sent(a);
+        assert_eq!(l.unsent(id), 0);
+        l.set_permits(id, G1, 2);
+        let (b, _) = l.acquire(id, Lane::Normal).unwrap();
+        // Released before it was sent: no longer unsent either.
+        l.release(b);
+        assert_eq!(l.unsent(id), 0);
+        // A new connection without a grant yet is bounded by the node's gate alone.
+        l.fence("n", G1);
+        l.activate("n", G2);
+        assert_eq!(l.permits(id), None);
+        assert!(!l.short_of_permits(id));
     }
 
     #[test]

@@ -253,6 +253,8 @@ impl EdgeServer {
         });
         edge.tasks()
             .spawn(http::auth::summarize_failures(edge.clone()));
+        edge.tasks()
+            .spawn(service::permits::report_demand(edge.clone()));
         if let Some(store) = shared {
             let fleet = Arc::new(store::edges::Fleet::default());
             let _ = edge.fleet.set(fleet.clone());

@@ -218,6 +218,8 @@ struct Waiter<W> {
     payload: W,
     /// Since when no member that serves its lane has been live for it.
     stranded_since: Option<Instant>,
+    /// When it was queued.
+    queued_at: Instant,
 }
 
 #[derive(Debug)]
@@ -521,6 +523,7 @@ impl<W> Scheduler<W> {
             exclude,
             payload,
             stranded_since: (!live).then_some(now),
+            queued_at: now,
         });
         Admission::Queued(id)
     }
@@ -729,6 +732,9 @@ impl<W> Scheduler<W> {
         }
     }
 }
+
+mod permits;
+pub use permits::PermitDemand;
 
 #[cfg(test)]
 mod health_tests;

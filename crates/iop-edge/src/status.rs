@@ -102,6 +102,11 @@ pub struct ProviderStatus {
     /// `max_concurrency` when that is below the lanes' sum (0 while it takes none).
     pub max_in_flight: u32,
     pub in_flight: LaneCounts,
+    /// How many of those the node lets this edge have in flight now: its share of the
+    /// provider's `max_concurrency` among the edges of a fleet (absent for a node that
+    /// grants none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
 }
 
 /// A cool-down in progress.
@@ -255,6 +260,7 @@ fn provider_status(
     input: &StatusInput,
 ) -> ProviderStatus {
     let (capacity, in_flight) = view.map(|v| (v.capacity, v.in_flight)).unwrap_or_default();
+    let permits = view.and_then(|v| v.permits);
     let online = ready && view.is_some_and(|v| v.online);
     let (status, capacity, in_flight) = if !p.enabled {
         ("disabled", LaneCounts::default(), in_flight)
@@ -309,6 +315,7 @@ fn provider_status(
             .max_concurrency()
             .min(capacity.normal.saturating_add(capacity.long)),
         in_flight,
+        permits: permits.filter(|_| online),
     }
 }
 
@@ -352,6 +359,7 @@ model_groups:
                     enabled: true,
                     capacity: LaneCounts { normal: 2, long: 1 },
                     in_flight: LaneCounts { normal: 1, long: 0 },
+                    permits: None,
                 },
                 HealthView::default(),
             ),

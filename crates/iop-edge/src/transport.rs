@@ -473,6 +473,10 @@ impl Connection {
                     tracing::warn!(node_id, "health report before ready ignored");
                 }
             }
+            Message::PermitGrant(grant) => {
+                self.edge
+                    .permits_granted(node_id, generation, &grant, &self.outbound);
+            }
             Message::NodeCommandResponse(response) => {
                 if let Some(session) = &self.session {
                     let id = response.command_id.clone();

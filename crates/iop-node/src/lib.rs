@@ -19,6 +19,7 @@ pub(crate) mod health;
 pub(crate) mod identity;
 pub(crate) mod instance;
 pub mod link;
+pub(crate) mod permit_desk;
 pub(crate) mod permits;
 pub(crate) mod probe;
 pub(crate) mod runs;

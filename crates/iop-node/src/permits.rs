@@ -72,15 +72,12 @@ impl Holder {
     /// Slots this link may be using.
     fn held(&self) -> u32 {
         let high = self.shrink.map_or(0, |(_, high)| high);
-        self.granted
-            .max(high)
-            .max(self.running + self.in_transit)
+        self.granted.max(high).max(self.running + self.in_transit)
     }
 
     /// Permits granted and not in use, as far as the node can tell.
     fn spare(&self) -> u32 {
-        self.granted
-            .saturating_sub(self.running + self.in_transit)
+        self.granted.saturating_sub(self.running + self.in_transit)
     }
 
     /// Permits it asked for beyond its grant.
@@ -135,7 +132,13 @@ impl PermitBook {
 
     /// A new link: it gets its share of what is free.
     pub fn link(&mut self, link: LinkId, now: u64) -> Vec<Grant> {
-        self.links.insert(link, LinkSeq { sent: 0, live: true });
+        self.links.insert(
+            link,
+            LinkSeq {
+                sent: 0,
+                live: true,
+            },
+        );
         for pool in self.pools.values_mut() {
             pool.holders.entry(link).or_default();
         }
@@ -167,13 +170,7 @@ impl PermitBook {
 
     /// A report from a link: it acknowledges grants up to `acked`, and says what it holds
     /// and what waits.
-    pub fn report(
-        &mut self,
-        link: LinkId,
-        acked: u64,
-        demands: &[Demand],
-        now: u64,
-    ) -> Vec<Grant> {
+    pub fn report(&mut self, link: LinkId, acked: u64, demands: &[Demand], now: u64) -> Vec<Grant> {
         if !self.links.get(&link).is_some_and(|l| l.live) {
             return Vec::new();
         }
@@ -270,13 +267,10 @@ impl PermitBook {
             .iter()
             .filter_map(|(id, p)| p.holders.get(&link).map(|h| (id.clone(), h.granted)))
             .collect();
-        Grant {
-            link,
-            seq,
-            permits,
-        }
+        Grant { link, seq, permits }
     }
 
+    #[cfg(test)]
     /// Slots of `provider` that links may be using now (never above its capacity, but
     /// for runs of a lowered capacity still ending).
     pub fn held(&self, provider: &str) -> u32 {
@@ -285,6 +279,7 @@ impl PermitBook {
             .map_or(0, |p| p.holders.values().map(Holder::held).sum())
     }
 
+    #[cfg(test)]
     /// What `link` was last granted on `provider`.
     pub fn granted(&self, provider: &str, link: LinkId) -> u32 {
         self.pools

@@ -7,6 +7,7 @@
 //! knows the node took it; a full gate answers `node_capacity` instead, which the edge
 //! takes as "try again elsewhere". The gate's slot is freed before the terminal leaves.
 
+use crate::permit_desk::PermitHook;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
@@ -122,6 +123,7 @@ impl NodeRuntime {
     pub fn start_run(self: &Arc<Self>, request: pb::RunRequest, conn: &Connection) {
         let runtime = self.clone();
         let conn2 = conn.clone();
+        let hook = self.permits.arrived(&request.adapter, conn.link);
         let span = tracing::info_span!(
             "run",
             run_id = %request.run_id,
@@ -129,10 +131,10 @@ impl NodeRuntime {
             request_id = %request.client_request_id
         );
         conn.tasks
-            .spawn(async move { runtime.run(request, conn2).await }.instrument(span));
+            .spawn(async move { runtime.run(request, conn2, hook).await }.instrument(span));
     }
 
-    async fn run(self: Arc<Self>, request: pb::RunRequest, conn: Connection) {
+    async fn run(self: Arc<Self>, request: pb::RunRequest, conn: Connection, hook: PermitHook) {
         let cancel = conn.cancel.child_token();
         let credit = conn.credits.open(&request.run_id, request.initial_credit);
         let mut sink = RunSink::new(
@@ -141,6 +143,7 @@ impl NodeRuntime {
             credit,
             cancel.clone(),
         );
+        sink.keep(hook);
         let stored = self.store.as_ref().map(|store| {
             store.started(
                 &request.run_id,

@@ -49,6 +49,8 @@ pub struct Connection {
     pub credits: Arc<StreamCredits>,
     /// Cancelled when the connection ends: every run and tunnel on it stops.
     pub cancel: CancellationToken,
+    /// The link this connection is in the node's permits (0 before it is ready).
+    pub link: crate::permits::LinkId,
     pub tasks: TaskTracker,
     /// Why the node stopped the connection's work ([`Connection::stop`]).
     stopped: Arc<Mutex<Option<String>>>,
@@ -60,6 +62,7 @@ impl Connection {
             outbound,
             credits: Arc::new(StreamCredits::default()),
             cancel: CancellationToken::new(),
+            link: 0,
             tasks: TaskTracker::new(),
             stopped: Arc::default(),
         }
@@ -96,6 +99,8 @@ pub struct NodeRuntime {
     pub(crate) accept_grace: Duration,
     /// The fleet's edges and this node's links to them.
     pub(crate) fleet: crate::fleet::Fleet,
+    /// How many requests each linked edge may have in flight per provider.
+    pub(crate) permits: Arc<crate::permit_desk::PermitDesk>,
 }
 
 /// How long a tunnel that passed its gate waits for the provider's answer to acknowledge
@@ -133,6 +138,7 @@ impl NodeRuntime {
             health_changed: watch::Sender::new(0),
             accept_grace: ACCEPT_GRACE,
             fleet: crate::fleet::Fleet::default(),
+            permits: Arc::default(),
         })
     }
 
@@ -207,7 +213,12 @@ impl NodeRuntime {
                 crate::probe::start(instance, self.health_changed.clone());
             }
         }
+        let capacities: Vec<(String, u32)> = next
+            .values()
+            .map(|a| (a.spec.id.clone(), a.max_concurrency()))
+            .collect();
         *self.adapters.write() = next;
+        self.permits.configure(&capacities);
         *self.node_id.write() = payload.node_id.clone();
         // Replaced instances start over (unknown, or healthy for the mock): say so.
         self.health_changed.send_modify(|n| *n = n.wrapping_add(1));

@@ -202,6 +202,7 @@ async fn run_connection<S: ByteStream>(
     };
     let end = session.run(target, shutdown).await;
     runtime.fleet.unlinked(&session.edge_id);
+    runtime.permits.unlink(session.conn.link);
     // Stop everything started on this connection and give it a moment to say so.
     let why = match &end {
         SessionEnd::Shutdown => "the node is shutting down".to_string(),
@@ -343,6 +344,9 @@ impl Session {
             return SessionEnd::Fatal(format!("cannot apply the config from the edge: {e}"));
         }
         tracing::info!(%node_id, edge = %self.addr, credential = target.link.credential_kind(), "registered; adapters ready");
+        // This edge's permits go out before the ready request, so it never admits
+        // without them.
+        self.conn.link = self.runtime.permits.link(&self.outbound);
         if self
             .outbound
             .send(pb::NodeReadyRequest {
@@ -397,7 +401,7 @@ impl Session {
         }
     }
 
-    /// The next handshake frame, skipping heartbeats.
+    /// The next handshake frame, skipping heartbeats (and taking permit reports).
     async fn handshake_frame(
         &mut self,
         shutdown: &CancellationToken,
@@ -422,6 +426,10 @@ impl Session {
                         self.outbound.try_send(pb::Pong { nonce: p.nonce });
                     }
                     Some(Message::Pong(_)) | None => {}
+                    // The edge acknowledging its first permits, before its ready answer.
+                    Some(Message::PermitReport(report)) => {
+                        self.runtime.permits.report(self.conn.link, &report);
+                    }
                     Some(message) => return Ok(message),
                 },
             }
@@ -434,9 +442,11 @@ impl Session {
         health.mark_unchanged();
         let mut reported = HealthReported::default();
         let mut retry_health = self.report_health(&mut reported);
+        let mut recheck = tokio::time::interval(Duration::from_millis(crate::permits::RECHECK_MS));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return SessionEnd::Shutdown,
+                _ = recheck.tick() => self.runtime.permits.tick(),
                 Ok(()) = health.changed() => retry_health = self.report_health(&mut reported),
                 _ = tokio::time::sleep(HEALTH_RETRY), if retry_health => {
                     retry_health = self.report_health(&mut reported);
@@ -522,6 +532,7 @@ impl Session {
                 });
             }
             Message::FleetUpdate(update) => self.runtime.fleet.listed(&update.edges),
+            Message::PermitReport(report) => self.runtime.permits.report(self.conn.link, &report),
             Message::ConfigRefresh(refresh) => {
                 if let Some(payload) = refresh.config
                     && let Err(e) = self.runtime.apply(&payload)

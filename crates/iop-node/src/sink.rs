@@ -9,6 +9,8 @@
 use iop_proto::pb::{self, RunEventKind};
 use iop_proto::{ErrorCode, Outbound};
 use tokio::sync::OwnedSemaphorePermit;
+
+use crate::permit_desk::PermitHook;
 use tokio_util::sync::CancellationToken;
 
 use crate::stream::Credit;
@@ -30,6 +32,8 @@ pub struct RunSink {
     started: bool,
     /// The adapter's capacity slot, released just before the terminal is sent.
     permit: Option<OwnedSemaphorePermit>,
+    /// Counts the run in its edge's permits until then too.
+    hook: Option<PermitHook>,
 }
 
 impl RunSink {
@@ -49,7 +53,13 @@ impl RunSink {
             usage: None,
             started: false,
             permit: None,
+            hook: None,
         }
+    }
+
+    /// Counts the run in its edge's permits until its terminal.
+    pub fn keep(&mut self, hook: PermitHook) {
+        self.hook = Some(hook);
     }
 
     /// Holds the run's capacity slot until its terminal.
@@ -99,6 +109,7 @@ impl RunSink {
             self.usage = event.usage;
             // The slot is free before the edge can see the terminal.
             self.permit = None;
+            self.hook = None;
         }
         self.outbound.send(event).await.map_err(|_| SinkClosed)
     }

@@ -28,6 +28,8 @@ use iop_proto::ErrorCode;
 use iop_proto::pb::{self, provider_tunnel_frame::Frame};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::permit_desk::PermitHook;
+
 use tokio_util::sync::CancellationToken;
 
 use crate::adapters::AdapterError;
@@ -61,6 +63,8 @@ struct TunnelOut<'a> {
     head: Option<(u32, Vec<pb::Header>)>,
     /// The adapter's capacity slot, released just before the tunnel's last frame.
     permit: Option<OwnedSemaphorePermit>,
+    /// Counts the tunnel in its edge's permits until then too.
+    hook: Option<PermitHook>,
 }
 
 impl TunnelOut<'_> {
@@ -103,6 +107,7 @@ impl TunnelOut<'_> {
             "tunnel failed"
         );
         self.permit = None;
+        self.hook = None;
         self.send(Frame::Error(pb::TunnelError::new(code, message)))
             .await;
     }
@@ -112,6 +117,7 @@ impl TunnelOut<'_> {
     /// stopped it (it shuts down) — `node_disconnected` with why.
     async fn cancelled(&mut self) {
         self.permit = None;
+        self.hook = None;
         self.head = None;
         let error = match self.conn.stopped() {
             Some(why) => pb::TunnelError::new(ErrorCode::NodeDisconnected, why),
@@ -123,6 +129,7 @@ impl TunnelOut<'_> {
     /// Ends the tunnel normally (after freeing the slot).
     async fn end(&mut self) {
         self.permit = None;
+        self.hook = None;
         self.send(Frame::End(pb::TunnelEnd {})).await;
     }
 }
@@ -134,9 +141,10 @@ impl NodeRuntime {
         // No span on this hot path: its few log lines carry the request id themselves.
         // Boxed: the tunnel's state (provider exchange, body, observer) is a few KiB that
         // the task would otherwise copy when it is spawned and when it completes.
+        let hook = self.permits.arrived(&request.adapter, conn.link);
         conn.tasks.spawn(Box::pin(async move {
             let id = request.request_id.clone();
-            let tunnel = AssertUnwindSafe(runtime.clone().tunnel(request, conn2.clone()));
+            let tunnel = AssertUnwindSafe(runtime.clone().tunnel(request, conn2.clone(), hook));
             // A panic ends the tunnel with an error frame like any other failure (its
             // capacity slot was freed as it unwound), instead of leaving it open.
             if let Err(panic) = tunnel.catch_unwind().await {
@@ -156,13 +164,19 @@ impl NodeRuntime {
         }));
     }
 
-    async fn tunnel(self: Arc<Self>, request: pb::ProviderTunnelRequest, conn: Connection) {
+    async fn tunnel(
+        self: Arc<Self>,
+        request: pb::ProviderTunnelRequest,
+        conn: Connection,
+        hook: PermitHook,
+    ) {
         let mut out = TunnelOut {
             conn: &conn,
             request_id: &request.request_id,
             client_request_id: &request.client_request_id,
             head: None,
             permit: None,
+            hook: Some(hook),
         };
         tracing::debug!(
             tunnel_id = %request.request_id,
@@ -528,7 +542,8 @@ mod tests {
             ),
             ..Default::default()
         };
-        runtime.tunnel(request, conn).await;
+        let hook = runtime.permits.arrived(&request.adapter, conn.link);
+        runtime.tunnel(request, conn, hook).await;
         let mut kinds = Vec::new();
         while let Ok(envelope) = rx.try_recv() {
             if let Some(Message::ProviderTunnelFrame(f)) = envelope.message {

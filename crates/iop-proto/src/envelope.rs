@@ -33,6 +33,8 @@ into_envelope! {
     StreamCredit => StreamCredit,
     ProviderHealthReport => ProviderHealthReport,
     FleetUpdate => FleetUpdate,
+    PermitGrant => PermitGrant,
+    PermitReport => PermitReport,
 }
 
 /// A short name of the envelope's message kind, for logs.
@@ -58,6 +60,8 @@ pub fn kind(envelope: &Envelope) -> &'static str {
         Some(Message::StreamCredit(_)) => "stream_credit",
         Some(Message::ProviderHealthReport(_)) => "provider_health_report",
         Some(Message::FleetUpdate(_)) => "fleet_update",
+        Some(Message::PermitGrant(_)) => "permit_grant",
+        Some(Message::PermitReport(_)) => "permit_report",
     }
 }
 

@@ -104,6 +104,15 @@ pub struct LeaseGuard {
     armed: bool,
 }
 
+impl LeaseGuard {
+    /// The request holding this slot is on its way to the node.
+    pub fn sent(&self) {
+        if self.armed {
+            self.control.scheduler.lock().mark_sent(self.lease);
+        }
+    }
+}
+
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if self.armed {
@@ -130,6 +139,9 @@ pub struct AdmissionControl {
     /// Woken when waiters may have become stranded (no member online any more): they
     /// look up when to give up.
     stranding: Notify,
+    /// Woken when what waits may have changed: the nodes granting this edge permits are
+    /// told ([`super::permits`]).
+    pub(crate) demand_changed: Notify,
 }
 
 /// Removes a waiter whose request went away before it got a slot.
@@ -143,6 +155,7 @@ impl Drop for QueuedWaiter<'_> {
     fn drop(&mut self) {
         if self.active {
             self.control.scheduler.lock().cancel_waiter(self.id);
+            self.control.demand_changed.notify_one();
         }
     }
 }
@@ -153,6 +166,7 @@ impl AdmissionControl {
             scheduler: Mutex::new(scheduler),
             policies: parking_lot::RwLock::new(policies),
             stranding: Notify::new(),
+            demand_changed: Notify::new(),
         })
     }
 
@@ -251,6 +265,7 @@ impl AdmissionControl {
             Admission::UnknownGroup => return Err(AdmitError::UnknownGroup(group)),
         };
         tracing::debug!(model_group = %group, lane = lane.as_str(), "request queued");
+        self.demand_changed.notify_one();
         let mut waiter = QueuedWaiter {
             control: self,
             id,
@@ -293,6 +308,7 @@ impl AdmissionControl {
             }
         };
         waiter.active = false;
+        self.demand_changed.notify_one();
         outcome.map_err(|reason| AdmitError::Unavailable { group, reason })
     }
 
@@ -338,6 +354,26 @@ impl AdmissionControl {
                 pending.extend(more);
             }
         }
+    }
+
+    /// The node's permits for this edge, granted over its connection `generation`: serve
+    /// the waiters they let through.
+    pub fn set_permits(
+        self: &Arc<Self>,
+        node: &str,
+        generation: Generation,
+        permits: &[(&str, u32)],
+    ) {
+        let mut woken = Vec::new();
+        self.scheduler
+            .lock()
+            .set_permits(node, generation, permits, &mut woken, clock());
+        self.wake_all(woken);
+    }
+
+    /// What this edge holds and wants of `node`'s providers that grant it permits.
+    pub fn permit_demand(&self, node: &str) -> Vec<crate::queue::PermitDemand> {
+        self.scheduler.lock().permit_demand(node, clock())
     }
 
     /// The node's generation is dispatch-ready: serve the waiters it can.

@@ -25,6 +25,7 @@ pub mod fleet;
 pub mod health;
 pub mod keys;
 pub mod nodes;
+pub mod permits;
 pub mod pipeline;
 pub mod plan;
 pub mod reload;
@@ -229,6 +230,8 @@ pub struct Edge {
     pub(crate) fleet: std::sync::OnceLock<Arc<crate::store::edges::Fleet>>,
     /// The CA, join tokens and revocations (`None`: no state directory, e.g. unit tests).
     trust: Option<Arc<TrustStore>>,
+    /// What this edge last told each node granting it permits.
+    permit_reports: permits::PermitReports,
 }
 
 impl std::fmt::Debug for Edge {
@@ -266,6 +269,7 @@ impl Edge {
             drain: Arc::default(),
             fleet: std::sync::OnceLock::new(),
             trust,
+            permit_reports: Default::default(),
         })
     }
 
@@ -439,6 +443,7 @@ impl Edge {
                 .admission
                 .node_lost(node_id, generation, reason);
         }
+        self.forget_permit_reports(node_id, generation);
         tracing::warn!(node_id, %generation, reason, leases_returned = returned, "node disconnected");
         self.telemetry
             .events

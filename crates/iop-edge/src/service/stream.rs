@@ -220,6 +220,9 @@ impl Edge {
             session.close_stream(&id);
             return Err(SubmitError::send_failed(&session, "the connection closed"));
         }
+        if let Some(lease) = &terms.lease {
+            lease.sent();
+        }
         let core = StreamCore::new(self.clone(), session, id, client_request_id, rx, terms);
         Ok(Live::new(core))
     }

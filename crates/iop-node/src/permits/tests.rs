@@ -49,7 +49,11 @@ fn a_second_link_gets_idle_permits_once_the_first_acknowledges_losing_them() {
     let grants = b.report(2, 1, &demand(0, 1, 5), 10);
     let (seq, left) = permits_of(&grants, 1).expect("edge 1 told");
     assert_eq!(left, 1);
-    assert_eq!(permits_of(&grants, 2), None, "not before edge 1 acknowledges");
+    assert_eq!(
+        permits_of(&grants, 2),
+        None,
+        "not before edge 1 acknowledges"
+    );
     assert_eq!(b.held("p"), 2);
     // ... and go to edge 2 once edge 1 says it applied that (holding nothing).
     let grants = b.report(1, seq, &demand(0, 0, 0), 11);

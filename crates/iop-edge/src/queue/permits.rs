@@ -1,0 +1,86 @@
+//! The scheduler's side of node permits: a node linked to several edges grants this edge
+//! a number of requests in flight per provider ([`crate::lease::Leases::permits`]); a grant
+//! may let waiters through, and what waits for want of permits is reported back to the
+//! node ([`PermitDemand`]) so it can move permits here, oldest waiter first across edges.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Dispatch, Scheduler, excluded};
+use crate::lease::{LeaseId, ProviderKey};
+use crate::registry::Generation;
+
+/// What this edge holds and wants of one provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermitDemand {
+    pub provider: Arc<str>,
+    /// Requests admitted onto the provider that have not ended.
+    pub in_use: u32,
+    /// Of those, requests not yet handed to the node's connection.
+    pub unsent: u32,
+    /// Requests waiting that only a permit of this provider could let through.
+    pub waiting: u32,
+    /// How long the oldest of them has waited.
+    pub oldest_wait: Duration,
+}
+
+impl<W> Scheduler<W> {
+    /// Applies the node's permits, granted over its connection `generation`, and serves
+    /// the waiters they let through. Providers this edge does not know are ignored.
+    pub fn set_permits(
+        &mut self,
+        node: &str,
+        generation: Generation,
+        permits: &[(&str, u32)],
+        woken: &mut Vec<Dispatch<W>>,
+        now: Instant,
+    ) {
+        for (provider, n) in permits {
+            if let Some(id) = self.leases.account(&ProviderKey::new(node, provider)) {
+                self.leases.set_permits(id, generation, *n);
+            }
+        }
+        self.pump(woken, now);
+    }
+
+    /// The lease's request is on its way to the node.
+    pub fn mark_sent(&mut self, lease: LeaseId) {
+        self.leases.mark_sent(lease);
+    }
+
+    /// What this edge holds and wants of each of `node`'s providers that are granted
+    /// permits.
+    pub fn permit_demand(&self, node: &str, now: Instant) -> Vec<PermitDemand> {
+        let mut demands = Vec::new();
+        for id in self.leases.accounts() {
+            let key = self.leases.key(id);
+            if &*key.node != node || self.leases.permits(id).is_none() {
+                continue;
+            }
+            let mut waiting = 0u32;
+            let mut oldest: Option<Instant> = None;
+            if self.leases.short_of_permits(id) {
+                for group in &self.groups {
+                    if !group.members.iter().any(|m| m.account == id) {
+                        continue;
+                    }
+                    for w in &group.waiters {
+                        if self.leases.serves(id, w.lane) && !excluded(&self.leases, &w.exclude, id)
+                        {
+                            waiting += 1;
+                            oldest = Some(oldest.map_or(w.queued_at, |o| o.min(w.queued_at)));
+                        }
+                    }
+                }
+            }
+            demands.push(PermitDemand {
+                provider: key.provider.clone(),
+                in_use: self.leases.in_flight_total(id),
+                unsent: self.leases.unsent(id),
+                waiting,
+                oldest_wait: oldest.map_or(Duration::ZERO, |o| now.saturating_duration_since(o)),
+            });
+        }
+        demands
+    }
+}
