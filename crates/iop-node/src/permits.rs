@@ -221,14 +221,22 @@ impl PermitBook {
                 pool.holders.remove(&link);
             }
         }
-        self.rebalance(now)
+        self.rebalance_only(Some(provider), now)
     }
 
     /// Moves permits where the rules say; returns the grants to send.
     pub fn rebalance(&mut self, now: u64) -> Vec<Grant> {
+        self.rebalance_only(None, now)
+    }
+
+    /// [`PermitBook::rebalance`] of one provider's permits, or of all.
+    fn rebalance_only(&mut self, only: Option<&str>, now: u64) -> Vec<Grant> {
         let mut changed: std::collections::BTreeSet<LinkId> = Default::default();
         let mut shrunk: Vec<(String, LinkId, u32)> = Vec::new();
         for (id, pool) in &mut self.pools {
+            if only.is_some_and(|p| p != id) {
+                continue;
+            }
             let moves = pool.rebalance(&self.links, now);
             for (link, old_high) in moves {
                 changed.insert(link);
