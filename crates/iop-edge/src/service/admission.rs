@@ -151,12 +151,25 @@ struct QueuedWaiter<'a> {
     active: bool,
 }
 
+impl<'a> QueuedWaiter<'a> {
+    /// A request just queued: what waits changed.
+    fn new(control: &'a AdmissionControl, id: WaiterId) -> Self {
+        control.demand_changed.notify_one();
+        Self {
+            control,
+            id,
+            active: true,
+        }
+    }
+}
+
 impl Drop for QueuedWaiter<'_> {
+    /// Removes the waiter if it is still queued; either way, what waits changed.
     fn drop(&mut self) {
         if self.active {
             self.control.scheduler.lock().cancel_waiter(self.id);
-            self.control.demand_changed.notify_one();
         }
+        self.control.demand_changed.notify_one();
     }
 }
 
@@ -265,12 +278,7 @@ impl AdmissionControl {
             Admission::UnknownGroup => return Err(AdmitError::UnknownGroup(group)),
         };
         tracing::debug!(model_group = %group, lane = lane.as_str(), "request queued");
-        self.demand_changed.notify_one();
-        let mut waiter = QueuedWaiter {
-            control: self,
-            id,
-            active: true,
-        };
+        let mut waiter = QueuedWaiter::new(self, id);
         let deadline = tokio::time::Instant::from_std(started) + timeout;
         let dropped = || Err("the edge dropped the request".to_string());
         let outcome = loop {
@@ -308,7 +316,6 @@ impl AdmissionControl {
             }
         };
         waiter.active = false;
-        self.demand_changed.notify_one();
         outcome.map_err(|reason| AdmitError::Unavailable { group, reason })
     }
 
