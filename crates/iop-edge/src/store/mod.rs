@@ -1,6 +1,9 @@
 //! The shared store: the PostgreSQL database the edges of a fleet share (`store.url`).
-//! [`Store::open`] connects and brings the schema up to date ([`migrations`]); the
-//! connection is driven by its own task and opened again when it breaks. The store holds
+//! [`Store::client`] hands out a connection of a small pool (`deadpool-postgres`; a broken
+//! one is replaced) and, on the first one, brings the schema up to date ([`migrations`]).
+//! A slow batch (the ledger shipping) therefore never holds up an admission behind it on
+//! one connection, and connecting after an outage happens once per connection, not under
+//! one lock every caller waits on. The store holds
 //! the fleet's live edges ([`edges`]) and its node trust (`crate::trust::shared`: the CA,
 //! its key sealed by [`seal`], join tokens, revocations).
 
@@ -19,14 +22,23 @@ use tokio_util::sync::CancellationToken;
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A connection to the store, opened again on demand after it broke; the schema is
+/// Connections each edge keeps to the store for its requests and background work (the
+/// listeners for revocations and the fleet's edges have their own).
+pub const POOL_SIZE: usize = 4;
+
+/// A pooled connection to the store.
+pub type Client = deadpool_postgres::Object;
+
+/// The store's connections, opened on demand and again after they broke; the schema is
 /// brought up to date on the first connection.
 pub struct Store {
     config: tokio_postgres::Config,
     /// TLS to the store ([`tls`]), when the URL asks for it or the host is another machine.
     tls: Option<tls::MakeRustls>,
-    client: Mutex<Option<Arc<tokio_postgres::Client>>>,
+    pool: deadpool_postgres::Pool,
     migrated: std::sync::atomic::AtomicBool,
+    /// Held by the one caller bringing the schema up to date.
+    migrating: Mutex<()>,
 }
 
 impl std::fmt::Debug for Store {
@@ -39,11 +51,29 @@ impl std::fmt::Debug for Store {
 impl Store {
     /// A store not connected yet: the first [`Store::client`] connects and migrates.
     pub fn new(config: tokio_postgres::Config, tls: Option<tls::MakeRustls>) -> Arc<Store> {
+        use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+        // A closed connection is never handed out again; one that broke unnoticed fails
+        // its query, and the caller's fallback covers it.
+        let recycling = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &tls {
+            Some(tls) => Manager::from_config(config.clone(), tls.clone(), recycling),
+            None => Manager::from_config(config.clone(), tokio_postgres::NoTls, recycling),
+        };
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .expect("a pool with a runtime and timeouts builds");
         Arc::new(Store {
             config,
             tls,
-            client: Mutex::new(None),
-            migrated: std::sync::atomic::AtomicBool::new(false),
+            pool,
+            migrated: Default::default(),
+            migrating: Mutex::new(()),
         })
     }
 
@@ -72,21 +102,19 @@ impl Store {
             })
     }
 
-    /// The live connection, or a new one.
-    pub async fn client(&self) -> Result<Arc<tokio_postgres::Client>, String> {
-        let mut slot = self.client.lock().await;
-        if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
-            return Ok(client.clone());
+    /// A connection of the pool (waiting up to [`CONNECT_TIMEOUT`] for one to be free or
+    /// opened); the first one brings the schema up to date.
+    pub async fn client(&self) -> Result<Client, String> {
+        use std::sync::atomic::Ordering;
+        let client = self.pool.get().await.map_err(|e| pool_error(&e))?;
+        if !self.migrated.load(Ordering::Acquire) {
+            let _one = self.migrating.lock().await;
+            if !self.migrated.load(Ordering::Acquire) {
+                migrations::apply(&client).await?;
+                self.migrated.store(true, Ordering::Release);
+                tracing::info!("store connected and its schema up to date");
+            }
         }
-        let (client, _driver) = self.connect(None).await?;
-        if !self.migrated.load(std::sync::atomic::Ordering::Acquire) {
-            migrations::apply(&client).await?;
-            self.migrated
-                .store(true, std::sync::atomic::Ordering::Release);
-            tracing::info!("store connected and its schema up to date");
-        }
-        let client = Arc::new(client);
-        *slot = Some(client.clone());
         Ok(client)
     }
 }
@@ -157,6 +185,16 @@ async fn drive<S, T>(
                 return;
             }
         }
+    }
+}
+
+/// Why the pool gave no connection, in the words [`Store::client`] always used.
+fn pool_error(e: &deadpool_postgres::PoolError) -> String {
+    use deadpool_postgres::PoolError;
+    match e {
+        PoolError::Backend(e) => format!("cannot connect to the store: {}", reason(e)),
+        PoolError::Timeout(_) => format!("no connection to the store within {CONNECT_TIMEOUT:?}"),
+        other => format!("cannot connect to the store: {other}"),
     }
 }
 
