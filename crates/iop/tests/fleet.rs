@@ -162,8 +162,9 @@ async fn one_join_links_a_node_to_every_edge_and_a_revocation_anywhere_cuts_it_e
         e1.proc.log(),
         e3.proc.log()
     );
-    // Well under the heartbeat's 5 s: the edges closed the links, not a timeout.
-    assert!(took < Duration::from_secs(4), "{took:?}");
+    // The bound, well under the heartbeat's 5 s: the edges closed the links, not
+    // a timeout (measured: tens of milliseconds, under 0.1 s with both cores busy).
+    assert!(took < Duration::from_secs(2), "{took:?}");
     assert!(!node.wait_exit(Duration::from_secs(30)).await.success());
     assert!(node.log().contains("revoked"), "{}", node.log());
 }

@@ -84,3 +84,73 @@ impl<W> Scheduler<W> {
         demands
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::lease::{AccountSpec, Lane, LaneCounts, ProviderKey};
+    use crate::queue::{Admission, GroupSpec, MemberSpec, MemberTraits, ProviderSpec, Scheduler};
+    use crate::registry::Generation;
+
+    const G1: Generation = Generation(1);
+
+    fn scheduler() -> Scheduler<&'static str> {
+        let key = ProviderKey::new("n", "p");
+        Scheduler::new(
+            [ProviderSpec {
+                account: AccountSpec {
+                    key: key.clone(),
+                    capacity: LaneCounts { normal: 4, long: 0 },
+                    max_in_flight: 4,
+                    enabled: true,
+                },
+                traits: MemberTraits::default(),
+            }],
+            [GroupSpec {
+                name: "g".into(),
+                members: vec![MemberSpec {
+                    key,
+                    upstream_model: "m".into(),
+                    capacity: LaneCounts { normal: 4, long: 0 },
+                    enabled: true,
+                    traits: MemberTraits::default(),
+                }],
+                max_waiting: 8,
+                wait_for_reconnect: Duration::ZERO,
+            }],
+        )
+    }
+
+    #[test]
+    fn a_request_short_of_permits_waits_is_reported_and_goes_when_more_are_granted() {
+        let t0 = Instant::now();
+        let mut s = scheduler();
+        let mut woken = Vec::new();
+        s.set_permits("n", G1, &[("p", 1)], &mut woken, t0);
+        s.node_ready("n", G1, t0);
+        let Admission::Granted(first) = s.admit("g", Lane::Normal, "a", t0) else {
+            panic!("the one permit is free");
+        };
+        assert!(matches!(
+            s.admit("g", Lane::Normal, "b", t0),
+            Admission::Queued(_)
+        ));
+        let later = t0 + Duration::from_millis(40);
+        let demand = s.permit_demand("n", later);
+        assert_eq!(demand.len(), 1);
+        let d = &demand[0];
+        assert_eq!((d.in_use, d.unsent, d.waiting), (1, 1, 1));
+        assert_eq!(d.oldest_wait, Duration::from_millis(40));
+        s.mark_sent(first.lease);
+        assert_eq!(s.permit_demand("n", later)[0].unsent, 0);
+
+        s.set_permits("n", G1, &[("p", 2), ("unknown", 3)], &mut woken, later);
+        assert_eq!(woken.len(), 1, "the waiter goes with the new permit");
+        assert_eq!(woken[0].waiter, "b");
+        let d = &s.permit_demand("n", later)[0];
+        assert_eq!((d.in_use, d.waiting), (2, 0));
+        // Another node's providers are not in this node's report.
+        assert!(s.permit_demand("other", later).is_empty());
+    }
+}
