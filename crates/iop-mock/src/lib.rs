@@ -2,7 +2,10 @@
 //! `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, streaming and not), the
 //! Responses and Anthropic Messages APIs (`/v1/responses`, `/v1/messages`) and Ollama's
 //! native API (`/api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings`,
-//! `/api/tags`, `/api/ps`, `/api/show`). For tests, benchmarks and `iop demo`.
+//! `/api/tags`, `/api/ps`, `/api/show`, and model management — `/api/pull`,
+//! `/api/delete`, `/api/copy`, `/api/create`, loading and unloading — on a model store
+//! that follows Ollama's documentation, see [`ollama_models`]). For tests, benchmarks and
+//! `iop demo`.
 //!
 //! It misbehaves on purpose by model name, for fault tests:
 //! - `fail-500`: answers 500 with an OpenAI error body (embeddings too); so does any
@@ -59,6 +62,7 @@ pub mod agent_turn;
 mod apis;
 mod health;
 mod ollama;
+pub mod ollama_models;
 mod openai;
 pub mod schema;
 
@@ -93,6 +97,8 @@ pub struct MockConfig {
     pub reasoning: bool,
     /// Report `prompt_tokens_details.cached_tokens` with this value.
     pub cached_tokens: Option<u64>,
+    /// The pause before each progress line of an Ollama `/api/pull`.
+    pub pull_step: Duration,
 }
 
 impl Default for MockConfig {
@@ -102,6 +108,7 @@ impl Default for MockConfig {
             token_delay: Duration::ZERO,
             reasoning: false,
             cached_tokens: None,
+            pull_step: Duration::from_millis(50),
         }
     }
 }
@@ -223,6 +230,7 @@ struct Mock {
     config: Arc<MockConfig>,
     stats: Arc<MockStats>,
     faults: Arc<Faults>,
+    ollama: Arc<ollama_models::OllamaModels>,
 }
 
 /// What a request asks of the mock.
@@ -409,6 +417,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {
     let stats = Arc::new(MockStats::default());
     let mock = Mock {
+        ollama: Arc::new(ollama_models::OllamaModels::new(config.pull_step)),
         config: Arc::new(config),
         stats: stats.clone(),
         faults: Arc::default(),
@@ -430,9 +439,13 @@ pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {
         .route("/api/generate", post(ollama::ollama_generate))
         .route("/api/embed", post(ollama::ollama_embed))
         .route("/api/embeddings", post(ollama::ollama_embeddings))
-        .route("/api/tags", get(ollama::ollama_tags))
-        .route("/api/ps", get(ollama::ollama_ps))
-        .route("/api/show", post(ollama::ollama_show))
+        .route("/api/tags", get(ollama_models::tags))
+        .route("/api/ps", get(ollama_models::ps))
+        .route("/api/show", post(ollama_models::show))
+        .route("/api/pull", post(ollama_models::pull))
+        .route("/api/delete", axum::routing::delete(ollama_models::delete))
+        .route("/api/copy", post(ollama_models::copy))
+        .route("/api/create", post(ollama_models::create))
         .route("/mock/stats", get(stats_handler))
         .layer(axum::middleware::from_fn_with_state(
             mock.clone(),

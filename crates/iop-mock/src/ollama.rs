@@ -1,5 +1,7 @@
-//! The Ollama half of the mock: `/api/chat` and `/api/generate` (NDJSON streams or one
-//! JSON answer), `/api/tags`, `/api/ps` and `/api/show`.
+//! The Ollama half of the mock's answers: `/api/chat` and `/api/generate` (NDJSON streams
+//! or one JSON answer; a chat with no messages or a generate with no prompt only loads or,
+//! with `keep_alive: 0`, unloads the model), `/api/embed` and `/api/embeddings`. The model
+//! store is [`crate::ollama_models`].
 //!
 //! A chat with `tools` is answered by a tool call as `agent_turn` decides (arguments: the
 //! last user message as `{"query": …}`), or, once the turn holds a tool result,
@@ -54,6 +56,10 @@ async fn ollama_answer(mock: Mock, body: Bytes, chat: bool) -> Response {
     }
     if plan.model.contains("hang") {
         return hang(tracked).await;
+    }
+    if let Some(reason) = mock.ollama.touch(&body, chat) {
+        tracked.finish();
+        return axum::Json(load_answer(&plan.model, chat, reason)).into_response();
     }
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(true);
     let line = |text: &str, thinking: Option<&str>, done: bool| -> Value {
@@ -144,6 +150,18 @@ async fn ollama_answer(mock: Mock, body: Bytes, chat: bool) -> Response {
         .into_response()
 }
 
+/// The answer to a request that only loads or unloads a model (`done_reason` `load` or
+/// `unload`), as Ollama documents it.
+fn load_answer(model: &str, chat: bool, reason: &str) -> Value {
+    let mut answer = json!({"model": model, "created_at": "2024-01-01T00:00:00Z", "done": true, "done_reason": reason});
+    if chat {
+        answer["message"] = json!({"role": "assistant", "content": ""});
+    } else {
+        answer["response"] = json!("");
+    }
+    answer
+}
+
 /// The call a chat with tools gets (see [`crate::agent_turn`]), with the last user message
 /// as its query; `None` when it answers in text.
 fn tool_call(body: &Value) -> Option<Value> {
@@ -204,20 +222,4 @@ fn ollama_embeddings_of(mock: Mock, body: Bytes, embed: bool) -> Response {
         json!({"embedding": vectors.first().cloned().unwrap_or(json!([]))})
     };
     axum::Json(answer).into_response()
-}
-
-pub(crate) async fn ollama_tags() -> Response {
-    axum::Json(json!({"models": [{"name": "mock-model:latest", "model": "mock-model:latest", "size": 1, "digest": "0", "details": {"family": "mock"}}]})).into_response()
-}
-
-pub(crate) async fn ollama_ps() -> Response {
-    axum::Json(json!({"models": []})).into_response()
-}
-
-pub(crate) async fn ollama_show(body: Bytes) -> Response {
-    let model = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v.get("model").and_then(Value::as_str).map(String::from))
-        .unwrap_or_default();
-    axum::Json(json!({"modelfile": format!("FROM {model}"), "details": {"family": "mock", "parameter_size": "0B"}, "model_info": {}})).into_response()
 }

@@ -43,7 +43,7 @@ pub async fn run(args: Args) -> super::Result {
             tokens: args.tokens,
             token_delay: Duration::from_millis(args.token_delay_ms as u64),
             reasoning: false,
-            cached_tokens: None,
+            ..MockConfig::default()
         },
     )
     .await?;

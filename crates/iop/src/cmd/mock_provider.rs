@@ -22,6 +22,10 @@ pub struct Args {
     /// Report this many cached prompt tokens (prompt_tokens_details.cached_tokens).
     #[arg(long)]
     cached_tokens: Option<u64>,
+    /// Pause before each progress line of an Ollama model pull (`/api/pull`), in
+    /// milliseconds.
+    #[arg(long, default_value_t = 50)]
+    pull_step_ms: u64,
 }
 
 pub async fn run(args: Args) -> super::Result {
@@ -30,6 +34,7 @@ pub async fn run(args: Args) -> super::Result {
         token_delay: Duration::from_millis(args.token_delay_ms),
         reasoning: args.reasoning,
         cached_tokens: args.cached_tokens,
+        pull_step: Duration::from_millis(args.pull_step_ms),
     };
     let server = MockServer::start(args.listen, config)
         .await
