@@ -3,8 +3,10 @@
 //! store's counters), for OpenAI-compatible adapters `tokens.count` (args `body` and `api`:
 //! a prompt counted with the provider's tokenizer, see `adapters::token_count`) and
 //! `models.show` (arg `model`: what its `/v1/models` says of it, see
-//! `adapters::model_info`), and for ollama
-//! adapters, `ollama.tags`, `ollama.ps` and `ollama.show` (arg `model`).
+//! `adapters::model_info`), and for ollama adapters the `ollama.*` family ([`ollama`]:
+//! queries, and pull, delete, copy, create, load, unload).
+
+mod ollama;
 
 use iop_proto::ErrorCode;
 use iop_proto::pb;
@@ -54,29 +56,7 @@ impl NodeRuntime {
                 };
                 Ok(json!({"runs": rows, "store": stats}))
             }
-            name if name.starts_with("ollama.") => {
-                let what = &name["ollama.".len()..];
-                let instance = self.adapter(&request.adapter).ok_or_else(|| {
-                    AdapterError::new(
-                        ErrorCode::NotFound,
-                        format!(
-                            "{name} needs `adapter` naming an ollama adapter of node {} (it has: {})",
-                            self.node_id(),
-                            self.adapter_ids().join(", ")
-                        ),
-                    )
-                })?;
-                let ollama = instance.adapter.ollama().ok_or_else(|| {
-                    AdapterError::not_supported(&format!(
-                        "adapter {} is kind {}, not ollama",
-                        instance.spec.id,
-                        instance.kind()
-                    ))
-                })?;
-                ollama
-                    .query(what, request.args.get("model").map(String::as_str))
-                    .await
-            }
+            name if name.starts_with("ollama.") => self.ollama_command(request).await,
             "models.show" => {
                 let provider = self.tunnel_provider(request)?;
                 let model = request.args.get("model").ok_or_else(|| {
@@ -99,7 +79,7 @@ impl NodeRuntime {
             other => Err(AdapterError::new(
                 ErrorCode::BadRequest,
                 format!(
-                    "unknown command {other:?}; commands are capabilities, transport, usage, sessions, runs, tokens.count, models.show, ollama.tags, ollama.ps, ollama.show"
+                    "unknown command {other:?}; commands are capabilities, transport, usage, sessions, runs, tokens.count, models.show, and ollama.tags, ollama.ps, ollama.show, ollama.pull, ollama.delete, ollama.copy, ollama.create, ollama.load, ollama.unload, ollama.jobs"
                 ),
             )),
         }

@@ -7,7 +7,8 @@
 //! and authenticates to the edge (`tls`, `identity`: the state file); `runtime` is the
 //! state that outlives connections (adapter `instance`s, active runs, store); `runs`, `tunnel` and
 //! `commands` handle the three kinds of work the edge sends (`permits`: how many of a
-//! provider's slots each linked edge may use); `probe` checks each provider's
+//! provider's slots each linked edge may use; `model_jobs`: model pulls on Ollama
+//! providers, which outlive their commands); `probe` checks each provider's
 //! health (`health` is the state machine) and the session reports changes to the edge.
 
 pub(crate) mod adapters;
@@ -19,6 +20,7 @@ pub(crate) mod health;
 pub(crate) mod identity;
 pub(crate) mod instance;
 pub mod link;
+pub(crate) mod model_jobs;
 pub(crate) mod permit_desk;
 pub(crate) mod permits;
 pub(crate) mod probe;

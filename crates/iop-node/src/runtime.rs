@@ -101,6 +101,8 @@ pub struct NodeRuntime {
     pub(crate) fleet: crate::fleet::Fleet,
     /// How many requests each linked edge may have in flight per provider.
     pub(crate) permits: Arc<crate::permit_desk::PermitDesk>,
+    /// Model pulls on the Ollama providers, which outlive the commands that start them.
+    pub(crate) model_jobs: Arc<crate::model_jobs::ModelJobs>,
 }
 
 /// How long a tunnel that passed its gate waits for the provider's answer to acknowledge
@@ -139,6 +141,7 @@ impl NodeRuntime {
             accept_grace: ACCEPT_GRACE,
             fleet: crate::fleet::Fleet::default(),
             permits: Arc::default(),
+            model_jobs: Arc::default(),
         })
     }
 

@@ -2,9 +2,11 @@
 //! images, tool calls, `format`) whose NDJSON lines become delta, reasoning-delta
 //! (`message.thinking`) and tool-call (`message.tool_calls`) events, ending with the final
 //! line's eval counts as usage (finish reason `tool_calls` when the model called tools).
-//! Also answers the `ollama.tags`, `ollama.ps` and `ollama.show` commands.
+//! Also answers the `ollama.tags`, `ollama.ps` and `ollama.show` commands; [`manage`]
+//! pulls, deletes, copies, creates, loads and unloads models.
 
 mod chat;
+pub mod manage;
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -16,7 +18,7 @@ use super::{Adapter, AdapterError, HttpProvider, RunInput};
 use crate::adapters::http::HeadWait;
 use crate::sink::RunSink;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct OllamaAdapter {
     pub provider: HttpProvider,
 }

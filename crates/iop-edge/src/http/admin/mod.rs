@@ -2,20 +2,20 @@
 //! each API key stands against its limits), `/admin/events` (the event bus as SSE:
 //! every prompt and output passes through it), `/metrics` (Prometheus text, or OpenMetrics
 //! when the scraper's `Accept` asks for it), node commands
-//! (`/v1/nodes/{node}/commands/{name}`), the usage ledger ([`usage`]) and node credentials
+//! (`/v1/nodes/{node}/commands/{name}`, [`command`]), the usage ledger ([`usage`]) and node credentials
 //! ([`trust`]) — admin keys only — and the open probes `/healthz` and `/readyz` and the
 //! status page ([`ui`]).
 
+mod command;
 pub mod trust;
 pub mod ui;
 pub mod usage;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -23,7 +23,6 @@ use futures::stream;
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::canonical::ApiError;
 use crate::events::EdgeEvent;
 use crate::service::Edge;
 
@@ -33,7 +32,10 @@ pub fn admin_routes() -> Router<Arc<Edge>> {
         .route("/admin/status", get(status))
         .route("/admin/events", get(events))
         .route("/metrics", get(metrics))
-        .route("/v1/nodes/{node}/commands/{name}", get(command))
+        .route(
+            "/v1/nodes/{node}/commands/{name}",
+            get(command::get_command).post(command::post_command),
+        )
         .merge(trust::routes())
         .merge(usage::routes())
 }
@@ -45,16 +47,6 @@ pub fn open_routes() -> Router<Arc<Edge>> {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(ui::routes())
-}
-
-async fn command(
-    State(edge): State<Arc<Edge>>,
-    Path((node, name)): Path<(String, String)>,
-    Query(mut args): Query<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    let adapter = args.remove("adapter").unwrap_or_default();
-    let result = edge.node_command(&node, &name, &adapter, args).await?;
-    Ok(axum::Json(result).into_response())
 }
 
 async fn status(State(edge): State<Arc<Edge>>) -> Response {

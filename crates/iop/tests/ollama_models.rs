@@ -1,0 +1,319 @@
+//! Managing Ollama models on the nodes with real processes: the `ollama.*` control
+//! commands (pull, delete, copy, create, load, unload, jobs) sent to two nodes' Ollama
+//! providers (the mock provider's Ollama mode, which follows Ollama's documented API)
+//! through the edge's node-command API — admin keys only, `POST` only.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+const CLIENT_KEY: &str = "team-key-0123456789";
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    edge: EdgeProc,
+    _mocks: Vec<MockProc>,
+    _nodes: Vec<Proc>,
+}
+
+async fn setup() -> Setup {
+    let dir = tempdir();
+    // Slow enough pulls that one is seen running, fast enough for a quick test.
+    let a = start_mock(&["--pull-step-ms", "30"]).await;
+    let b = start_mock(&["--pull-step-ms", "30"]).await;
+    let config = format!(
+        r#"
+auth:
+  keys:
+    - {{name: ops, role: admin, key: "{TEST_API_KEY}"}}
+    - {{name: team, role: client, key: {CLIENT_KEY}}}
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers:
+      - {{id: ol, kind: ollama, base_url: "{a}"}}
+      - {{id: mk, kind: mock}}
+  - id: n2
+    token: token-n2-0123456789
+    providers:
+      - {{id: ol, kind: ollama, base_url: "{b}"}}
+"#,
+        a = a.ollama_base(),
+        b = b.ollama_base(),
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let n1 = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    let n2 = start_node("n2", dir.path(), &edge.nodes, "token-n2-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    wait_ready(&edge, "n2").await;
+    Setup {
+        _dir: dir,
+        edge,
+        _mocks: vec![a, b],
+        _nodes: vec![n1, n2],
+    }
+}
+
+fn command_url(edge: &EdgeProc, node: &str, name: &str) -> String {
+    edge.url(&format!("/v1/nodes/{node}/commands/{name}?adapter=ol"))
+}
+
+/// `POST`s a node command with `args` as its body; the status and JSON answer.
+async fn post(edge: &EdgeProc, node: &str, name: &str, args: Value, key: &str) -> (u16, Value) {
+    let response = client()
+        .post(command_url(edge, node, name))
+        .bearer_auth(key)
+        .json(&args)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+async fn admin(edge: &EdgeProc, node: &str, name: &str, args: Value) -> Value {
+    let (status, body) = post(edge, node, name, args, TEST_API_KEY).await;
+    assert_eq!(status, 200, "{name}: {body}");
+    body
+}
+
+async fn query(edge: &EdgeProc, node: &str, name: &str) -> Value {
+    let response = client()
+        .get(command_url(edge, node, name))
+        .bearer_auth(TEST_API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn models_are_pulled_loaded_copied_created_and_deleted_on_the_nodes() {
+    let s = setup().await;
+    let edge = &s.edge;
+
+    // n1: a pull the command waits for.
+    let pulled = admin(edge, "n1", "ollama.pull", json!({"model": "tiny:1b"})).await;
+    assert_eq!(pulled["state"], "succeeded", "{pulled}");
+    assert_eq!(pulled["model"], "tiny:1b");
+    assert!(names(&query(edge, "n1", "ollama.tags").await).contains(&"tiny:1b".to_string()));
+
+    // n2: a pull answered at once, still running; the job goes on without the command
+    // and `ollama.jobs` follows it to its end, its progress never going back.
+    let started = admin(
+        edge,
+        "n2",
+        "ollama.pull",
+        json!({"model": "tiny:1b", "wait_ms": 0}),
+    )
+    .await;
+    assert_eq!(started["state"], "running", "{started}");
+    let mut seen: Vec<u64> = Vec::new();
+    let finished = loop {
+        let jobs = query(edge, "n2", "ollama.jobs").await;
+        let job = jobs["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["id"] == started["id"])
+            .cloned()
+            .unwrap_or_else(|| panic!("{jobs}"));
+        if let Some(done) = job["progress"]["completed"].as_u64()
+            && job["progress"]["total"].as_u64() > Some(1000)
+        {
+            seen.push(done);
+        }
+        if job["state"] != "running" {
+            break job;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(finished["state"], "succeeded", "{finished}");
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+    assert!(names(&query(edge, "n2", "ollama.tags").await).contains(&"tiny:1b".to_string()));
+
+    // Load and unload: `ollama.ps` shows the loaded model until it is unloaded.
+    let loaded = admin(edge, "n1", "ollama.load", json!({"model": "tiny:1b"})).await;
+    assert_eq!(loaded["done_reason"], "load", "{loaded}");
+    let ps = query(edge, "n1", "ollama.ps").await;
+    assert_eq!(names(&ps), ["tiny:1b"], "{ps}");
+    assert!(ps["models"][0]["expires_at"].is_string(), "{ps}");
+    let unloaded = admin(edge, "n1", "ollama.unload", json!({"model": "tiny:1b"})).await;
+    assert_eq!(unloaded["done_reason"], "unload", "{unloaded}");
+    assert!(names(&query(edge, "n1", "ollama.ps").await).is_empty());
+
+    // Copy, and create from it with a system prompt and parameters.
+    admin(
+        edge,
+        "n1",
+        "ollama.copy",
+        json!({"source": "tiny:1b", "destination": "tiny:copy"}),
+    )
+    .await;
+    admin(
+        edge,
+        "n1",
+        "ollama.create",
+        json!({"model": "tiny-brief", "from": "tiny:copy", "system": "Be brief.",
+               "parameters": {"temperature": 0.1}}),
+    )
+    .await;
+    let shown = client()
+        .get(format!(
+            "{}&model=tiny-brief",
+            command_url(edge, "n1", "ollama.show")
+        ))
+        .bearer_auth(TEST_API_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(shown["system"], "Be brief.", "{shown}");
+    assert_eq!(shown["parameters"]["temperature"], 0.1, "{shown}");
+
+    // Delete; a second delete is Ollama's 404, with its message.
+    admin(edge, "n1", "ollama.delete", json!({"model": "tiny:copy"})).await;
+    let tags = names(&query(edge, "n1", "ollama.tags").await);
+    assert!(!tags.contains(&"tiny:copy".to_string()), "{tags:?}");
+    let (status, body) = post(
+        edge,
+        "n1",
+        "ollama.delete",
+        json!({"model": "tiny:copy"}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not found"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn failures_and_refusals_are_clear() {
+    let s = setup().await;
+    let edge = &s.edge;
+
+    // An error line inside Ollama's 200 stream fails the pull with its text.
+    let (status, body) = post(
+        edge,
+        "n1",
+        "ollama.pull",
+        json!({"model": "missing-model"}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert!(status >= 400, "{status} {body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("file does not exist"), "{body}");
+    // Half way through a download, too.
+    let (status, body) = post(
+        edge,
+        "n2",
+        "ollama.pull",
+        json!({"model": "error-mid-pull"}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert!(status >= 400, "{status} {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max retries exceeded"),
+        "{body}"
+    );
+    let jobs = query(edge, "n2", "ollama.jobs").await;
+    assert_eq!(jobs["jobs"][0]["state"], "failed", "{jobs}");
+
+    // Model names are checked on the node before Ollama sees them.
+    let (status, body) = post(
+        edge,
+        "n1",
+        "ollama.pull",
+        json!({"model": "../../etc/passwd"}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("invalid model name"),
+        "{body}"
+    );
+
+    // A command that changes the node is POST only, and admin only.
+    let response = client()
+        .get(format!(
+            "{}&model=tiny",
+            command_url(edge, "n1", "ollama.pull")
+        ))
+        .bearer_auth(TEST_API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers()["allow"], "POST");
+    let (status, _) = post(
+        edge,
+        "n1",
+        "ollama.pull",
+        json!({"model": "tiny"}),
+        CLIENT_KEY,
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _) = post(
+        edge,
+        "n1",
+        "ollama.delete",
+        json!({"model": "mock-model"}),
+        CLIENT_KEY,
+    )
+    .await;
+    assert_eq!(status, 403);
+    // Nothing was pulled or deleted by the refused calls.
+    let tags = names(&query(edge, "n1", "ollama.tags").await);
+    assert_eq!(tags, ["mock-model:latest"], "{tags:?}");
+
+    // On an adapter that is not Ollama's: 501, as for the queries.
+    let response = client()
+        .post(edge.url("/v1/nodes/n1/commands/ollama.pull?adapter=mk"))
+        .bearer_auth(TEST_API_KEY)
+        .json(&json!({"model": "tiny"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 501);
+    // A body that is not an object of arguments.
+    let response = client()
+        .post(command_url(edge, "n1", "ollama.pull"))
+        .bearer_auth(TEST_API_KEY)
+        .body("[1, 2]")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+}
