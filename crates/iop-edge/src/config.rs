@@ -42,8 +42,8 @@ pub use model_group::{
 pub use node::{MIN_TOKEN_CHARS, NodeConfig};
 pub use node_limits::NodeLimitsConfig;
 pub use provider::{
-    CapacityConfig, CliConfig, DEFAULT_TUNNEL_APIS, MAX_CLI_SESSION_IDLE_SEC, MAX_CLI_SESSIONS,
-    MockConfig, ProviderApi, ProviderConfig, ProviderKind, TunnelUsage,
+    CapacityConfig, CliConfig, DEFAULT_TUNNEL_APIS, LocalModels, MAX_CLI_SESSION_IDLE_SEC,
+    MAX_CLI_SESSIONS, MockConfig, ProviderApi, ProviderConfig, ProviderKind, TunnelUsage,
 };
 pub use secret::{Env, TokenHash, hash_token};
 pub use shutdown::ShutdownConfig;
@@ -363,7 +363,14 @@ impl EdgeConfig {
         self.health.validate().map_err(|e| e.under("health"))?;
         self.dispatch.validate().map_err(|e| e.under("dispatch"))?;
         self.http.validate().map_err(|e| e.under("http"))?;
-        self.auth.validate(&self.model_groups)?;
+        let local = |name: &str| {
+            self.nodes
+                .iter()
+                .flat_map(|n| &n.providers)
+                .filter_map(|p| p.local_models())
+                .any(|m| m.exposes(name))
+        };
+        self.auth.validate(&self.model_groups, &local)?;
         self.ledger.validate().map_err(|e| e.under("ledger"))?;
         self.shutdown.validate().map_err(|e| e.under("shutdown"))?;
         self.store.validate().map_err(|e| e.under("store"))?;

@@ -21,6 +21,7 @@ pub(crate) mod http;
 pub(crate) mod key_limits;
 pub(crate) mod lease;
 pub(crate) mod ledger;
+pub(crate) mod local_models;
 pub(crate) mod metrics;
 pub(crate) mod payload;
 pub(crate) mod pem;
@@ -255,6 +256,8 @@ impl EdgeServer {
             .spawn(http::auth::summarize_failures(edge.clone()));
         edge.tasks()
             .spawn(service::permits::report_demand(edge.clone()));
+        edge.tasks()
+            .spawn(service::models::refresh_local_models(edge.clone()));
         if let Some(store) = shared {
             let fleet = Arc::new(store::edges::Fleet::default());
             let _ = edge.fleet.set(fleet.clone());

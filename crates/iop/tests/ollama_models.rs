@@ -317,3 +317,302 @@ async fn failures_and_refusals_are_clear() {
         .unwrap();
     assert_eq!(response.status(), 400);
 }
+
+/// The lines of an NDJSON body.
+fn lines(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// The model names the edge's `/api/tags` lists for `key`.
+async fn edge_tags(edge: &EdgeProc, key: &str) -> Vec<String> {
+    let tags: Value = client()
+        .get(edge.url("/api/tags"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    names(&tags)
+}
+
+async fn fleet(
+    edge: &EdgeProc,
+    method: reqwest::Method,
+    path: &str,
+    body: Value,
+    key: &str,
+) -> reqwest::Response {
+    client()
+        .request(method, edge.url(path))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_admin_pulls_onto_the_fleet_and_clients_use_the_model_by_name() {
+    let s = setup().await;
+    let edge = &s.edge;
+
+    // Ollama's own /api/pull on the edge: progress from both nodes, each naming its
+    // target and never going back, one success per target, and a last plain success.
+    let response = fleet(
+        edge,
+        reqwest::Method::POST,
+        "/api/pull",
+        json!({"model": "tiny:1b"}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+    let all = lines(&response.text().await.unwrap());
+    assert_eq!(
+        all.last().unwrap(),
+        &json!({"status": "success"}),
+        "{all:?}"
+    );
+    for node in ["n1", "n2"] {
+        let own: Vec<&Value> = all.iter().filter(|l| l["node"] == node).collect();
+        assert!(own.iter().all(|l| l["provider"] == "ol"), "{own:?}");
+        assert_eq!(own.last().unwrap()["status"], "success", "{own:?}");
+        let progress: Vec<(String, u64)> = own
+            .iter()
+            .filter_map(|l| Some((l["digest"].as_str()?.to_string(), l["completed"].as_u64()?)))
+            .collect();
+        assert!(!progress.is_empty(), "{own:?}");
+        for pair in progress.windows(2) {
+            if pair[0].0 == pair[1].0 {
+                assert!(pair[0].1 <= pair[1].1, "{progress:?}");
+            }
+        }
+    }
+
+    // The model is a group of its own at once, on both nodes, in both catalogs.
+    assert!(
+        edge_tags(edge, CLIENT_KEY)
+            .await
+            .contains(&"tiny:1b".to_string())
+    );
+    let models: Value = client()
+        .get(edge.url("/v1/models"))
+        .bearer_auth(CLIENT_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "tiny:1b"),
+        "{models}"
+    );
+    let status = status(edge).await;
+    let group = status["model_groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "tiny:1b")
+        .cloned()
+        .unwrap_or_else(|| panic!("{status}"));
+    assert_eq!(group["members"].as_array().unwrap().len(), 2, "{group}");
+
+    // Clients use it by name through Ollama's API and OpenAI's.
+    let chat = fleet(edge, reqwest::Method::POST, "/api/chat",
+        json!({"model": "tiny:1b", "stream": false, "messages": [{"role": "user", "content": "hi"}]}),
+        CLIENT_KEY).await;
+    assert_eq!(chat.status(), 200);
+    let chat: Value = chat.json().await.unwrap();
+    assert!(
+        chat["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Hello"),
+        "{chat}"
+    );
+    let completion = fleet(
+        edge,
+        reqwest::Method::POST,
+        "/v1/chat/completions",
+        json!({"model": "tiny:1b", "messages": [{"role": "user", "content": "hi"}]}),
+        CLIENT_KEY,
+    )
+    .await;
+    assert_eq!(completion.status(), 200);
+    let completion: Value = completion.json().await.unwrap();
+    assert_eq!(completion["model"], "tiny:1b", "{completion}");
+
+    // Deleted everywhere, it leaves the catalog; a second delete finds it nowhere.
+    let deleted = fleet(
+        edge,
+        reqwest::Method::DELETE,
+        "/api/delete",
+        json!({"model": "tiny:1b"}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert_eq!(deleted.status(), 200);
+    let deleted: Value = deleted.json().await.unwrap();
+    assert_eq!(deleted["results"].as_array().unwrap().len(), 2, "{deleted}");
+    assert!(
+        !edge_tags(edge, CLIENT_KEY)
+            .await
+            .contains(&"tiny:1b".to_string())
+    );
+    let again = fleet(
+        edge,
+        reqwest::Method::DELETE,
+        "/api/delete",
+        json!({"model": "tiny:1b"}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert_eq!(again.status(), 404);
+    let again: Value = again.json().await.unwrap();
+    assert!(
+        again["error"].as_str().unwrap().contains("not found"),
+        "{again}"
+    );
+}
+
+#[tokio::test]
+async fn fleet_pulls_fail_clearly_outlive_their_client_and_need_an_admin() {
+    let s = setup().await;
+    let edge = &s.edge;
+
+    // An error line inside Ollama's stream fails that target with its text, and the last
+    // line says which targets failed.
+    let response = fleet(
+        edge,
+        reqwest::Method::POST,
+        "/api/pull?node=n2",
+        json!({"model": "missing-model"}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let all = lines(&response.text().await.unwrap());
+    assert!(
+        all.iter().all(|l| l.get("node").is_none_or(|n| n == "n2")),
+        "{all:?}"
+    );
+    let last = all.last().unwrap();
+    assert!(last["error"].as_str().unwrap().contains("n2/ol"), "{all:?}");
+    assert!(
+        last["error"]
+            .as_str()
+            .unwrap()
+            .contains("file does not exist"),
+        "{all:?}"
+    );
+    // Not streamed: the outcome alone, an error as a 500.
+    let response = fleet(
+        edge,
+        reqwest::Method::POST,
+        "/api/pull",
+        json!({"model": "missing-model", "stream": false}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert_eq!(response.status(), 500);
+
+    // A client that leaves after the first line does not stop the pull: the model
+    // arrives and becomes a group all the same.
+    let mut response = fleet(
+        edge,
+        reqwest::Method::POST,
+        "/api/pull",
+        json!({"model": "left:1b"}),
+        TEST_API_KEY,
+    )
+    .await;
+    let first = response.chunk().await.unwrap().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&first).contains("\"success\""),
+        "{first:?}"
+    );
+    drop(response);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !edge_tags(edge, TEST_API_KEY)
+        .await
+        .contains(&"left:1b".to_string())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pull did not finish without its client"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for node in ["n1", "n2"] {
+        assert!(names(&query(edge, node, "ollama.tags").await).contains(&"left:1b".to_string()));
+    }
+
+    // Client keys may not manage models, in Ollama's error shape; nothing happens.
+    for (method, path) in [
+        (reqwest::Method::POST, "/api/pull"),
+        (reqwest::Method::DELETE, "/api/delete"),
+        (reqwest::Method::POST, "/api/copy"),
+        (reqwest::Method::POST, "/api/create"),
+    ] {
+        let response = fleet(
+            edge,
+            method,
+            path,
+            json!({"model": "left:1b", "source": "left:1b", "destination": "x", "from": "left:1b"}),
+            CLIENT_KEY,
+        )
+        .await;
+        assert_eq!(response.status(), 403, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert!(body["error"].as_str().unwrap().contains("admin"), "{body}");
+    }
+    assert!(names(&query(edge, "n1", "ollama.tags").await).contains(&"left:1b".to_string()));
+
+    // Copy and create across the fleet, selected by header: only n1 gets them.
+    let copied = client()
+        .post(edge.url("/api/copy"))
+        .bearer_auth(TEST_API_KEY)
+        .header("x-iop-node", "n1")
+        .json(&json!({"source": "left:1b", "destination": "right:1b"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(copied.status(), 200);
+    assert!(names(&query(edge, "n1", "ollama.tags").await).contains(&"right:1b".to_string()));
+    assert!(!names(&query(edge, "n2", "ollama.tags").await).contains(&"right:1b".to_string()));
+    let created = fleet(
+        edge,
+        reqwest::Method::POST,
+        "/api/create",
+        json!({"model": "brief", "from": "left:1b", "system": "Be brief."}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert_eq!(created.status(), 200);
+    let tags = edge_tags(edge, TEST_API_KEY).await;
+    assert!(
+        tags.contains(&"brief".to_string()) && tags.contains(&"right:1b".to_string()),
+        "{tags:?}"
+    );
+    // Nothing matches the selector: a clear error.
+    let none = fleet(
+        edge,
+        reqwest::Method::POST,
+        "/api/pull?node=ghost",
+        json!({"model": "x"}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert_eq!(none.status(), 503);
+}

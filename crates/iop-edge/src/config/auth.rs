@@ -168,8 +168,14 @@ Write each key as an entry of auth.keys, e.g.\n  auth:\n    keys:\n      \
 `printf %s KEY | sha256sum`; keys need at least 16 characters)";
 
 impl AuthConfig {
-    /// Checks the keys; the error names the field by its YAML path.
-    pub fn validate(&self, groups: &[ModelGroupConfig]) -> Result<(), FieldError> {
+    /// Checks the keys; the error names the field by its YAML path. `local` says whether
+    /// a name no configured group has may still be a group of an Ollama provider's own
+    /// models (`models:` on an Ollama provider).
+    pub fn validate(
+        &self,
+        groups: &[ModelGroupConfig],
+        local: &dyn Fn(&str) -> bool,
+    ) -> Result<(), FieldError> {
         if self.api_keys.is_some() {
             return Err(FieldError::new("auth.api_keys".into(), MIGRATION.into()));
         }
@@ -223,10 +229,12 @@ impl AuthConfig {
                     ));
                 }
                 for (m, model) in models.iter().enumerate() {
-                    if !groups.iter().any(|g| &g.name == model) {
+                    if !groups.iter().any(|g| &g.name == model) && !local(model) {
                         return Err(FieldError::new(
                             format!("{at}.models[{m}]"),
-                            format!("no model group named {model:?} in model_groups[]"),
+                            format!(
+                                "no model group named {model:?} in model_groups[], and no Ollama provider's `models:` serves a model of that name"
+                            ),
                         ));
                     }
                 }

@@ -25,6 +25,10 @@ pub struct ModelGroupConfig {
     /// Who the model is from, as `/v1/models` reports it (`owned_by`; default `iop`).
     #[serde(default)]
     pub owned_by: Option<String>,
+    /// Made by the edge for a model its Ollama providers hold (`models:` on an Ollama
+    /// provider), not written in the config.
+    #[serde(skip)]
+    pub local: bool,
 }
 
 /// Longest `owned_by`.

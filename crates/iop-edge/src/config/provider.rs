@@ -117,6 +117,83 @@ pub struct ProviderConfig {
     /// request for a provider that does not list it is translated to chat.
     #[serde(default)]
     pub apis: Option<Vec<ProviderApi>>,
+    /// ollama: which of the models the Ollama server holds the edge serves as model
+    /// groups of their own name: `auto` (the default: all of them), a list of patterns
+    /// (`*` matches any run of characters: `[llama3.2:*, qwen*]`), or `[]` (none).
+    #[serde(default)]
+    pub models: Option<LocalModels>,
+}
+
+/// An Ollama provider's `models:` setting.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum LocalModels {
+    /// `auto`.
+    Word(String),
+    Patterns(Vec<String>),
+}
+
+/// The longest list of `models:` patterns.
+pub const MAX_MODEL_PATTERNS: usize = 256;
+
+impl LocalModels {
+    /// Whether a model the server holds is served as a group (`name` as Ollama lists it,
+    /// e.g. `llama3.2:latest`; a pattern without a tag also matches its `:latest`).
+    pub fn exposes(&self, name: &str) -> bool {
+        match self {
+            LocalModels::Word(_) => true,
+            LocalModels::Patterns(patterns) => patterns.iter().any(|p| {
+                glob_match(p, name)
+                    || name
+                        .strip_suffix(":latest")
+                        .is_some_and(|short| glob_match(p, short))
+            }),
+        }
+    }
+
+    /// Whether some model name could be served (not `[]`).
+    pub fn any(&self) -> bool {
+        !matches!(self, LocalModels::Patterns(p) if p.is_empty())
+    }
+
+    fn validate(&self) -> Result<(), FieldError> {
+        let invalid = |message: String| Err(FieldError::new("models".into(), message));
+        match self {
+            LocalModels::Word(word) if word == "auto" => Ok(()),
+            LocalModels::Word(word) => invalid(format!(
+                "{word:?} is not a setting: give `auto`, a list of model name patterns, or `[]`"
+            )),
+            LocalModels::Patterns(patterns) if patterns.len() > MAX_MODEL_PATTERNS => {
+                invalid(format!("at most {MAX_MODEL_PATTERNS} patterns"))
+            }
+            LocalModels::Patterns(patterns) => {
+                match patterns.iter().find(|p| p.trim().is_empty()) {
+                    Some(_) => invalid("a pattern must not be empty".into()),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of characters.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// An HTTP API a provider can serve itself (`apis:`), named by its endpoint.
@@ -185,6 +262,19 @@ fn yes() -> bool {
 }
 
 impl ProviderConfig {
+    /// Which of its server's models an Ollama provider serves as groups of their own
+    /// (`None` for other kinds, and for an Ollama provider with `models: []`).
+    pub fn local_models(&self) -> Option<LocalModels> {
+        if self.kind != ProviderKind::Ollama {
+            return None;
+        }
+        let models = self
+            .models
+            .clone()
+            .unwrap_or_else(|| LocalModels::Word("auto".into()));
+        models.any().then_some(models)
+    }
+
     pub fn max_concurrency(&self) -> u32 {
         self.max_concurrency
             .unwrap_or(self.capacity.normal + self.capacity.long)
@@ -369,6 +459,15 @@ impl ProviderConfig {
         }
         if let Some(health) = &p.health {
             health.validate().map_err(|e| e.under("health"))?;
+        }
+        if let Some(models) = &p.models {
+            if p.kind != ProviderKind::Ollama {
+                return err(
+                    "models",
+                    format!("only for kind ollama, not {}", p.kind.as_str()),
+                );
+            }
+            models.validate()?;
         }
         if p.tunnel_usage.is_some() && !p.kind.is_tunnel() {
             return err(

@@ -13,7 +13,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use super::client_addr::ClientAddr;
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use crate::auth::Caller;
 use crate::canonical::ApiError;
@@ -107,11 +107,13 @@ fn identify(edge: &Edge, request: &mut Request, from: KeyHeaders) -> Result<(), 
 pub async fn require_admin(request: Request, next: Next) -> Response {
     match request.extensions().get::<Caller>() {
         Some(caller) if caller.is_admin() => next.run(request).await,
-        _ => ApiError::forbidden(format!(
-            "{} needs an admin API key; this key's role is client",
-            request.uri().path()
-        ))
-        .into_response(),
+        _ => {
+            let path = request.uri().path();
+            let e = ApiError::forbidden(format!(
+                "{path} needs an admin API key; this key's role is client"
+            ));
+            super::error::response(super::shape_of(path), e)
+        }
     }
 }
 

@@ -10,8 +10,9 @@
 //!   serve, render: `surfaces` and `service` do the work), with [`answer`] rendering
 //!   canonical answers and [`passthrough`] relaying a provider's own bytes;
 //! - [`runs`]: the native runs API; [`models`] and [`ollama`]: the model catalogs;
-//! - [`admin`]: status, metrics, usage, node credentials, node commands (admin keys
-//!   only), and the open probes and status page.
+//! - [`admin`]: status, metrics, usage, node credentials, node commands, and
+//!   [`ollama_models`]: Ollama's model management across the fleet (admin keys only);
+//!   and the open probes and status page.
 //!
 //! On an edge without keys every route is open. Errors render in the shape of the API a
 //! request was for ([`error`]).
@@ -31,6 +32,7 @@ pub mod front;
 pub mod model;
 pub mod models;
 pub mod ollama;
+pub mod ollama_models;
 pub mod passthrough;
 pub mod request_id;
 pub mod runs;
@@ -53,7 +55,9 @@ pub use server::serve_http;
 /// The routes of the HTTP application ([`front::App`] puts them behind the request id,
 /// CORS and the body limit).
 pub fn router(edge: Arc<Edge>) -> Router {
-    let admin = admin::admin_routes().route_layer(middleware::from_fn(auth::require_admin));
+    let admin = admin::admin_routes()
+        .merge(ollama_models::routes())
+        .route_layer(middleware::from_fn(auth::require_admin));
     let authenticated = model::routes(&edge)
         .merge(count_tokens::routes())
         .merge(models::routes())

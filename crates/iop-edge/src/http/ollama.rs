@@ -1,8 +1,9 @@
 //! Ollama's catalog endpoints on the edge: `/api/version`, `/api/tags`, `/api/ps` and
 //! `/api/show` (the model groups as Ollama models, `surfaces::ollama::catalog`). Its
 //! model endpoints (chat, generate, embeddings) are served by the one model handler
-//! (`http::model`). Endpoints that manage Ollama's local model store (`/api/pull`,
-//! `/api/push`, `/api/create`, `/api/copy`, `/api/delete`, `/api/blobs/…`) answer 501.
+//! (`http::model`); those that manage the nodes' Ollama models (`/api/pull`,
+//! `/api/delete`, `/api/copy`, `/api/create`) by `http::ollama_models`, for admin keys.
+//! Pushing to a registry and uploading blobs (`/api/push`, `/api/blobs/…`) answer 501.
 //! Errors take Ollama's shape.
 
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use axum::Router;
 use axum::extract::{Extension, State};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, delete, get, post};
+use axum::routing::{any, get, post};
 use iop_proto::ErrorCode;
 use serde_json::{Value, json};
 
@@ -34,11 +35,7 @@ pub fn routes() -> Router<Arc<Edge>> {
         .route("/api/tags", get(tags))
         .route("/api/ps", get(ps))
         .route("/api/show", post(show))
-        .route("/api/pull", post(not_supported))
         .route("/api/push", post(not_supported))
-        .route("/api/create", post(not_supported))
-        .route("/api/copy", post(not_supported))
-        .route("/api/delete", delete(not_supported))
         .route("/api/blobs/{digest}", any(not_supported))
 }
 
@@ -71,7 +68,9 @@ async fn not_supported(uri: Uri) -> Response {
         ErrorCode::NotImplemented,
         format!(
             "{} is not served here: this Ollama API is served by iop, whose models are the \
-             model groups its nodes serve; manage models on the nodes' own servers",
+             model groups its nodes serve; an admin key pulls, copies, creates and \
+             deletes models on the nodes' Ollama servers with /api/pull, /api/copy, \
+             /api/create and /api/delete",
             uri.path()
         ),
     ))

@@ -24,6 +24,7 @@ mod errors;
 pub mod fleet;
 pub mod health;
 pub mod keys;
+pub mod models;
 pub mod nodes;
 pub mod permits;
 pub mod pipeline;
@@ -232,6 +233,13 @@ pub struct Edge {
     trust: Option<Arc<TrustStore>>,
     /// What this edge last told each node granting it permits.
     permit_reports: permits::PermitReports,
+    /// The config as the file has it (what is served adds the Ollama providers' own
+    /// models, [`crate::local_models`]).
+    file_config: RwLock<Arc<EdgeConfig>>,
+    /// What each Ollama provider's server holds, as last asked.
+    held_models: parking_lot::Mutex<crate::local_models::Held>,
+    /// Asks the model refresher to look again (a node became ready).
+    pub(crate) models_stale: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Edge {
@@ -263,6 +271,9 @@ impl Edge {
             keys: Keys::new(&config.auth, today),
             dispatcher: DispatchState::new(&config),
             telemetry: Telemetry::new(&config, ledger),
+            file_config: RwLock::new(Arc::new(config.clone())),
+            held_models: Default::default(),
+            models_stale: tokio::sync::Notify::new(),
             config: RwLock::new(Arc::new(config)),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
@@ -392,6 +403,7 @@ impl Edge {
             ReadyOutcome::Activated => {
                 self.refresh_if_stale(node_id, outbound);
                 self.dispatcher.admission.node_ready(node_id, generation);
+                self.models_stale.notify_one();
                 tracing::info!(node_id, %generation, peer, "node ready");
                 self.telemetry
                     .events

@@ -44,8 +44,21 @@ pub struct ReloadReport {
 }
 
 impl Edge {
-    /// Applies `new` (already validated) to the running edge.
+    /// Applies `new` (already validated, as the file has it) to the running edge, with
+    /// the groups of the Ollama providers' own models added.
     pub fn reload(&self, new: EdgeConfig) -> ReloadReport {
+        let held = self.held_models.lock();
+        *self.file_config.write() = Arc::new(new.clone());
+        self.apply_config(crate::local_models::with_local_groups(&new, &held))
+    }
+
+    /// The config as the file has it.
+    pub fn file_config(&self) -> Arc<EdgeConfig> {
+        self.file_config.read().clone()
+    }
+
+    /// Serves `new` from now on.
+    pub(crate) fn apply_config(&self, new: EdgeConfig) -> ReloadReport {
         let old = self.config();
         let mut report = ReloadReport::default();
         if new.listen.nodes != old.listen.nodes || new.listen.http != old.listen.http {

@@ -145,7 +145,10 @@ impl OllamaAdapter {
             .provider
             .request(reqwest::Method::DELETE, "/api/delete")
             .json(&json!({"model": model}));
-        self.provider.accepted(request, HeadWait::Whole).await?;
+        self.provider
+            .accepted(request, HeadWait::Whole)
+            .await
+            .map_err(model_missing)?;
         Ok(json!({"deleted": model}))
     }
 
@@ -157,7 +160,10 @@ impl OllamaAdapter {
             .provider
             .request(reqwest::Method::POST, "/api/copy")
             .json(&json!({"source": source, "destination": destination}));
-        self.provider.accepted(request, HeadWait::Whole).await?;
+        self.provider
+            .accepted(request, HeadWait::Whole)
+            .await
+            .map_err(model_missing)?;
         Ok(json!({"copied": source, "to": destination}))
     }
 
@@ -194,12 +200,25 @@ impl OllamaAdapter {
         request: reqwest::RequestBuilder,
         progress: &mut (dyn FnMut(Progress) + Send),
     ) -> Result<(), AdapterError> {
-        let response = self.provider.accepted(request, HeadWait::Streamed).await?;
+        let response = self
+            .provider
+            .accepted(request, HeadWait::Streamed)
+            .await
+            .map_err(model_missing)?;
         let provider = self.provider.clone();
         let body = response
             .bytes_stream()
             .map(move |chunk| chunk.map_err(|e| provider.transport_error(&e)));
         read_progress(body, &self.provider.id, LINE_IDLE, progress).await
+    }
+}
+
+/// Ollama's 404 to a management call: the model is not there (`not_found`).
+fn model_missing(e: AdapterError) -> AdapterError {
+    if e.code == ErrorCode::UnknownTarget {
+        AdapterError::new(ErrorCode::NotFound, e.message)
+    } else {
+        e
     }
 }
 

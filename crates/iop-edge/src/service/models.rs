@@ -1,0 +1,282 @@
+//! Model management across the fleet: which Ollama providers an operation targets (every
+//! enabled Ollama provider on a connected node, or those a selector names), and following
+//! a model pull on each. A pull is a job on the node (`ollama.pull`, answered at once);
+//! the edge follows it by asking the node for its jobs every [`PULL_POLL`], so progress
+//! reaches the client a few times a second whatever Ollama sends, and the job goes on
+//! when the client leaves. A node that cannot be asked for [`PULL_LOST_AFTER`] ends the
+//! follow with an error (the pull may still finish there).
+//!
+//! It also keeps the groups of the Ollama providers' own models ([`crate::local_models`])
+//! current: each provider's server is asked what it holds (`ollama.tags`) when a node
+//! becomes ready, after every model operation, and every [`MODELS_REFRESH`].
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::Stream;
+use serde_json::{Value, json};
+
+use super::Edge;
+use super::command::CommandError;
+use crate::config::ProviderKind;
+
+/// How often a followed pull is asked for its progress.
+pub const PULL_POLL: Duration = Duration::from_millis(250);
+/// How often a pull whose client left is asked for its progress.
+pub const PULL_POLL_UNWATCHED: Duration = Duration::from_secs(2);
+/// How long a followed pull's node may go unanswered before the follow gives up.
+pub const PULL_LOST_AFTER: Duration = Duration::from_secs(60);
+
+/// How often the Ollama providers are asked which models they hold.
+pub const MODELS_REFRESH: Duration = Duration::from_secs(60);
+/// How long one provider may take to say which models it holds.
+pub const TAGS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One Ollama provider an operation runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub node: String,
+    pub provider: String,
+}
+
+/// What a followed job says next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobUpdate {
+    /// Ollama's latest progress line (`status`, `digest`, `total`, `completed`).
+    Progress(Value),
+    Succeeded,
+    Failed(String),
+}
+
+impl Edge {
+    /// Asks the Ollama providers on connected nodes (of `node` only, when given) which
+    /// models they hold, and serves groups for them from now on. A provider that does not
+    /// answer keeps what it held.
+    pub async fn refresh_local_models(&self, node: Option<&str>) {
+        let config = self.file_config();
+        let targets: Vec<Target> = self
+            .ollama_targets(node, None)
+            .into_iter()
+            .filter(|t| {
+                super::provider_of(&config, &t.node, &t.provider)
+                    .is_some_and(|p| p.local_models().is_some())
+            })
+            .collect();
+        let asks = targets.iter().map(|t| async move {
+            let tags =
+                tokio::time::timeout(TAGS_TIMEOUT, self.target_command(t, "ollama.tags", &[]));
+            (t, tags.await)
+        });
+        let answers = futures::future::join_all(asks).await;
+        let mut held = self.held_models.lock();
+        let before = held.clone();
+        for (target, answer) in answers {
+            let key = (target.node.clone(), target.provider.clone());
+            match answer {
+                Ok(Ok(tags)) => {
+                    let names = tags["models"]
+                        .as_array()
+                        .map(|models| {
+                            models
+                                .iter()
+                                .filter_map(|m| m["name"].as_str().or_else(|| m["model"].as_str()))
+                                .map(String::from)
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    held.insert(key, names);
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(node_id = %target.node, provider = %target.provider, %e, "cannot list the provider's models; keeping what it held")
+                }
+                Err(_) => {
+                    tracing::debug!(node_id = %target.node, provider = %target.provider, "listing the provider's models timed out; keeping what it held")
+                }
+            }
+        }
+        if *held == before {
+            return;
+        }
+        let file = self.file_config();
+        let served = crate::local_models::with_local_groups(&file, &held);
+        let local: Vec<&str> = served
+            .model_groups
+            .iter()
+            .filter(|g| g.local)
+            .map(|g| g.name.as_str())
+            .collect();
+        tracing::info!(groups = ?local, "the Ollama providers' own models changed: serving them as model groups");
+        self.apply_config(served);
+    }
+
+    /// The enabled Ollama providers on connected nodes, narrowed to `node` and `provider`
+    /// when given.
+    pub fn ollama_targets(&self, node: Option<&str>, provider: Option<&str>) -> Vec<Target> {
+        let config = self.config();
+        config
+            .nodes
+            .iter()
+            .filter(|n| node.is_none_or(|want| n.id == want))
+            .filter(|n| self.session(&n.id).is_some())
+            .flat_map(|n| {
+                n.providers
+                    .iter()
+                    .filter(|p| p.kind == ProviderKind::Ollama && p.enabled)
+                    .filter(|p| provider.is_none_or(|want| p.id == want))
+                    .map(|p| Target {
+                        node: n.id.clone(),
+                        provider: p.id.clone(),
+                    })
+            })
+            .collect()
+    }
+
+    /// Runs the node command `name` on `target` with `args`.
+    pub async fn target_command(
+        &self,
+        target: &Target,
+        name: &str,
+        args: &[(&str, &str)],
+    ) -> Result<Value, CommandError> {
+        let args: HashMap<String, String> = args
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.node_command(&target.node, name, &target.provider, args)
+            .await
+    }
+
+    /// Starts pulling `model` on `target` (or joins its pull running there) and follows
+    /// it to its end: progress when it changes, then success or failure. A client that
+    /// drops the stream stops neither the pull nor the following, which slows to
+    /// [`PULL_POLL_UNWATCHED`]: when the pull ends the edge looks at the provider's models
+    /// again either way.
+    pub fn follow_pull(
+        self: &std::sync::Arc<Self>,
+        target: Target,
+        model: String,
+    ) -> impl Stream<Item = JobUpdate> + Send + 'static {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let edge = self.clone();
+        self.tasks().spawn(async move {
+            let shutdown = edge.shutdown_token().clone();
+            tokio::select! {
+                _ = edge.follow(&target, &model, &tx) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            edge.models_stale.notify_one();
+        });
+        futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|update| (update, rx))
+        })
+    }
+
+    async fn start_pull(&self, target: &Target, model: &str) -> Result<String, CommandError> {
+        let job = self
+            .target_command(target, "ollama.pull", &[("model", model), ("wait_ms", "0")])
+            .await?;
+        Ok(job["id"].as_str().unwrap_or_default().to_string())
+    }
+
+    async fn follow(
+        &self,
+        target: &Target,
+        model: &str,
+        tx: &tokio::sync::mpsc::Sender<JobUpdate>,
+    ) {
+        let mut id = match self.start_pull(target, model).await {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = tx.send(JobUpdate::Failed(e.to_string())).await;
+                return;
+            }
+        };
+        let mut last = Value::Null;
+        let mut answered = tokio::time::Instant::now();
+        loop {
+            let job = match self.target_command(target, "ollama.jobs", &[]).await {
+                Ok(jobs) => {
+                    answered = tokio::time::Instant::now();
+                    let job = jobs["jobs"]
+                        .as_array()
+                        .and_then(|jobs| jobs.iter().find(|j| j["id"] == id.as_str()))
+                        .cloned();
+                    if job.is_none() {
+                        // The node no longer knows the job (it restarted): start the pull
+                        // again; Ollama resumes the download.
+                        match self.start_pull(target, model).await {
+                            Ok(again) => id = again,
+                            Err(e) => {
+                                tracing::debug!(node_id = %target.node, %e, "restarting a pull the node forgot failed")
+                            }
+                        }
+                    }
+                    job
+                }
+                Err(e) if answered.elapsed() >= PULL_LOST_AFTER => {
+                    let lost = format!(
+                        "lost track of the pull on node {}: {e} (it may still finish there)",
+                        target.node
+                    );
+                    let _ = tx.send(JobUpdate::Failed(lost)).await;
+                    return;
+                }
+                Err(_) => None,
+            };
+            if let Some(job) = job {
+                let progress = &job["progress"];
+                if *progress != last && progress.get("status").is_some_and(|s| s != "") {
+                    last = progress.clone();
+                    let _ = tx.send(JobUpdate::Progress(last.clone())).await;
+                }
+                let end = match job["state"].as_str() {
+                    Some("succeeded") => Some(JobUpdate::Succeeded),
+                    Some("failed") => Some(JobUpdate::Failed(
+                        job["error"]
+                            .as_str()
+                            .unwrap_or("the pull failed")
+                            .to_string(),
+                    )),
+                    _ => None,
+                };
+                if let Some(end) = end {
+                    let _ = tx.send(end).await;
+                    return;
+                }
+            }
+            let watched = !tx.is_closed();
+            tokio::time::sleep(if watched {
+                PULL_POLL
+            } else {
+                PULL_POLL_UNWATCHED
+            })
+            .await;
+        }
+    }
+}
+
+/// Keeps the groups of the Ollama providers' own models current until shutdown: on
+/// demand ([`Edge::models_stale`]) and every [`MODELS_REFRESH`].
+pub async fn refresh_local_models(edge: std::sync::Arc<Edge>) {
+    let shutdown = edge.shutdown_token().clone();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = edge.models_stale.notified() => {}
+            _ = tokio::time::sleep(MODELS_REFRESH) => {}
+        }
+        edge.refresh_local_models(None).await;
+    }
+}
+
+/// A job update as a line of Ollama's NDJSON progress, naming its target.
+pub fn progress_line(target: &Target, update: &JobUpdate) -> Value {
+    let mut line = match update {
+        JobUpdate::Progress(progress) => progress.clone(),
+        JobUpdate::Succeeded => json!({"status": "success"}),
+        JobUpdate::Failed(error) => json!({"error": error}),
+    };
+    line["node"] = json!(target.node);
+    line["provider"] = json!(target.provider);
+    line
+}
