@@ -45,6 +45,8 @@ enum Command {
     Revoke(cmd::revoke::Args),
     /// Show usage from an edge's ledger: requests and tokens per key, model group, node.
     Usage(cmd::usage::Args),
+    /// Manage the models of the fleet's Ollama servers: pull, rm, ls, ps.
+    Models(cmd::models::Args),
     /// Load-test an OpenAI-compatible endpoint (or several, side by side).
     Bench(cmd::bench::Args),
 }
@@ -61,6 +63,7 @@ fn main() -> ExitCode {
         | Command::JoinToken(_)
         | Command::Revoke(_)
         | Command::Usage(_)
+        | Command::Models(_)
         | Command::Bench(_) => None,
     };
     let runtime = match runtime::build(threads) {
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
             Command::JoinToken(args) => cmd::join_token::run(args).await,
             Command::Revoke(args) => cmd::revoke::run(args).await,
             Command::Usage(args) => cmd::usage::run(args).await,
+            Command::Models(args) => cmd::models::run(args).await,
             Command::Bench(args) => cmd::bench::run(args).await,
         }
     });

@@ -342,7 +342,7 @@ async fn errors_come_in_ollama_shape_with_their_status() {
         .unwrap();
     assert_eq!(response.status(), 400);
     assert!(error_of(&response.text().await.unwrap()).contains("duplicate"));
-    let (status, _, body) = post(&s.edge, "/api/pull", &json!({"model": "llama3"})).await;
+    let (status, _, body) = post(&s.edge, "/api/push", &json!({"model": "llama3"})).await;
     assert_eq!(status, 501);
     error_of(&body);
     let response = client().get(s.edge.url("/api/nope")).send().await.unwrap();

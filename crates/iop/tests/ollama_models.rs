@@ -616,3 +616,157 @@ async fn fleet_pulls_fail_clearly_outlive_their_client_and_need_an_admin() {
     .await;
     assert_eq!(none.status(), 503);
 }
+
+/// Runs `iop models ARGS` against the edge with the admin key: exit success and stdout.
+async fn iop_models(edge: &EdgeProc, args: &[&str]) -> (bool, String, String) {
+    let out = tokio::process::Command::new(IOP)
+        .arg("models")
+        .args(args)
+        .env("IOP_URL", edge.url(""))
+        .env("IOP_API_KEY", TEST_API_KEY)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn jobs_sse_the_status_page_data_and_the_cli() {
+    let s = setup().await;
+    let edge = &s.edge;
+
+    // A job started by the admin API, followed as SSE to its end.
+    let started = fleet(
+        edge,
+        reqwest::Method::POST,
+        "/admin/models/pull",
+        json!({"model": "job:1b", "node": "n1"}),
+        TEST_API_KEY,
+    )
+    .await;
+    assert_eq!(started.status(), 202);
+    let started: Value = started.json().await.unwrap();
+    let id = started["job"]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        started["job"]["targets"].as_array().unwrap().len(),
+        1,
+        "{started}"
+    );
+    let events = client()
+        .get(edge.url(&format!("/admin/jobs/{id}/events")))
+        .bearer_auth(TEST_API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.headers()["content-type"], "text/event-stream");
+    let events = sse_events(&events.text().await.unwrap());
+    assert!(
+        events.iter().any(|(kind, _)| kind == "progress"),
+        "{events:?}"
+    );
+    let (kind, data) = events.last().unwrap();
+    assert_eq!(kind, "end");
+    assert_eq!(
+        serde_json::from_str::<Value>(data).unwrap(),
+        json!({"status": "success"})
+    );
+    let job: Value = admin_get(edge, &format!("/admin/jobs/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(job["job"]["targets"][0]["state"], "succeeded", "{job}");
+    assert!(job["job"]["ended_unix_ms"].is_u64(), "{job}");
+    assert_eq!(admin_get(edge, "/admin/jobs/nope").await.status(), 404);
+
+    // The status snapshot shows the jobs and what each provider holds and has loaded.
+    let chat = fleet(edge, reqwest::Method::POST, "/api/chat",
+        json!({"model": "job:1b", "stream": false, "messages": [{"role": "user", "content": "hi"}]}),
+        CLIENT_KEY).await;
+    assert_eq!(chat.status(), 200);
+    let ps: Value = client()
+        .get(edge.url("/api/ps?fleet=true"))
+        .bearer_auth(TEST_API_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let loaded: Vec<(&str, &str)> = ps["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["node"].as_str().unwrap(), m["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(loaded, [("n1", "job:1b")], "{ps}");
+    let refused = client()
+        .get(edge.url("/api/ps?fleet=true"))
+        .bearer_auth(CLIENT_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    let snapshot = status(edge).await;
+    assert!(
+        snapshot["ollama"]["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["id"] == id.as_str()),
+        "{snapshot}"
+    );
+    let n1 = snapshot["ollama"]["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["node"] == "n1")
+        .cloned()
+        .unwrap();
+    assert!(
+        n1["models"].as_array().unwrap().contains(&json!("job:1b")),
+        "{n1}"
+    );
+
+    // The CLI: a pull with progress per target and exit 0; ls; ps; rm.
+    let (ok, out, err) = iop_models(edge, &["pull", "cli:1b"]).await;
+    assert!(ok, "{out}\n{err}");
+    for target in ["n1/ol", "n2/ol"] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(target) && l.contains('%')),
+            "{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(target) && l.ends_with("success")),
+            "{out}"
+        );
+    }
+    let (ok, out, err) = iop_models(edge, &["ls", "--node", "n2"]).await;
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("n2") && l.ends_with("cli:1b")),
+        "{out}"
+    );
+    assert!(!out.lines().any(|l| l.starts_with("n1")), "{out}");
+    let (ok, out, err) = iop_models(edge, &["ps"]).await;
+    assert!(ok, "{err}");
+    assert!(out.lines().any(|l| l.contains("job:1b")), "{out}");
+    let (ok, out, err) = iop_models(edge, &["rm", "cli:1b"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines().filter(|l| l.contains("deleted cli:1b")).count(),
+        2,
+        "{out}"
+    );
+    // A failed pull exits non-zero with Ollama's error.
+    let (ok, _, err) = iop_models(edge, &["pull", "missing-model", "--node", "n1"]).await;
+    assert!(!ok);
+    assert!(err.contains("file does not exist"), "{err}");
+}

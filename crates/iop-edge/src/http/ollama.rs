@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use axum::extract::{Extension, State};
-use axum::http::Uri;
+use axum::extract::{Extension, Query, State};
+use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use iop_proto::ErrorCode;
@@ -51,7 +51,41 @@ async fn tags(State(edge): State<Arc<Edge>>, Extension(caller): Extension<Caller
     axum::Json(catalog::tags(&edge.config(), &caller)).into_response()
 }
 
-async fn ps(State(edge): State<Arc<Edge>>, Extension(caller): Extension<Caller>) -> Response {
+/// `GET /api/ps` asking for the fleet's view (`fleet=true`, or a target selector).
+#[derive(Debug, Default, serde::Deserialize)]
+struct PsQuery {
+    /// `true` (or `1`) asks for the fleet's view.
+    #[serde(default)]
+    fleet: Option<String>,
+    #[serde(default)]
+    node: Option<String>,
+    #[serde(default)]
+    provider: Option<String>,
+}
+
+async fn ps(
+    State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
+    Query(query): Query<PsQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let selected = query.node.is_some()
+        || query.provider.is_some()
+        || headers.contains_key("x-iop-node")
+        || headers.contains_key("x-iop-provider");
+    let fleet = matches!(query.fleet.as_deref(), Some("true" | "1"));
+    if fleet || selected {
+        if !caller.is_admin() {
+            return ollama_error(ApiError::forbidden(
+                "/api/ps of the fleet's Ollama servers needs an admin API key; this key's role is client",
+            ));
+        }
+        let selector = super::ollama_models::Selector {
+            node: query.node,
+            provider: query.provider,
+        };
+        return super::ollama_models::fleet_ps(&edge, selector, &headers).await;
+    }
     let config = edge.config();
     let served = |g: &ModelGroupConfig| {
         g.members.iter().any(|m| {

@@ -3,12 +3,14 @@
 //! `POST /api/create` act on every enabled Ollama provider of a connected node, or on
 //! those `?node=`/`?provider=` (or the `x-iop-node`/`x-iop-provider` headers) select.
 //!
-//! A pull streams Ollama's NDJSON progress with each line naming its `node` and
-//! `provider`, one `success` or `error` line per target, then a last line without them:
-//! `{"status":"success"}` when every target succeeded, else an `error` naming the ones that
-//! failed — so an Ollama client that reads the last line sees the outcome. With
-//! `"stream": false` the answer is that last line alone (an error as a 500). The pulls
-//! are node jobs: a client that leaves stops following them, not them.
+//! A pull is a fleet job (`service::model_jobs`) streamed as Ollama's NDJSON progress, each
+//! line naming its `node` and `provider`, one `success` or `error` line per target, then a
+//! last line without them: `{"status":"success"}` when every target succeeded, else an
+//! `error` naming the ones that failed — so an Ollama client that reads the last line
+//! sees the outcome. With `"stream": false` the answer is that last line alone (an error
+//! as a 500). A client that leaves stops reading the job, not the pulls.
+//!
+//! `GET /api/ps` with `?fleet=true` or a selector is answered here too ([`fleet_ps`]).
 //!
 //! Delete, copy and create answer once every target has: 200 with what happened on each
 //! (`results`), 404 in Ollama's shape when no target holds the model, 502 when a target
@@ -32,7 +34,8 @@ use super::error;
 use crate::canonical::ApiError;
 use crate::service::Edge;
 use crate::service::command::CommandError;
-use crate::service::models::{JobUpdate, Target, progress_line};
+use crate::service::model_jobs::{FleetJob, job_lines};
+use crate::service::models::Target;
 use crate::surfaces::ErrorShape;
 
 pub fn routes() -> Router<Arc<Edge>> {
@@ -46,8 +49,8 @@ pub fn routes() -> Router<Arc<Edge>> {
 /// Which targets a request selects.
 #[derive(Debug, Default, Deserialize)]
 pub struct Selector {
-    node: Option<String>,
-    provider: Option<String>,
+    pub node: Option<String>,
+    pub provider: Option<String>,
 }
 
 fn ollama_error(e: ApiError) -> Response {
@@ -55,7 +58,11 @@ fn ollama_error(e: ApiError) -> Response {
 }
 
 /// The targets a request selects, or why there are none.
-fn targets(edge: &Edge, selector: Selector, headers: &HeaderMap) -> Result<Vec<Target>, ApiError> {
+pub fn targets(
+    edge: &Edge,
+    selector: Selector,
+    headers: &HeaderMap,
+) -> Result<Vec<Target>, ApiError> {
     let header = |name: &str| {
         headers
             .get(name)
@@ -109,18 +116,6 @@ fn ndjson(lines: impl futures::Stream<Item = Value> + Send + 'static) -> Respons
         .into_response()
 }
 
-/// The last line of a fleet operation: success, or an error naming the failed targets.
-fn outcome(failed: &[(Target, String)]) -> Value {
-    if failed.is_empty() {
-        return json!({"status": "success"});
-    }
-    let each: Vec<String> = failed
-        .iter()
-        .map(|(t, e)| format!("{}/{}: {e}", t.node, t.provider))
-        .collect();
-    json!({"error": format!("failed on {} of the targets: {}", failed.len(), each.join("; "))})
-}
-
 async fn pull(
     State(edge): State<Arc<Edge>>,
     Query(selector): Query<Selector>,
@@ -138,53 +133,51 @@ async fn pull(
         Ok(begun) => begun,
         Err(e) => return ollama_error(e),
     };
-    tracing::info!(
-        model,
-        targets = targets.len(),
-        "pulling a model across the fleet"
-    );
-    let follows = targets.into_iter().map(|target| {
-        edge.follow_pull(target.clone(), model.clone())
-            .map(move |update| (target.clone(), update))
-            .boxed()
-    });
-    let mut updates = futures::stream::select_all(follows);
-    if !stream {
-        let mut failed = Vec::new();
-        while let Some((target, update)) = updates.next().await {
-            if let JobUpdate::Failed(e) = update {
-                failed.push((target, e));
-            }
-        }
-        edge.refresh_local_models(None).await;
-        let last = outcome(&failed);
-        return match last.get("error") {
-            Some(_) => (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(last)).into_response(),
-            None => axum::Json(last).into_response(),
-        };
+    let mut job = edge.start_pull_job(&model, targets);
+    if stream {
+        return ndjson(job_lines(job));
     }
-    let lines = futures::stream::unfold(
-        (updates, Vec::new(), false, edge),
-        |(mut updates, mut failed, ended, edge)| async move {
-            if ended {
-                return None;
-            }
-            match updates.next().await {
-                Some((target, update)) => {
-                    if let JobUpdate::Failed(e) = &update {
-                        failed.push((target.clone(), e.clone()));
-                    }
-                    let line = progress_line(&target, &update);
-                    Some((line, (updates, failed, false, edge)))
+    let ended = job.wait_for(FleetJob::ended).await.map(|j| j.clone());
+    let last = match ended {
+        Ok(job) => job.outcome(),
+        Err(_) => json!({"error": "the edge stopped following the pull"}),
+    };
+    match last.get("error") {
+        Some(_) => (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(last)).into_response(),
+        None => axum::Json(last).into_response(),
+    }
+}
+
+/// `GET /api/ps` fleet-wide (an admin's, with `?fleet=true` or a selector): what each
+/// target's Ollama server has loaded, its own `/api/ps` entries naming `node` and
+/// `provider`; targets that did not answer are listed under `errors`.
+pub async fn fleet_ps(edge: &Edge, selector: Selector, headers: &HeaderMap) -> Response {
+    let targets = match targets(edge, selector, headers) {
+        Ok(targets) => targets,
+        Err(e) => return ollama_error(e),
+    };
+    let results = on_every_target(edge, &targets, "ollama.ps", &[]).await;
+    let mut models = Vec::new();
+    let mut errors = Vec::new();
+    for (target, result) in results {
+        match result {
+            Ok(ps) => {
+                for mut model in ps["models"].as_array().cloned().unwrap_or_default() {
+                    model["node"] = json!(target.node);
+                    model["provider"] = json!(target.provider);
+                    models.push(model);
                 }
-                None => {
-                    edge.refresh_local_models(None).await;
-                    Some((outcome(&failed), (updates, failed, true, edge)))
-                }
             }
-        },
-    );
-    ndjson(lines)
+            Err(e) => errors.push(
+                json!({"node": target.node, "provider": target.provider, "error": e.to_string()}),
+            ),
+        }
+    }
+    let mut answer = json!({"models": models});
+    if !errors.is_empty() {
+        answer["errors"] = json!(errors);
+    }
+    axum::Json(answer).into_response()
 }
 
 /// Runs `name` with `args` on every target at once; each target's result.
@@ -229,10 +222,17 @@ fn fleet_answer(model: &str, results: Vec<(Target, Result<Value, CommandError>)>
         ));
     }
     if !failed.is_empty() {
-        let mut e = ApiError::of(
-            ErrorCode::ProviderError,
-            outcome(&failed)["error"].as_str().unwrap_or_default(),
+        let each: Vec<String> = failed
+            .iter()
+            .map(|(t, e)| format!("{}/{}: {e}", t.node, t.provider))
+            .collect();
+        let message = format!(
+            "failed on {} of {} targets: {}",
+            failed.len(),
+            results.len(),
+            each.join("; ")
         );
+        let mut e = ApiError::of(ErrorCode::ProviderError, message);
         e.status = StatusCode::BAD_GATEWAY;
         return ollama_error(e);
     }

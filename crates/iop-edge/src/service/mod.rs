@@ -24,6 +24,7 @@ mod errors;
 pub mod fleet;
 pub mod health;
 pub mod keys;
+pub mod model_jobs;
 pub mod models;
 pub mod nodes;
 pub mod permits;
@@ -238,8 +239,12 @@ pub struct Edge {
     file_config: RwLock<Arc<EdgeConfig>>,
     /// What each Ollama provider's server holds, as last asked.
     held_models: parking_lot::Mutex<crate::local_models::Held>,
+    /// What each Ollama provider's server has loaded, as last asked.
+    loaded_models: parking_lot::Mutex<crate::local_models::Held>,
     /// Asks the model refresher to look again (a node became ready).
     pub(crate) models_stale: tokio::sync::Notify,
+    /// Model pulls across the fleet, running and recent.
+    pub(crate) model_jobs: model_jobs::FleetJobs,
 }
 
 impl std::fmt::Debug for Edge {
@@ -273,7 +278,9 @@ impl Edge {
             telemetry: Telemetry::new(&config, ledger),
             file_config: RwLock::new(Arc::new(config.clone())),
             held_models: Default::default(),
+            loaded_models: Default::default(),
             models_stale: tokio::sync::Notify::new(),
+            model_jobs: Default::default(),
             config: RwLock::new(Arc::new(config)),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),

@@ -74,17 +74,7 @@ impl Edge {
             let key = (target.node.clone(), target.provider.clone());
             match answer {
                 Ok(Ok(tags)) => {
-                    let names = tags["models"]
-                        .as_array()
-                        .map(|models| {
-                            models
-                                .iter()
-                                .filter_map(|m| m["name"].as_str().or_else(|| m["model"].as_str()))
-                                .map(String::from)
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    held.insert(key, names);
+                    held.insert(key, model_names(&tags));
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(node_id = %target.node, provider = %target.provider, %e, "cannot list the provider's models; keeping what it held")
@@ -107,6 +97,18 @@ impl Edge {
             .collect();
         tracing::info!(groups = ?local, "the Ollama providers' own models changed: serving them as model groups");
         self.apply_config(served);
+    }
+
+    /// What each Ollama provider holds and has loaded, as last asked.
+    pub fn ollama_models(&self) -> Vec<Value> {
+        let held = self.held_models.lock().clone();
+        let loaded = self.loaded_models.lock().clone();
+        held.into_iter()
+            .map(|((node, provider), models)| {
+                let loaded = loaded.get(&(node.clone(), provider.clone()));
+                json!({"node": node, "provider": provider, "models": models, "loaded": loaded})
+            })
+            .collect()
     }
 
     /// The enabled Ollama providers on connected nodes, narrowed to `node` and `provider`
@@ -255,6 +257,20 @@ impl Edge {
     }
 }
 
+/// The model names of an Ollama `/api/tags` or `/api/ps` answer.
+fn model_names(answer: &Value) -> Vec<String> {
+    answer["models"]
+        .as_array()
+        .map(|models| {
+            models
+                .iter()
+                .filter_map(|m| m["name"].as_str().or_else(|| m["model"].as_str()))
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Keeps the groups of the Ollama providers' own models current until shutdown: on
 /// demand ([`Edge::models_stale`]) and every [`MODELS_REFRESH`].
 pub async fn refresh_local_models(edge: std::sync::Arc<Edge>) {
@@ -267,16 +283,4 @@ pub async fn refresh_local_models(edge: std::sync::Arc<Edge>) {
         }
         edge.refresh_local_models(None).await;
     }
-}
-
-/// A job update as a line of Ollama's NDJSON progress, naming its target.
-pub fn progress_line(target: &Target, update: &JobUpdate) -> Value {
-    let mut line = match update {
-        JobUpdate::Progress(progress) => progress.clone(),
-        JobUpdate::Succeeded => json!({"status": "success"}),
-        JobUpdate::Failed(error) => json!({"error": error}),
-    };
-    line["node"] = json!(target.node);
-    line["provider"] = json!(target.provider);
-    line
 }

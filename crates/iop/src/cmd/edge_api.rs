@@ -1,4 +1,5 @@
-//! The HTTP client the admin subcommands (`status`, `join-token`, `revoke`, `usage`) reach a running
+//! The HTTP client the admin subcommands (`status`, `join-token`, `revoke`, `usage`,
+//! `models`) reach a running
 //! edge with: its URL, the API key, and a CA file for an edge whose HTTPS certificate is
 //! not in the system's store.
 
@@ -53,8 +54,10 @@ impl EdgeApi {
             .await
             .map_err(|e| format!("{}: not a JSON answer ({status}): {e}", self.url))?;
         if !status.is_success() {
+            // OpenAI's error shape, or Ollama's (`{"error": "…"}`).
             let message = body["error"]["message"]
                 .as_str()
+                .or_else(|| body["error"].as_str())
                 .map_or_else(|| body.to_string(), String::from);
             return Err(format!("the edge answered {status}: {message}"));
         }

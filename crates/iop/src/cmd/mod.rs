@@ -6,6 +6,7 @@ pub mod edge;
 pub mod edge_api;
 pub mod join_token;
 pub mod mock_provider;
+pub mod models;
 pub mod node;
 pub mod revoke;
 pub mod status;

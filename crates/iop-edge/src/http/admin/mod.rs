@@ -3,10 +3,12 @@
 //! every prompt and output passes through it), `/metrics` (Prometheus text, or OpenMetrics
 //! when the scraper's `Accept` asks for it), node commands
 //! (`/v1/nodes/{node}/commands/{name}`, [`command`]), the usage ledger ([`usage`]) and node credentials
-//! ([`trust`]) — admin keys only — and the open probes `/healthz` and `/readyz` and the
+//! ([`trust`]), fleet model jobs and the Ollama providers' models ([`jobs`]) — admin
+//! keys only — and the open probes `/healthz` and `/readyz` and the
 //! status page ([`ui`]).
 
 mod command;
+mod jobs;
 pub mod trust;
 pub mod ui;
 pub mod usage;
@@ -36,6 +38,7 @@ pub fn admin_routes() -> Router<Arc<Edge>> {
             "/v1/nodes/{node}/commands/{name}",
             get(command::get_command).post(command::post_command),
         )
+        .merge(jobs::routes())
         .merge(trust::routes())
         .merge(usage::routes())
 }
@@ -56,6 +59,10 @@ async fn status(State(edge): State<Arc<Edge>>) -> Response {
         "enabled": ledger.is_enabled(),
         "written_records": ledger.written(),
         "dropped_records": ledger.dropped(),
+    });
+    body["ollama"] = json!({
+        "providers": edge.ollama_models(),
+        "jobs": edge.model_jobs.list(),
     });
     body["keys"] = edge
         .keys
