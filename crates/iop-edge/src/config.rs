@@ -43,7 +43,8 @@ pub use node::{MIN_TOKEN_CHARS, NodeConfig};
 pub use node_limits::NodeLimitsConfig;
 pub use provider::{
     CapacityConfig, CliConfig, DEFAULT_TUNNEL_APIS, LocalModels, MAX_CLI_SESSION_IDLE_SEC,
-    MAX_CLI_SESSIONS, MockConfig, ProviderApi, ProviderConfig, ProviderKind, TunnelUsage,
+    MAX_CLI_SESSIONS, MockConfig, ProviderApi, ProviderConfig, ProviderKind, Reconcile,
+    TunnelUsage,
 };
 pub use secret::{Env, TokenHash, hash_token};
 pub use shutdown::ShutdownConfig;

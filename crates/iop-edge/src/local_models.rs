@@ -18,6 +18,17 @@ pub fn group_name(model: &str) -> &str {
     model.strip_suffix(":latest").unwrap_or(model)
 }
 
+/// `name` with Ollama's default tag (`llama3.2` → `llama3.2:latest`), as its
+/// `/api/tags` lists it.
+pub fn full_name(name: &str) -> String {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    if last.contains(':') {
+        name.to_string()
+    } else {
+        format!("{name}:latest")
+    }
+}
+
 /// `file` with a group for each model `held` that a provider's `models:` lets through.
 pub fn with_local_groups(file: &EdgeConfig, held: &Held) -> EdgeConfig {
     let mut config = file.clone();

@@ -770,3 +770,37 @@ async fn jobs_sse_the_status_page_data_and_the_cli() {
     assert!(!ok);
     assert!(err.contains("file does not exist"), "{err}");
 }
+
+#[tokio::test]
+async fn a_listed_model_the_server_lacks_is_pulled_and_only_listed_models_are_served() {
+    let dir = tempdir();
+    let mock = start_mock(&["--pull-step-ms", "10"]).await;
+    let config = format!(
+        r#"
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers:
+      - {{id: ol, kind: ollama, base_url: "{}", models: ["wanted:1b", "mock-*"], reconcile: pull}}
+"#,
+        mock.ollama_base()
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    // Once the node is ready the edge sees `wanted:1b` missing and pulls it; the pattern
+    // serves the mock's own model too, and nothing else is served.
+    edge.proc
+        .wait_line("(reconcile: pull): pulling it", Duration::from_secs(30))
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut tags = edge_tags(&edge, "").await;
+        tags.sort();
+        if tags == ["mock-model", "wanted:1b"] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{tags:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

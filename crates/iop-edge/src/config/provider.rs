@@ -122,6 +122,20 @@ pub struct ProviderConfig {
     /// (`*` matches any run of characters: `[llama3.2:*, qwen*]`), or `[]` (none).
     #[serde(default)]
     pub models: Option<LocalModels>,
+    /// ollama, with `models:` a list: `pull` makes the edge pull each listed name (those
+    /// without `*`) that the provider's server does not hold, whenever it looks at its
+    /// models (node ready, after model operations, every minute). Default `off`.
+    #[serde(default)]
+    pub reconcile: Reconcile,
+}
+
+/// Whether the edge pulls the models an Ollama provider lists and lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reconcile {
+    #[default]
+    Off,
+    Pull,
 }
 
 /// An Ollama provider's `models:` setting.
@@ -148,6 +162,18 @@ impl LocalModels {
                         .strip_suffix(":latest")
                         .is_some_and(|short| glob_match(p, short))
             }),
+        }
+    }
+
+    /// The names a `reconcile: pull` provider should hold: the listed ones without `*`.
+    pub fn wanted(&self) -> Vec<&str> {
+        match self {
+            LocalModels::Word(_) => Vec::new(),
+            LocalModels::Patterns(patterns) => patterns
+                .iter()
+                .map(String::as_str)
+                .filter(|p| !p.contains('*'))
+                .collect(),
         }
     }
 
@@ -468,6 +494,12 @@ impl ProviderConfig {
                 );
             }
             models.validate()?;
+        }
+        if p.reconcile == Reconcile::Pull && !matches!(p.models, Some(LocalModels::Patterns(_))) {
+            return err(
+                "reconcile",
+                "`reconcile: pull` needs `models:` to list the models to pull (kind ollama)".into(),
+            );
         }
         if p.tunnel_usage.is_some() && !p.kind.is_tunnel() {
             return err(

@@ -649,3 +649,54 @@ model_groups:
     assert!(err.to_string().contains("store.secret_key_file"), "{err}");
     assert!(err.to_string().contains("head -c 32 /dev/urandom"), "{err}");
 }
+
+fn ollama_provider(extra: &str) -> String {
+    format!(
+        "nodes:\n  - id: box\n    token: secret-token-0123456789\n    providers:\n      - {{id: ol, kind: ollama, base_url: \"http://127.0.0.1:11434\"{extra}}}\n"
+    )
+}
+
+#[test]
+fn an_ollama_providers_models_setting_is_checked() {
+    let auto = parse(&ollama_provider("")).unwrap();
+    let provider = &auto.nodes[0].providers[0];
+    assert!(provider.local_models().unwrap().exposes("anything:latest"));
+    let picky = parse(&ollama_provider(", models: [\"llama3.2\", \"qwen*\"]")).unwrap();
+    let models = picky.nodes[0].providers[0].local_models().unwrap();
+    assert!(models.exposes("llama3.2:latest") && models.exposes("qwen2.5:7b"));
+    assert!(!models.exposes("llama3.2:1b") && !models.exposes("gemma:2b"));
+    assert_eq!(models.wanted(), ["llama3.2"]);
+    let off = parse(&ollama_provider(", models: []")).unwrap();
+    assert!(off.nodes[0].providers[0].local_models().is_none());
+    assert!(err_text(&ollama_provider(", models: every")).contains("auto"));
+    assert!(err_text(&ollama_provider(", reconcile: pull")).contains("reconcile"));
+    parse(&ollama_provider(", models: [llama3.2], reconcile: pull")).unwrap();
+    let not_ollama = GOOD.replace(
+        "base_url: http://127.0.0.1:8000/v1",
+        "base_url: http://127.0.0.1:8000/v1\n        models: auto",
+    );
+    assert!(err_text(&not_ollama).contains("only for kind ollama"));
+}
+
+#[test]
+fn globs_match_runs_of_characters() {
+    use crate::config::provider::glob_match;
+    assert!(glob_match("qwen*", "qwen2.5:7b"));
+    assert!(glob_match("*:7b", "qwen2.5:7b"));
+    assert!(glob_match("q*2*b", "qwen2.5:7b"));
+    assert!(glob_match("exact", "exact"));
+    assert!(!glob_match("exact", "exactly"));
+    assert!(!glob_match("a*b", "ba"));
+    assert!(glob_match("*", ""));
+}
+
+#[test]
+fn an_allowlist_may_name_a_model_an_ollama_provider_serves_by_itself() {
+    let keys = "auth:\n  keys:\n    - {name: t, role: client, key: team-key-0123456789, models: [llama3.2]}\n";
+    parse(&format!("{}{keys}", ollama_provider(""))).unwrap();
+    let text = err_text(&format!(
+        "{}{keys}",
+        ollama_provider(", models: [\"qwen*\"]")
+    ));
+    assert!(text.contains("no model group named"), "{text}");
+}

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use super::Edge;
 use super::command::CommandError;
-use crate::config::ProviderKind;
+use crate::config::{ProviderKind, Reconcile};
 
 /// How often a followed pull is asked for its progress.
 pub const PULL_POLL: Duration = Duration::from_millis(250);
@@ -97,6 +97,48 @@ impl Edge {
             .collect();
         tracing::info!(groups = ?local, "the Ollama providers' own models changed: serving them as model groups");
         self.apply_config(served);
+    }
+
+    /// Starts a pull of each model a `reconcile: pull` provider lists and its server does
+    /// not hold (a provider that has not said what it holds is left alone), unless one is
+    /// running already.
+    pub fn reconcile_models(self: &std::sync::Arc<Self>) {
+        let config = self.file_config();
+        let held = self.held_models.lock().clone();
+        let running: Vec<_> = self
+            .model_jobs
+            .list()
+            .into_iter()
+            .filter(|j| !j.ended())
+            .collect();
+        for target in self.ollama_targets(None, None) {
+            let Some(provider) = super::provider_of(&config, &target.node, &target.provider) else {
+                continue;
+            };
+            let (Reconcile::Pull, Some(listed)) = (provider.reconcile, &provider.models) else {
+                continue;
+            };
+            let Some(has) = held.get(&(target.node.clone(), target.provider.clone())) else {
+                continue;
+            };
+            for name in listed.wanted() {
+                let full = crate::local_models::full_name(name);
+                if has.contains(&full) {
+                    continue;
+                }
+                let pulling = running.iter().any(|j| {
+                    crate::local_models::full_name(&j.model) == full
+                        && j.targets
+                            .iter()
+                            .any(|t| t.node == target.node && t.provider == target.provider)
+                });
+                if !pulling {
+                    tracing::info!(node_id = %target.node, provider = %target.provider, model = name,
+                        "the provider lacks a model its `models:` lists (reconcile: pull): pulling it");
+                    self.start_pull_job(name, vec![target.clone()]);
+                }
+            }
+        }
     }
 
     /// What each Ollama provider holds and has loaded, as last asked.
@@ -282,5 +324,6 @@ pub async fn refresh_local_models(edge: std::sync::Arc<Edge>) {
             _ = tokio::time::sleep(MODELS_REFRESH) => {}
         }
         edge.refresh_local_models(None).await;
+        edge.reconcile_models();
     }
 }
