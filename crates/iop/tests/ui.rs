@@ -310,6 +310,62 @@ async fn the_page_shows_nodes_providers_a_killed_node_and_failures_without_conso
     held.abort();
 }
 
+/// The Ollama section: each provider's held and loaded models, and a fleet pull with its
+/// targets' progress.
+#[tokio::test]
+async fn the_page_shows_the_ollama_providers_models_and_the_pulls() {
+    let Some(browser) = Browser::launch(1280, 900) else {
+        return;
+    };
+    let dir = tempdir();
+    let mock = start_mock(&["--pull-step-ms", "10"]).await;
+    let config = format!(
+        "auth:\n  keys:\n    - {{name: ops, role: admin, key: {TEST_API_KEY}}}\nnodes:\n  - id: n1\n    token: token-n1-0123456789\n    providers:\n      - {{id: ol, kind: ollama, base_url: \"{}\"}}\n",
+        mock.ollama_base()
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let _n1 = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    let started = client()
+        .post(edge.url("/admin/models/pull"))
+        .bearer_auth(TEST_API_KEY)
+        .json(&json!({"model": "seen:1b"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), 202);
+
+    let page = open_signed_in(&browser, &edge, 1280).await;
+    let within = Duration::from_secs(20);
+    page.wait_for(
+        "document.querySelector('tr[data-ollama=\"n1/ol\"]')?.innerText.includes('seen:1b') ?? false",
+        within,
+        "n1/ol holding the pulled model",
+    )
+    .await;
+    let job = page
+        .wait_for(
+            "document.querySelector('[data-job]')?.innerText ?? null",
+            within,
+            "the pull among the jobs",
+        )
+        .await;
+    let job = job.as_str().unwrap();
+    assert!(
+        job.contains("pull seen:1b") && job.contains("n1/ol: succeeded"),
+        "{job}"
+    );
+    // The group made of the model is listed with the others.
+    page.wait_for(
+        "!!document.querySelector('tr[data-group=\"seen:1b\"]')",
+        within,
+        "the model's own group",
+    )
+    .await;
+    let errors = browser.console_errors();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+}
+
 /// Writes the README's picture to `IOP_UI_SCREENSHOT`: four nodes (one offline), five
 /// model groups, traffic from two keys, a failure and a stream in flight.
 #[tokio::test]
