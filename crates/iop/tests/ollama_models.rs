@@ -264,18 +264,30 @@ async fn failures_and_refusals_are_clear() {
         "{body}"
     );
 
-    // A command that changes the node is POST only, and admin only.
+    // Like every node command, the controls take their arguments in the query too, and
+    // are admin only.
     let response = client()
         .get(format!(
-            "{}&model=tiny",
-            command_url(edge, "n1", "ollama.pull")
+            "{}&model=viaget:1b",
+            command_url(edge, "n2", "ollama.pull")
         ))
         .bearer_auth(TEST_API_KEY)
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 405);
-    assert_eq!(response.headers()["allow"], "POST");
+    assert_eq!(response.status(), 200);
+    let pulled: Value = response.json().await.unwrap();
+    assert_eq!(pulled["state"], "succeeded", "{pulled}");
+    let response = client()
+        .get(format!(
+            "{}&model=viaget:1b",
+            command_url(edge, "n2", "ollama.delete")
+        ))
+        .bearer_auth(TEST_API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
     let (status, _) = post(
         edge,
         "n1",

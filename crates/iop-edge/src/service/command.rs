@@ -11,22 +11,6 @@ use crate::auth::Caller;
 use crate::canonical::ApiError;
 use crate::session::CommandReply;
 
-/// The node commands that change a provider (its models) rather than read it: the HTTP
-/// API takes them by `POST` only.
-pub const CHANGING_COMMANDS: &[&str] = &[
-    "ollama.pull",
-    "ollama.delete",
-    "ollama.copy",
-    "ollama.create",
-    "ollama.load",
-    "ollama.unload",
-];
-
-/// Whether the node command `name` changes a provider.
-pub fn changes_the_node(name: &str) -> bool {
-    CHANGING_COMMANDS.contains(&name)
-}
-
 /// How long the edge waits for a node's answer to a command.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 

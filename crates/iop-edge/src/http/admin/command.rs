@@ -1,8 +1,8 @@
-//! Node commands over HTTP: `GET /v1/nodes/{node}/commands/{name}` for the ones that only
-//! read (arguments in the query), `POST` for the ones that change the node's providers —
-//! `ollama.pull`, `ollama.delete`, `ollama.copy`, `ollama.create`, `ollama.load`,
-//! `ollama.unload` — with arguments in the query or as a JSON object body (strings as
-//! they are, other values as JSON text). A changing command asked with `GET` is a 405.
+//! Node commands over HTTP: `/v1/nodes/{node}/commands/{name}`, admin keys only. `GET`
+//! takes the arguments in the query, as it always has; `POST` — meant for the commands
+//! that change a provider (`ollama.pull`, `ollama.delete`, `ollama.copy`,
+//! `ollama.create`, `ollama.load`, `ollama.unload`) — in the query or as a JSON object
+//! body (strings as they are, other values as JSON text).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,31 +10,17 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use crate::canonical::ApiError;
 use crate::service::Edge;
-use crate::service::command::changes_the_node;
 
 pub(super) async fn get_command(
     State(edge): State<Arc<Edge>>,
     Path((node, name)): Path<(String, String)>,
     Query(args): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    if changes_the_node(&name) {
-        let mut e = ApiError::bad_request(
-            "method_not_allowed",
-            format!("{name} changes the node's provider: send it with POST"),
-        );
-        e.status = StatusCode::METHOD_NOT_ALLOWED;
-        let mut response = e.into_response();
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("POST"));
-        return Ok(response);
-    }
     run(&edge, &node, &name, args).await
 }
 
