@@ -21,6 +21,8 @@ use crate::adapters::ollama::manage::Progress;
 pub const PULL_ATTEMPTS: u32 = 4;
 /// Finished jobs kept for listing.
 pub const FINISHED_KEPT: usize = 32;
+/// Jobs running at once on a node; one more is refused until one ends.
+pub const MAX_RUNNING: usize = 16;
 
 /// What a job does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -80,17 +82,26 @@ pub struct ModelJobs {
 
 impl ModelJobs {
     /// Starts pulling `model` on `adapter` (an Ollama provider), or joins the pull of it
-    /// already running there. The receiver sees the job's state until it ends.
+    /// already running there. The receiver sees the job's state until it ends. Refused
+    /// when [`MAX_RUNNING`] jobs run already.
     pub fn pull(
         self: &Arc<Self>,
         adapter_id: &str,
         ollama: OllamaAdapter,
         model: &str,
-    ) -> watch::Receiver<JobState> {
+    ) -> Result<watch::Receiver<JobState>, AdapterError> {
         let key = (adapter_id.to_string(), model.to_string());
         let mut jobs = self.jobs.lock().expect("not poisoned");
         if let Some(running) = jobs.running.get(&key) {
-            return running.clone();
+            return Ok(running.clone());
+        }
+        if jobs.running.len() >= MAX_RUNNING {
+            return Err(AdapterError::new(
+                ErrorCode::NodeCapacity,
+                format!(
+                    "{MAX_RUNNING} model jobs are running on this node already; try again when one ends"
+                ),
+            ));
         }
         jobs.next += 1;
         let state = JobState {
@@ -134,7 +145,7 @@ impl ModelJobs {
             }
             this.finish(&key, ended);
         });
-        rx
+        Ok(rx)
     }
 
     fn finish(&self, key: &(String, String), ended: JobState) {
@@ -196,4 +207,44 @@ async fn pull_with_retries(
 pub async fn settle(mut job: watch::Receiver<JobState>, within: Duration) -> JobState {
     let _ = tokio::time::timeout(within, job.wait_for(|s| s.state != JobPhase::Running)).await;
     job.borrow().clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An Ollama client of a server that never answers (a listener that accepts nothing).
+    fn silent_ollama() -> (OllamaAdapter, std::net::TcpListener) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let spec = iop_proto::pb::ProviderSpec {
+            id: "ol".into(),
+            kind: iop_proto::pb::ProviderKind::Ollama as i32,
+            base_url: format!("http://{}", listener.local_addr().unwrap()),
+            ..Default::default()
+        };
+        let clients = crate::adapters::http_clients();
+        let provider = crate::adapters::HttpProvider::new(&spec, &clients).unwrap();
+        (OllamaAdapter::new(provider), listener)
+    }
+
+    #[tokio::test]
+    async fn one_pull_per_model_and_at_most_max_running() {
+        let (ollama, _listener) = silent_ollama();
+        let jobs = Arc::new(ModelJobs::default());
+        let first = jobs.pull("ol", ollama.clone(), "m0").unwrap();
+        let again = jobs.pull("ol", ollama.clone(), "m0").unwrap();
+        assert_eq!(
+            first.borrow().id,
+            again.borrow().id,
+            "a second pull joins the first"
+        );
+        for i in 1..MAX_RUNNING {
+            jobs.pull("ol", ollama.clone(), &format!("m{i}")).unwrap();
+        }
+        let refused = jobs.pull("ol", ollama.clone(), "one-more").unwrap_err();
+        assert_eq!(refused.code, ErrorCode::NodeCapacity);
+        // Joining a running one still works at the cap.
+        jobs.pull("ol", ollama, "m3").unwrap();
+        assert_eq!(jobs.list().len(), MAX_RUNNING);
+    }
 }

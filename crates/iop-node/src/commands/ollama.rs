@@ -76,7 +76,7 @@ impl NodeRuntime {
                     .and_then(|w| w.parse::<u64>().ok())
                     .map_or(MAX_PULL_WAIT, Duration::from_millis)
                     .min(MAX_PULL_WAIT);
-                let job = self.model_jobs.pull(&request.adapter, ollama, model);
+                let job = self.model_jobs.pull(&request.adapter, ollama, model)?;
                 let state = model_jobs::settle(job, wait).await;
                 if state.state == JobPhase::Failed {
                     return Err(AdapterError::new(
