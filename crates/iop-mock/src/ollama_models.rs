@@ -403,12 +403,8 @@ pub(crate) async fn copy(State(mock): State<Mock>, body: Bytes) -> Response {
 
 /// `POST /api/create {model, from, system?, template?, parameters?, stream?}`.
 pub(crate) async fn create(State(mock): State<Mock>, body: Bytes) -> Response {
-    let body = match body_json(&body) {
-        Ok(body) => body,
-        Err(refused) => return refused.into_response(),
-    };
-    let name = match model_of(&body) {
-        Ok(name) => name,
+    let (body, name) = match body_json(&body).and_then(|b| model_of(&b).map(|m| (b, m))) {
+        Ok(named) => named,
         Err(refused) => return refused.into_response(),
     };
     let Some(from) = body.get("from").and_then(Value::as_str).map(full_name) else {
@@ -569,12 +565,8 @@ impl Pull {
 
 /// `POST /api/pull {model, stream?}`.
 pub(crate) async fn pull(State(mock): State<Mock>, body: Bytes) -> Response {
-    let body = match body_json(&body) {
-        Ok(body) => body,
-        Err(refused) => return refused.into_response(),
-    };
-    let name = match model_of(&body) {
-        Ok(name) => name,
+    let (body, name) = match body_json(&body).and_then(|b| model_of(&b).map(|m| (b, m))) {
+        Ok(named) => named,
         Err(refused) => return refused.into_response(),
     };
     let step = mock.ollama.pull_step;

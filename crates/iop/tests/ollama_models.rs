@@ -81,6 +81,17 @@ async fn admin(edge: &EdgeProc, node: &str, name: &str, args: Value) -> Value {
     body
 }
 
+/// An admin's command that fails: its status and the error's message.
+async fn failed(edge: &EdgeProc, node: &str, name: &str, args: Value) -> (u16, String) {
+    let (status, body) = post(edge, node, name, args, TEST_API_KEY).await;
+    assert!(status >= 400, "{name}: {status} {body}");
+    let message = body["error"]["message"].as_str();
+    (
+        status,
+        message.unwrap_or_else(|| panic!("{body}")).to_string(),
+    )
+}
+
 async fn query(edge: &EdgeProc, node: &str, name: &str) -> Value {
     let response = client()
         .get(command_url(edge, node, name))
@@ -191,22 +202,10 @@ async fn models_are_pulled_loaded_copied_created_and_deleted_on_the_nodes() {
     admin(edge, "n1", "ollama.delete", json!({"model": "tiny:copy"})).await;
     let tags = names(&query(edge, "n1", "ollama.tags").await);
     assert!(!tags.contains(&"tiny:copy".to_string()), "{tags:?}");
-    let (status, body) = post(
-        edge,
-        "n1",
-        "ollama.delete",
-        json!({"model": "tiny:copy"}),
-        TEST_API_KEY,
-    )
-    .await;
-    assert_eq!(status, 404, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("not found"),
-        "{body}"
-    );
+    let (status, message) =
+        failed(edge, "n1", "ollama.delete", json!({"model": "tiny:copy"})).await;
+    assert_eq!(status, 404, "{message}");
+    assert!(message.contains("not found"), "{message}");
 }
 
 #[tokio::test]
@@ -215,54 +214,30 @@ async fn failures_and_refusals_are_clear() {
     let edge = &s.edge;
 
     // An error line inside Ollama's 200 stream fails the pull with its text.
-    let (status, body) = post(
-        edge,
-        "n1",
-        "ollama.pull",
-        json!({"model": "missing-model"}),
-        TEST_API_KEY,
-    )
-    .await;
-    assert!(status >= 400, "{status} {body}");
-    let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("file does not exist"), "{body}");
+    let (_, message) = failed(edge, "n1", "ollama.pull", json!({"model": "missing-model"})).await;
+    assert!(message.contains("file does not exist"), "{message}");
     // Half way through a download, too.
-    let (status, body) = post(
+    let (_, message) = failed(
         edge,
         "n2",
         "ollama.pull",
         json!({"model": "error-mid-pull"}),
-        TEST_API_KEY,
     )
     .await;
-    assert!(status >= 400, "{status} {body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("max retries exceeded"),
-        "{body}"
-    );
+    assert!(message.contains("max retries exceeded"), "{message}");
     let jobs = query(edge, "n2", "ollama.jobs").await;
     assert_eq!(jobs["jobs"][0]["state"], "failed", "{jobs}");
 
     // Model names are checked on the node before Ollama sees them.
-    let (status, body) = post(
+    let (status, message) = failed(
         edge,
         "n1",
         "ollama.pull",
         json!({"model": "../../etc/passwd"}),
-        TEST_API_KEY,
     )
     .await;
-    assert_eq!(status, 400, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("invalid model name"),
-        "{body}"
-    );
+    assert_eq!(status, 400, "{message}");
+    assert!(message.contains("invalid model name"), "{message}");
 
     // Like every node command, the controls take their arguments in the query too, and
     // are admin only.

@@ -239,24 +239,44 @@ fn fleet_answer(model: &str, results: Vec<(Target, Result<Value, CommandError>)>
     axum::Json(json!({"status": "success", "results": each})).into_response()
 }
 
+/// The arguments of a fleet command from its body: the model its errors name, and the
+/// node command's arguments.
+type Arguments = Result<(String, Vec<(String, String)>), ApiError>;
+
+/// Runs node command `name` on every selected target with the arguments `arguments`
+/// reads from the body, looks at the providers' models again, and answers for all.
+async fn on_the_fleet(
+    edge: &Edge,
+    selector: Selector,
+    headers: &HeaderMap,
+    body: Result<OllamaBody, ApiError>,
+    name: &str,
+    arguments: fn(&Value) -> Arguments,
+) -> Response {
+    let begun = parse(body)
+        .and_then(|body| arguments(&body))
+        .and_then(|(model, args)| Ok((model, args, targets(edge, selector, headers)?)));
+    let (model, args, targets) = match begun {
+        Ok(begun) => begun,
+        Err(e) => return ollama_error(e),
+    };
+    let args: Vec<(&str, &str)> = args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let results = on_every_target(edge, &targets, name, &args).await;
+    edge.refresh_local_models(None).await;
+    fleet_answer(&model, results)
+}
+
 async fn remove(
     State(edge): State<Arc<Edge>>,
     Query(selector): Query<Selector>,
     headers: HeaderMap,
     body: Result<OllamaBody, ApiError>,
 ) -> Response {
-    let begun = (|| {
-        let body = parse(body)?;
-        let model = field(&body, &["model", "name"])?.to_string();
-        Ok::<_, ApiError>((model, targets(&edge, selector, &headers)?))
-    })();
-    let (model, targets) = match begun {
-        Ok(begun) => begun,
-        Err(e) => return ollama_error(e),
-    };
-    let results = on_every_target(&edge, &targets, "ollama.delete", &[("model", &model)]).await;
-    edge.refresh_local_models(None).await;
-    fleet_answer(&model, results)
+    on_the_fleet(&edge, selector, &headers, body, "ollama.delete", |body| {
+        let model = field(body, &["model", "name"])?.to_string();
+        Ok((model.clone(), vec![("model".into(), model)]))
+    })
+    .await
 }
 
 async fn copy(
@@ -265,23 +285,16 @@ async fn copy(
     headers: HeaderMap,
     body: Result<OllamaBody, ApiError>,
 ) -> Response {
-    let begun = (|| {
-        let body = parse(body)?;
-        let source = field(&body, &["source"])?.to_string();
-        let destination = field(&body, &["destination"])?.to_string();
-        Ok::<_, ApiError>((source, destination, targets(&edge, selector, &headers)?))
-    })();
-    let (source, destination, targets) = match begun {
-        Ok(begun) => begun,
-        Err(e) => return ollama_error(e),
-    };
-    let args = [
-        ("source", source.as_str()),
-        ("destination", destination.as_str()),
-    ];
-    let results = on_every_target(&edge, &targets, "ollama.copy", &args).await;
-    edge.refresh_local_models(None).await;
-    fleet_answer(&source, results)
+    on_the_fleet(&edge, selector, &headers, body, "ollama.copy", |body| {
+        let source = field(body, &["source"])?.to_string();
+        let destination = field(body, &["destination"])?.to_string();
+        let args = vec![
+            ("source".into(), source.clone()),
+            ("destination".into(), destination),
+        ];
+        Ok((source, args))
+    })
+    .await
 }
 
 async fn create(
@@ -290,36 +303,39 @@ async fn create(
     headers: HeaderMap,
     body: Result<OllamaBody, ApiError>,
 ) -> Response {
-    let begun = (|| {
-        let body = parse(body)?;
-        let model = field(&body, &["model", "name"])?.to_string();
-        let from = field(&body, &["from"]).map_err(|_| {
-            ApiError::bad_request(
-                "missing_field",
-                "this edge creates models `from` an existing model only (no files or adapters)",
-            )
-            .with_param("from")
-        })?;
-        let mut args = vec![
-            ("model".to_string(), model.clone()),
-            ("from".to_string(), from.to_string()),
-        ];
-        for key in ["system", "template"] {
-            if let Some(text) = body.get(key).and_then(Value::as_str) {
-                args.push((key.to_string(), text.to_string()));
-            }
+    on_the_fleet(
+        &edge,
+        selector,
+        &headers,
+        body,
+        "ollama.create",
+        create_arguments,
+    )
+    .await
+}
+
+/// `/api/create`'s arguments: `model` `from` an existing model, with `system`, `template`
+/// and `parameters`.
+fn create_arguments(body: &Value) -> Arguments {
+    let model = field(body, &["model", "name"])?.to_string();
+    let from = field(body, &["from"]).map_err(|_| {
+        ApiError::bad_request(
+            "missing_field",
+            "this edge creates models `from` an existing model only (no files or adapters)",
+        )
+        .with_param("from")
+    })?;
+    let mut args = vec![
+        ("model".to_string(), model.clone()),
+        ("from".to_string(), from.to_string()),
+    ];
+    for key in ["system", "template"] {
+        if let Some(text) = body.get(key).and_then(Value::as_str) {
+            args.push((key.to_string(), text.to_string()));
         }
-        if let Some(parameters) = body.get("parameters").filter(|p| p.is_object()) {
-            args.push(("parameters".to_string(), parameters.to_string()));
-        }
-        Ok::<_, ApiError>((model, args, targets(&edge, selector, &headers)?))
-    })();
-    let (model, args, targets) = match begun {
-        Ok(begun) => begun,
-        Err(e) => return ollama_error(e),
-    };
-    let args: Vec<(&str, &str)> = args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let results = on_every_target(&edge, &targets, "ollama.create", &args).await;
-    edge.refresh_local_models(None).await;
-    fleet_answer(&model, results)
+    }
+    if let Some(parameters) = body.get("parameters").filter(|p| p.is_object()) {
+        args.push(("parameters".to_string(), parameters.to_string()));
+    }
+    Ok((model, args))
 }
