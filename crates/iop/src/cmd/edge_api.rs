@@ -10,13 +10,18 @@ use serde_json::Value;
 #[derive(Debug, Clone, clap::Args)]
 pub struct EdgeApi {
     /// The edge's HTTP address.
-    #[arg(long, env = "IOP_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        env = "IOP_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
     pub url: String,
     /// An admin API key, if the edge has keys (the admin endpoints take admin keys only).
-    #[arg(long, env = "IOP_API_KEY", hide_env_values = true)]
+    #[arg(long, env = "IOP_API_KEY", hide_env_values = true, global = true)]
     pub api_key: Option<String>,
     /// PEM CA certificate to verify an https:// edge by (when not in the system's store).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     pub cacert: Option<PathBuf>,
 }
 
