@@ -23,7 +23,9 @@
 //!
 //! Test models by name: one whose name holds `missing` does not exist upstream (its pull
 //! fails with `pull model manifest: file does not exist` after the head); one holding
-//! `error-mid-pull` fails half way through its download.
+//! `error-mid-pull` fails half way through its download; the first pull of one holding
+//! `drop-mid-pull` breaks its connection half way through (no error line, no end), and
+//! the next resumes it.
 //!
 //! A fresh store holds `mock-model:latest`. Chat and generate answer any model name,
 //! held or not (the rest of the mock's tests rely on that); a held model they answer is
@@ -80,6 +82,8 @@ pub struct OllamaModels {
     loaded: Mutex<BTreeMap<String, SystemTime>>,
     /// Bytes already downloaded of an interrupted pull, by model and layer digest.
     partial: Mutex<BTreeMap<(String, String), u64>>,
+    /// `drop-mid-pull` models whose pull broke once already.
+    dropped: Mutex<std::collections::BTreeSet<String>>,
     /// The pause before each progress line of a pull.
     pull_step: Duration,
 }
@@ -95,6 +99,7 @@ impl OllamaModels {
             held: Mutex::new(held),
             loaded: Mutex::default(),
             partial: Mutex::default(),
+            dropped: Mutex::default(),
             pull_step,
         }
     }
@@ -543,6 +548,19 @@ impl Pull {
             self.stage = Stage::Done;
             return json!({"error": "max retries exceeded: unexpected EOF"});
         }
+        if self.name.contains("drop-mid-pull")
+            && i == 0
+            && done >= layer.total / 2
+            && self
+                .models
+                .dropped
+                .lock()
+                .expect("not poisoned")
+                .insert(self.name.clone())
+        {
+            self.stage = Stage::Done;
+            return CUT;
+        }
         let completed = (done + layer.total.div_ceil(PULL_STEPS)).min(layer.total);
         if completed >= layer.total {
             partial.remove(&key);
@@ -563,6 +581,9 @@ impl Pull {
     }
 }
 
+/// The "line" that breaks a pull's connection instead (`drop-mid-pull`).
+const CUT: Value = Value::Null;
+
 /// `POST /api/pull {model, stream?}`.
 pub(crate) async fn pull(State(mock): State<Mock>, body: Bytes) -> Response {
     let (body, name) = match body_json(&body).and_then(|b| model_of(&b).map(|m| (b, m))) {
@@ -582,6 +603,9 @@ pub(crate) async fn pull(State(mock): State<Mock>, body: Bytes) -> Response {
         if let Some(error) = last.get("error").and_then(Value::as_str) {
             return ollama_error(StatusCode::INTERNAL_SERVER_ERROR, error.to_string());
         }
+        if last == CUT {
+            return ollama_error(StatusCode::INTERNAL_SERVER_ERROR, "unexpected EOF".into());
+        }
         return axum::Json(last).into_response();
     }
     let lines = futures::stream::unfold(pull, move |mut pull| async move {
@@ -589,10 +613,11 @@ pub(crate) async fn pull(State(mock): State<Mock>, body: Bytes) -> Response {
         if pause && !step.is_zero() {
             tokio::time::sleep(step).await;
         }
-        Some((
-            Ok::<_, std::convert::Infallible>(Bytes::from(format!("{line}\n"))),
-            pull,
-        ))
+        if line == CUT {
+            let cut = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "cut mid-pull");
+            return Some((Err(cut), pull));
+        }
+        Some((Ok(Bytes::from(format!("{line}\n"))), pull))
     });
     ndjson(Body::from_stream(lines))
 }
@@ -676,6 +701,20 @@ mod tests {
         assert!(lines.last().unwrap()["error"].is_string(), "{lines:?}");
         assert!(lines.len() > 3);
         assert!(!models.holds("error-mid-pull:1b"));
+    }
+
+    #[test]
+    fn a_dropping_pull_breaks_once_and_then_resumes() {
+        let models = Arc::new(OllamaModels::new(Duration::ZERO));
+        let first = drain(&mut Pull::new(models.clone(), "drop-mid-pull:1b".into()));
+        assert_eq!(first.last(), Some(&CUT), "{first:?}");
+        let second = drain(&mut Pull::new(models.clone(), "drop-mid-pull:1b".into()));
+        let resumed = second
+            .iter()
+            .find(|l| l.get("completed").is_some())
+            .unwrap();
+        assert!(resumed["completed"].as_u64() > Some(resumed["total"].as_u64().unwrap() / 2));
+        assert_eq!(second.last().unwrap()["status"], "success");
     }
 
     #[test]

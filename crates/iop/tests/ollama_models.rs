@@ -157,6 +157,17 @@ async fn models_are_pulled_loaded_copied_created_and_deleted_on_the_nodes() {
     assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
     assert!(names(&query(edge, "n2", "ollama.tags").await).contains(&"tiny:1b".to_string()));
 
+    // A pull whose stream from Ollama breaks off is issued again and resumes.
+    let resumed = admin(
+        edge,
+        "n1",
+        "ollama.pull",
+        json!({"model": "drop-mid-pull:1b"}),
+    )
+    .await;
+    assert_eq!(resumed["state"], "succeeded", "{resumed}");
+    assert_eq!(resumed["attempts"], 2, "{resumed}");
+
     // Load and unload: `ollama.ps` shows the loaded model until it is unloaded.
     let loaded = admin(edge, "n1", "ollama.load", json!({"model": "tiny:1b"})).await;
     assert_eq!(loaded["done_reason"], "load", "{loaded}");

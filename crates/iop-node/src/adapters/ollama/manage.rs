@@ -280,7 +280,9 @@ pub async fn read_progress(
         }
         match tokio::time::timeout(idle, body.next()).await {
             Ok(Some(Ok(chunk))) => pending.extend_from_slice(&chunk),
-            Ok(Some(Err(e))) => return Err(e),
+            // The body broke off: the stream is cut (a timeout stays one).
+            Ok(Some(Err(e))) if e.code == ErrorCode::ProviderTimeout => return Err(e),
+            Ok(Some(Err(e))) => return Err(AdapterError::new(ErrorCode::BrokenStream, e.message)),
             Ok(None) => {
                 return failed(
                     ErrorCode::BrokenStream,
@@ -364,6 +366,17 @@ mod tests {
         .await;
         let err = result.unwrap_err();
         assert!(err.message.contains("file does not exist"), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_breaks_off_is_a_broken_stream() {
+        let head = lines(&["{\"status\":\"pulling manifest\"}\n"]);
+        let cut = futures::stream::iter([Err(AdapterError::new(
+            ErrorCode::ProviderError,
+            "provider ol: the response body failed",
+        ))]);
+        let (result, _) = read(head.chain(cut)).await;
+        assert_eq!(result.unwrap_err().code, ErrorCode::BrokenStream);
     }
 
     #[tokio::test]
