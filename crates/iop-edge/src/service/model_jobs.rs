@@ -162,6 +162,9 @@ impl Edge {
         let edge = self.clone();
         self.tasks().spawn(async move {
             follows.await;
+            if edge.shutdown_token().is_cancelled() {
+                return;
+            }
             edge.refresh_local_models(None).await;
             tx.send_modify(|job| job.ended_unix_ms = Some(now_ms()));
             let job = tx.borrow().clone();

@@ -49,7 +49,14 @@ impl Edge {
     pub fn reload(&self, new: EdgeConfig) -> ReloadReport {
         let held = self.held_models.lock();
         *self.file_config.write() = Arc::new(new.clone());
-        self.apply_config(crate::local_models::with_local_groups(&new, &held))
+        let report = self.apply_config(crate::local_models::with_local_groups(&new, &held));
+        tracing::info!(
+            refreshed = ?report.refreshed,
+            removed = ?report.removed,
+            needs_restart = ?report.needs_restart,
+            "config reloaded"
+        );
+        report
     }
 
     /// The config as the file has it.
@@ -57,7 +64,7 @@ impl Edge {
         self.file_config.read().clone()
     }
 
-    /// Serves `new` from now on.
+    /// Serves `new` from now on (a reload, or the Ollama providers' own models changed).
     pub(crate) fn apply_config(&self, new: EdgeConfig) -> ReloadReport {
         let old = self.config();
         let mut report = ReloadReport::default();
@@ -147,12 +154,6 @@ impl Edge {
             }
         }
         self.dispatcher.reconfigure(&new, &online);
-        tracing::info!(
-            refreshed = ?report.refreshed,
-            removed = ?report.removed,
-            needs_restart = ?report.needs_restart,
-            "config reloaded"
-        );
         report
     }
 }
