@@ -729,6 +729,26 @@ async fn jobs_sse_the_status_page_data_and_the_cli() {
         n1["models"].as_array().unwrap().contains(&json!("job:1b")),
         "{n1}"
     );
+    // What n1 has loaded, as the edge saw it when it last looked (a model operation
+    // makes it look again).
+    admin(edge, "n1", "ollama.load", json!({"model": "job:1b"})).await;
+    fleet(
+        edge,
+        reqwest::Method::POST,
+        "/api/copy",
+        json!({"source": "job:1b", "destination": "job:copy"}),
+        TEST_API_KEY,
+    )
+    .await;
+    let snapshot = status(edge).await;
+    let n1 = snapshot["ollama"]["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["node"] == "n1")
+        .cloned()
+        .unwrap();
+    assert_eq!(n1["loaded"], json!(["job:1b"]), "{n1}");
 
     // The CLI: a pull with progress per target and exit 0; ls; ps; rm.
     let (ok, out, err) = iop_models(edge, &["pull", "cli:1b"]).await;
@@ -801,4 +821,19 @@ nodes:
         assert!(std::time::Instant::now() < deadline, "{tags:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn the_ollama_python_client_manages_the_fleets_models() {
+    let test = "the ollama Python client managing the fleet's models";
+    let Some(python) = common::sdk::python(test, &["ollama"]) else {
+        return;
+    };
+    let s = setup().await;
+    common::sdk::run_check(
+        &python,
+        &common::sdk::check_script("python/ollama_manage_check.py"),
+        &[&format!("http://{}", s.edge.http), TEST_API_KEY],
+    )
+    .await;
 }

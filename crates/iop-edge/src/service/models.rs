@@ -7,8 +7,9 @@
 //! follow with an error (the pull may still finish there).
 //!
 //! It also keeps the groups of the Ollama providers' own models ([`crate::local_models`])
-//! current: each provider's server is asked what it holds (`ollama.tags`) when a node
-//! becomes ready, after every model operation, and every [`MODELS_REFRESH`].
+//! current: each provider's server is asked what it holds (`ollama.tags`, and what it has
+//! loaded, `ollama.ps`, for the status) when a node becomes ready, after every model
+//! operation, and every [`MODELS_REFRESH`].
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -65,7 +66,13 @@ impl Edge {
         let asks = targets.iter().map(|t| async move {
             let tags =
                 tokio::time::timeout(TAGS_TIMEOUT, self.target_command(t, "ollama.tags", &[]));
-            (t, tags.await)
+            let ps = tokio::time::timeout(TAGS_TIMEOUT, self.target_command(t, "ollama.ps", &[]));
+            let (tags, ps) = futures::future::join(tags, ps).await;
+            if let Ok(Ok(ps)) = ps {
+                let key = (t.node.clone(), t.provider.clone());
+                self.loaded_models.lock().insert(key, model_names(&ps));
+            }
+            (t, tags)
         });
         let answers = futures::future::join_all(asks).await;
         let mut held = self.held_models.lock();
