@@ -1,7 +1,8 @@
 //! Ollama's model-management endpoints on the edge, fleet-wide and for admin keys only
-//! (mounted with the admin routes: a client key gets 403): `POST /api/pull`, `DELETE /api/delete`, `POST /api/copy` and
-//! `POST /api/create` act on every enabled Ollama provider of a connected node, or on
-//! those `?node=`/`?provider=` (or the `x-iop-node`/`x-iop-provider` headers) select.
+//! (mounted with the admin routes: a client key gets 403): `POST /api/pull`,
+//! `DELETE /api/delete`, `POST /api/copy` and `POST /api/create` act on every enabled
+//! Ollama provider of a connected node, or on those `?node=`/`?provider=` (or the
+//! `x-iop-node`/`x-iop-provider` headers) select.
 //!
 //! A pull is a fleet job (`service::model_jobs`) streamed as Ollama's NDJSON progress, each
 //! line naming its `node` and `provider`, one `success` or `error` line per target, then a
