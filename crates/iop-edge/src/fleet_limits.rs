@@ -145,7 +145,7 @@ impl FleetLimits {
 
     /// This edge's share of `limits` while the store does not answer.
     pub fn share(&self, limits: &KeyLimitsConfig) -> KeyLimitsConfig {
-        let edges = self.fleet.live().len().max(1) as u64;
+        let edges = self.fleet.sharing(std::time::Instant::now()) as u64;
         let part = |n: u64| n.div_ceil(edges).max(1);
         KeyLimitsConfig {
             requests_per_minute: limits.requests_per_minute.map(|n| part(n as u64) as u32),

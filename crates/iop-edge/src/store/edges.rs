@@ -17,6 +17,9 @@ use super::Store;
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
 /// An edge whose row is older than this is no longer live.
 pub const LIVE_WITHIN: Duration = Duration::from_secs(10);
+/// How far back the number of edges sharing a key's limits while the store is away looks
+/// ([`Fleet::sharing`]).
+pub const SHARING_MEMORY: Duration = Duration::from_secs(60);
 
 /// This edge, as the fleet sees it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -87,6 +90,8 @@ pub struct LiveEdge {
 #[derive(Debug, Default)]
 pub struct Fleet {
     live: parking_lot::Mutex<Vec<LiveEdge>>,
+    /// How many edges each read of the last [`SHARING_MEMORY`] found live, and when.
+    counts: parking_lot::Mutex<std::collections::VecDeque<(std::time::Instant, usize)>>,
     last_error: parking_lot::Mutex<Option<String>>,
     /// Set when this edge drains: it leaves the fleet's list at once.
     retiring: tokio::sync::Notify,
@@ -113,6 +118,35 @@ impl Fleet {
 
     pub fn live(&self) -> Vec<LiveEdge> {
         self.live.lock().clone()
+    }
+
+    /// How many edges share a key's limits while the store does not answer: the most any
+    /// read of the last [`SHARING_MEMORY`] found live (at least 1). Not just the last read:
+    /// a read taken while the other edges' heartbeats lagged (a loaded store, a busy
+    /// machine) would otherwise hand this edge too big a share.
+    pub fn sharing(&self, now: std::time::Instant) -> usize {
+        let counts = self.counts.lock();
+        let recent = counts
+            .iter()
+            .filter(|(at, _)| now.saturating_duration_since(*at) <= SHARING_MEMORY)
+            .map(|(_, n)| *n);
+        recent
+            .chain([self.live.lock().len()])
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    /// A read of the store found `count` edges live at `now`.
+    fn counted(&self, count: usize, now: std::time::Instant) {
+        let mut counts = self.counts.lock();
+        while counts
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > SHARING_MEMORY)
+        {
+            counts.pop_front();
+        }
+        counts.push_back((now, count));
     }
 
     /// The live edges as nodes dial them (this edge included), for a register reply or
@@ -201,6 +235,7 @@ pub async fn run(
                 let before = incarnations(&fleet.live.lock());
                 let after = incarnations(&live);
                 let list = for_nodes(&live);
+                fleet.counted(live.len(), std::time::Instant::now());
                 *fleet.live.lock() = live;
                 if before != after {
                     announce(list);
@@ -293,4 +328,24 @@ async fn refresh(store: &Store, me: &EdgeRecord) -> Result<Vec<LiveEdge>, String
             }
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_that_found_fewer_edges_does_not_grow_the_share() {
+        let fleet = Fleet::default();
+        let start = std::time::Instant::now();
+        assert_eq!(fleet.sharing(start), 1);
+        fleet.counted(3, start);
+        // The others' heartbeats lagged behind one read: still three share.
+        fleet.counted(1, start + HEARTBEAT);
+        assert_eq!(fleet.sharing(start + HEARTBEAT * 2), 3);
+        // Nobody else seen for over a minute: this edge alone.
+        let later = start + SHARING_MEMORY + HEARTBEAT * 3;
+        fleet.counted(1, later);
+        assert_eq!(fleet.sharing(later), 1);
+    }
 }
