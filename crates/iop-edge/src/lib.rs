@@ -28,6 +28,7 @@ pub(crate) mod pem;
 pub(crate) mod queue;
 pub(crate) mod registry;
 pub(crate) mod retry_budget;
+pub mod routing;
 pub(crate) mod service;
 pub(crate) mod session;
 pub(crate) mod status;

@@ -56,6 +56,7 @@ pub fn with_local_groups(file: &EdgeConfig, held: &Held) -> EdgeConfig {
                         queue: QueueConfig::default(),
                         context_length: None,
                         owned_by: Some("ollama".into()),
+                        routing: Default::default(),
                         local: true,
                     }
                 });

@@ -14,6 +14,7 @@
 //! nothing a client sends adds series, and the number of series is bounded by the config.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::ledger::UsageRecord;
+use crate::routing::{Decision, Stats};
 use crate::status::StatusSnapshot;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -152,6 +154,16 @@ impl LabelBounds {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoutingLabels {
+    model_group: String,
+    /// What steered it: `session`, `prefix` or `none`.
+    affinity: &'static str,
+    /// `hit`, or why the preferred member was passed over (`unavailable`, `over_bound`,
+    /// `cold`), or `unsteered`.
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProviderLaneLabels {
     node: String,
     provider: String,
@@ -179,6 +191,12 @@ pub struct GroupMetrics {
     first_token: Histogram,
     /// The request counters used so far, by path and outcome (a few of each).
     requests: Mutex<Vec<(&'static str, String, Counter)>>,
+    /// Routing decisions so far, and their counters (made at first use).
+    routing: Mutex<(Stats, Vec<(Decision, Counter)>)>,
+    routing_family: Family<RoutingLabels, Counter>,
+    /// Provider-reported input tokens, and how many of them the provider had cached.
+    input_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
 }
 
 impl GroupMetrics {
@@ -197,6 +215,39 @@ impl GroupMetrics {
 
     pub fn observe_first_token(&self, took: Duration) {
         self.first_token.observe(took.as_secs_f64());
+    }
+
+    /// Counts one routing decision (every grant of a slot in this group).
+    pub fn count_route(&self, decision: Decision) {
+        let mut routing = self.routing.lock();
+        routing.0.count(decision);
+        if let Some((_, counter)) = routing.1.iter().find(|(d, _)| *d == decision) {
+            counter.inc();
+            return;
+        }
+        let counter = self
+            .routing_family
+            .get_or_create(&RoutingLabels {
+                model_group: self.label.clone(),
+                affinity: decision.kind.as_str(),
+                outcome: decision.outcome.as_str(),
+            })
+            .clone();
+        counter.inc();
+        routing.1.push((decision, counter));
+    }
+
+    /// The routing decisions counted so far.
+    pub fn routing(&self) -> Stats {
+        self.routing.lock().0.clone()
+    }
+
+    /// Provider-reported input tokens so far, and how many of them were cached.
+    pub fn prompt_tokens(&self) -> (u64, u64) {
+        (
+            self.input_tokens.load(Ordering::Relaxed),
+            self.cached_tokens.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -225,6 +276,7 @@ pub struct Metrics {
     leases_released: Counter,
     leases_live: Gauge,
     node_connections_refused: Family<RefusalLabels, Counter>,
+    routing_decisions: Family<RoutingLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -324,6 +376,12 @@ impl Metrics {
             "Provider leases held now",
             leases_live.clone(),
         );
+        let routing_decisions = Family::<RoutingLabels, Counter>::default();
+        registry.register(
+            "routing_decisions",
+            "Member choices per model group: what steered each (session key, prompt prefix, none) and whether the preferred member took it (hit) or why not (unavailable, over_bound, cold)",
+            routing_decisions.clone(),
+        );
         let node_connections_refused = Family::<RefusalLabels, Counter>::default();
         registry.register(
             "node_connections_refused",
@@ -350,6 +408,7 @@ impl Metrics {
             leases_released,
             leases_live,
             node_connections_refused,
+            routing_decisions,
         }
     }
 
@@ -411,6 +470,10 @@ impl Metrics {
             request_duration: self.request_duration.get_or_create(&labels).clone(),
             first_token: self.first_token.get_or_create(&labels).clone(),
             requests: Mutex::new(Vec::new()),
+            routing: Mutex::new((Stats::default(), Vec::new())),
+            routing_family: self.routing_decisions.clone(),
+            input_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
         })
     }
 
@@ -438,6 +501,12 @@ impl Metrics {
             group
         };
         self.count_group_request(&group, record.path, &record.outcome);
+        group
+            .input_tokens
+            .fetch_add(record.input_tokens, Ordering::Relaxed);
+        group
+            .cached_tokens
+            .fetch_add(record.cached_tokens, Ordering::Relaxed);
         group.observe_request_duration(Duration::from_millis(record.latency_ms));
         if let Some(ttft) = record.ttft_ms {
             group.observe_first_token(Duration::from_millis(ttft));

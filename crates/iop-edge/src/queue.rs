@@ -41,9 +41,11 @@ use crate::ejection::EjectionPolicy;
 use crate::health::ProviderHealth;
 use crate::lease::{AccountId, AccountSpec, Lane, LaneCounts, LeaseId, Leases, ProviderKey};
 use crate::registry::Generation;
+use crate::routing::{self, Affinity, Decision, RoutingPolicy};
 
 mod candidates;
 mod offline;
+mod steer;
 
 pub use candidates::HealthView;
 
@@ -121,6 +123,8 @@ pub struct GroupSpec {
     /// How long a request waits for a member to reconnect when none is online; zero ends
     /// it at once.
     pub wait_for_reconnect: Duration,
+    /// How a request picks its member.
+    pub routing: RoutingPolicy,
 }
 
 #[derive(Debug, Clone)]
@@ -146,6 +150,8 @@ pub struct Grant {
     pub lane: Lane,
     pub generation: Generation,
     pub traits: MemberTraits,
+    /// How the member was chosen.
+    pub decision: Decision,
 }
 
 impl Grant {
@@ -204,6 +210,8 @@ pub struct Lost<W> {
 #[derive(Debug)]
 struct Member {
     account: AccountId,
+    /// Its identity for rendezvous hashing ([`routing::member_identity`]).
+    identity: u64,
     upstream_model: Arc<str>,
     traits: MemberTraits,
 }
@@ -215,6 +223,8 @@ struct Waiter<W> {
     lane: Lane,
     /// Members (under a generation) this request already failed on.
     exclude: Vec<(AccountId, Generation)>,
+    /// What steers it to a member.
+    affinity: Affinity,
     payload: W,
     /// Since when no member that serves its lane has been live for it.
     stranded_since: Option<Instant>,
@@ -232,6 +242,7 @@ struct Group<W> {
     wait_for_reconnect: Duration,
     waiters: VecDeque<Waiter<W>>,
     cursor: usize,
+    routing: RoutingPolicy,
 }
 
 #[derive(Debug)]
@@ -245,6 +256,8 @@ pub struct Scheduler<W> {
     /// Probe health and ejection per provider.
     health: foldhash::HashMap<AccountId, ProviderHealth>,
     ejection: EjectionPolicy,
+    /// The prompt blocks recently routed to each provider (prefix affinity).
+    blocks: foldhash::HashMap<AccountId, routing::prefix::BlockIndex>,
 }
 
 /// Whether `account`, as it is online now, is one a waiter excluded.
@@ -270,6 +283,7 @@ impl<W> Scheduler<W> {
             last_waiter: 0,
             health: foldhash::HashMap::default(),
             ejection: EjectionPolicy::default(),
+            blocks: foldhash::HashMap::default(),
         };
         let online = HashMap::new();
         // Nothing is online yet: no waiter exists and no grant can be made, so the moment
@@ -327,7 +341,8 @@ impl<W> Scheduler<W> {
                          is_direct: bool,
                          members,
                          max_waiting,
-                         wait_for_reconnect| {
+                         wait_for_reconnect,
+                         routing| {
             let (waiters, cursor) = match old.remove(&(is_direct, name.clone())) {
                 Some(previous) => (previous.waiters, previous.cursor),
                 None => (VecDeque::new(), 0),
@@ -341,6 +356,7 @@ impl<W> Scheduler<W> {
                 wait_for_reconnect,
                 waiters,
                 cursor,
+                routing,
             });
             index
         };
@@ -353,6 +369,7 @@ impl<W> Scheduler<W> {
                         Some(id) if keep.contains(&&m.key) => id,
                         _ => self.leases.configure(m.key.clone(), m.capacity, m.enabled),
                     },
+                    identity: routing::member_identity(&m.key.node, &m.key.provider),
                     upstream_model: m.upstream_model.as_str().into(),
                     traits: m.traits,
                 })
@@ -365,12 +382,14 @@ impl<W> Scheduler<W> {
                 members,
                 spec.max_waiting,
                 spec.wait_for_reconnect,
+                spec.routing,
             );
             self.by_name.insert(name, index);
         }
         for (key, account, traits) in direct {
             let members = vec![Member {
                 account,
+                identity: routing::member_identity(&key.node, &key.provider),
                 upstream_model: "".into(),
                 traits,
             }];
@@ -382,9 +401,12 @@ impl<W> Scheduler<W> {
                 members,
                 DIRECT_MAX_WAITING,
                 Duration::ZERO,
+                RoutingPolicy::LeastInFlight,
             );
             self.by_provider.insert(key, index);
         }
+        self.blocks
+            .retain(|&id, _| keep.contains(&self.leases.key(id)));
         let orphaned = old
             .into_values()
             .flat_map(|g| g.waiters.into_iter().map(|w| w.payload))
@@ -443,6 +465,7 @@ impl<W> Scheduler<W> {
     }
 
     /// Admits a retried request: never to a member in `exclude` (under that generation).
+    #[cfg(test)]
     pub fn admit_excluding(
         &mut self,
         group: &str,
@@ -451,10 +474,24 @@ impl<W> Scheduler<W> {
         exclude: &[Exclusion],
         now: Instant,
     ) -> Admission {
+        self.admit_steered(group, lane, payload, exclude, &Affinity::none(), now)
+    }
+
+    /// Admits a request that `affinity` may steer to a member (see [`crate::routing`]),
+    /// never to a member in `exclude` (under that generation: it failed there).
+    pub fn admit_steered(
+        &mut self,
+        group: &str,
+        lane: Lane,
+        payload: W,
+        exclude: &[Exclusion],
+        affinity: &Affinity,
+        now: Instant,
+    ) -> Admission {
         let Some(g) = self.group_index(group) else {
             return Admission::UnknownGroup;
         };
-        self.admit_to(g, lane, payload, exclude, now)
+        self.admit_to(g, lane, payload, exclude, affinity, now)
     }
 
     /// Admits a request pinned to one provider (a native run) through that provider's own
@@ -469,7 +506,7 @@ impl<W> Scheduler<W> {
         let Some(g) = self.provider_queue(key) else {
             return Admission::UnknownGroup;
         };
-        self.admit_to(g, lane, payload, &[], now)
+        self.admit_to(g, lane, payload, &[], &Affinity::none(), now)
     }
 
     fn admit_to(
@@ -478,6 +515,7 @@ impl<W> Scheduler<W> {
         lane: Lane,
         payload: W,
         exclude: &[Exclusion],
+        affinity: &Affinity,
         now: Instant,
     ) -> Admission {
         let exclude: Vec<(AccountId, Generation)> = exclude
@@ -499,7 +537,7 @@ impl<W> Scheduler<W> {
         {
             return Admission::Exhausted;
         }
-        if let Some(grant) = self.try_grant(g, lane, &exclude, now) {
+        if let Some(grant) = self.try_grant(g, lane, &exclude, affinity, now) {
             return Admission::Granted(grant);
         }
         let live = self.live_for(g, lane, &exclude);
@@ -521,6 +559,7 @@ impl<W> Scheduler<W> {
             seq: id.0,
             lane,
             exclude,
+            affinity: affinity.clone(),
             payload,
             stranded_since: (!live).then_some(now),
             queued_at: now,
@@ -645,30 +684,22 @@ impl<W> Scheduler<W> {
         g: usize,
         lane: Lane,
         exclude: &[(AccountId, Generation)],
+        affinity: &Affinity,
         now: Instant,
     ) -> Option<Grant> {
-        let group = &self.groups[g];
-        let n = group.members.len();
-        let honour = self.exclusions_apply(g, lane, exclude, now);
-        let mut best: Option<(u32, usize)> = None;
-        for step in 0..n {
-            let i = (group.cursor + step) % n;
-            let account = group.members[i].account;
-            if !self.candidate(account, lane, exclude, honour, now) {
-                continue;
-            }
-            let load = self.leases.in_flight_total(account);
-            if best.is_none_or(|(b, _)| load < b) {
-                best = Some((load, i));
-            }
-        }
-        let (_, member) = best?;
+        let ask = steer::Ask {
+            lane,
+            tried: exclude,
+            affinity,
+        };
+        let (member, decision) = self.choose(g, &ask, now)?;
         let account = self.groups[g].members[member].account;
         let (lease, generation) = self.leases.acquire(account, lane)?;
+        self.note_blocks(g, account, &ask);
         let group = &mut self.groups[g];
         // A retry takes another member without moving the rotation.
         if exclude.is_empty() {
-            group.cursor = (member + 1) % n;
+            group.cursor = (member + 1) % group.members.len();
         }
         let key = self.leases.key(account);
         Some(Grant {
@@ -681,6 +712,7 @@ impl<W> Scheduler<W> {
             lane,
             generation,
             traits: group.members[member].traits,
+            decision,
         })
     }
 
@@ -723,7 +755,7 @@ impl<W> Scheduler<W> {
             let Some((_, g, i)) = oldest else { return };
             let waiter = self.groups[g].waiters.remove(i).expect("index from scan");
             let grant = self
-                .try_grant(g, waiter.lane, &waiter.exclude, now)
+                .try_grant(g, waiter.lane, &waiter.exclude, &waiter.affinity, now)
                 .expect("scan found a free slot");
             woken.push(Dispatch {
                 waiter: waiter.payload,
@@ -738,5 +770,7 @@ pub use permits::PermitDemand;
 
 #[cfg(test)]
 mod health_tests;
+#[cfg(test)]
+mod steer_tests;
 #[cfg(test)]
 mod tests;

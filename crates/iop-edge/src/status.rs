@@ -18,6 +18,7 @@ use crate::health::ProbeHealth;
 use crate::lease::{AccountView, LaneCounts, LeaseTotals, ProviderKey};
 use crate::queue::HealthView;
 use crate::registry::OwnerState;
+use crate::routing::Stats;
 
 /// How a node's current connection is secured and authenticated, for the status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -133,6 +134,39 @@ pub struct GroupStatus {
     pub name: String,
     pub waiting: LaneCounts,
     pub members: Vec<MemberStatus>,
+    pub routing: RoutingStatus,
+}
+
+/// How a group's requests found their members since the edge started, and what the
+/// providers had cached of their prompts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RoutingStatus {
+    /// `least_in_flight`, `session`, `prefix` or `session_prefix`.
+    pub policy: &'static str,
+    /// Steered decisions (session or prefix) that got the preferred member.
+    pub hit_ratio: Option<f64>,
+    /// Decisions by what steered them and how they went (`session.hit`,
+    /// `prefix.cold`, `none.unsteered` ...); only those that happened.
+    pub decisions: std::collections::BTreeMap<String, u64>,
+    /// Provider-reported input tokens of finished requests, and how many of them the
+    /// provider had cached.
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+impl RoutingStatus {
+    pub fn of(policy: crate::routing::RoutingPolicy, stats: &Stats, tokens: (u64, u64)) -> Self {
+        Self {
+            policy: policy.as_str(),
+            hit_ratio: stats.hit_ratio(),
+            decisions: stats
+                .iter()
+                .map(|(kind, outcome, n)| (format!("{}.{}", kind.as_str(), outcome.as_str()), n))
+                .collect(),
+            input_tokens: tokens.0,
+            cached_tokens: tokens.1,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -148,6 +182,8 @@ pub struct StatusInput {
     pub config: Arc<EdgeConfig>,
     pub accounts: HashMap<ProviderKey, (AccountView, HealthView)>,
     pub waiting: HashMap<String, LaneCounts>,
+    /// Per group: its routing decisions and prompt tokens (input, cached).
+    pub routing: HashMap<String, (Stats, (u64, u64))>,
     pub leases: LeaseTotals,
     pub nodes: HashMap<String, NodeReading>,
     pub now: Instant,
@@ -242,6 +278,11 @@ impl StatusSnapshot {
                         model: m.model.clone().unwrap_or_else(|| g.name.clone()),
                     })
                     .collect(),
+                routing: input
+                    .routing
+                    .get(&g.name)
+                    .map(|(stats, tokens)| RoutingStatus::of(g.routing, stats, *tokens))
+                    .unwrap_or_else(|| RoutingStatus::of(g.routing, &Stats::default(), (0, 0))),
             })
             .collect();
         StatusSnapshot {
@@ -346,6 +387,7 @@ model_groups:
             config: Arc::new(config),
             accounts: HashMap::new(),
             waiting: HashMap::new(),
+            routing: HashMap::new(),
             leases: LeaseTotals::default(),
             nodes: HashMap::new(),
             now,

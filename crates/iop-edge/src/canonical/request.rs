@@ -152,6 +152,8 @@ pub struct ModelRequest<'r> {
     /// The canonical body, or why there is none.
     pub canonical: Result<&'r ClientRequest<'r>, &'r ApiError>,
     pub max_output_tokens: Option<u64>,
+    /// The session key the client sent, if any (`crate::routing::session`).
+    pub session: Option<&'r str>,
 }
 
 /// What the lane estimate reads of a request.
@@ -270,6 +272,7 @@ mod tests {
             native: &decoded.native,
             canonical: Ok(&decoded.native.request),
             max_output_tokens: decoded.max_output_tokens,
+            session: None,
         };
         model.lane_inputs()
     }
@@ -311,6 +314,7 @@ mod tests {
             native: &decoded.native,
             canonical: Ok(&decoded.native.request),
             max_output_tokens: None,
+            session: None,
         };
         let messages = r#"[{"role":"user","content":"hi"}]"#.len() as u64;
         assert_eq!(request.input_estimate(), messages.div_ceil(4));

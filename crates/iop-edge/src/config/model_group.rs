@@ -25,6 +25,11 @@ pub struct ModelGroupConfig {
     /// Who the model is from, as `/v1/models` reports it (`owned_by`; default `iop`).
     #[serde(default)]
     pub owned_by: Option<String>,
+    /// How a request picks its member: `least_in_flight`, `session`, `prefix` or
+    /// `session_prefix` (the default: a session key when the request has one, else the
+    /// longest shared prompt prefix; see docs/admission.md).
+    #[serde(default)]
+    pub routing: crate::routing::RoutingPolicy,
     /// Made by the edge for a model its Ollama providers hold (`models:` on an Ollama
     /// provider), not written in the config.
     #[serde(skip)]

@@ -118,6 +118,7 @@ async fn handle(
         .await?;
     let decoded = prepared.decoded();
     let canonical = prepared.canonical();
+    let session = crate::routing::session::session_key(headers, &decoded.native.request);
     let mut request = ModelRequest {
         group: &decoded.model,
         op: decoded.op,
@@ -125,6 +126,7 @@ async fn handle(
         native: &decoded.native,
         canonical,
         max_output_tokens: decoded.max_output_tokens,
+        session: session.as_deref(),
     };
     let estimate = TokenEstimate {
         input: request.input_estimate(),

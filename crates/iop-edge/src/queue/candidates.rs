@@ -37,7 +37,7 @@ pub struct HealthView {
 }
 
 impl<W> Scheduler<W> {
-    fn health_excluded(&self, account: AccountId, now: Instant) -> bool {
+    pub(super) fn health_excluded(&self, account: AccountId, now: Instant) -> bool {
         self.health.get(&account).is_some_and(|h| h.excluded(now))
     }
 

@@ -29,6 +29,7 @@ fn group(name: &str, nodes: &[&str], wait_for_reconnect: Duration) -> GroupSpec 
         members: nodes.iter().map(|n| member(n, 8)).collect(),
         max_waiting: 8,
         wait_for_reconnect,
+        routing: Default::default(),
     }
 }
 

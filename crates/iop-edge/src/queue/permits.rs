@@ -118,6 +118,7 @@ mod tests {
                 }],
                 max_waiting: 8,
                 wait_for_reconnect: Duration::ZERO,
+                routing: Default::default(),
             }],
         )
     }

@@ -46,6 +46,7 @@ fn group(name: &str, members: Vec<MemberSpec>) -> GroupSpec {
         members,
         max_waiting: 8,
         wait_for_reconnect: Duration::ZERO,
+        routing: Default::default(),
     }
 }
 
@@ -53,6 +54,7 @@ fn group(name: &str, members: Vec<MemberSpec>) -> GroupSpec {
 fn waiting_group(name: &str, members: Vec<MemberSpec>) -> GroupSpec {
     GroupSpec {
         wait_for_reconnect: Duration::from_secs(30),
+        routing: Default::default(),
         ..group(name, members)
     }
 }

@@ -22,6 +22,7 @@ use crate::health::ProbeChange;
 use crate::lease::{Lane, LeaseId, ProviderKey};
 use crate::queue::{Admission, Dispatch, Exclusion, Grant, Scheduler, WaiterId};
 use crate::registry::Generation;
+use crate::routing::Affinity;
 
 /// The scheduler's clock: tokio's, so a paused test clock drives it.
 pub fn clock() -> Instant {
@@ -227,6 +228,7 @@ impl AdmissionControl {
         target: Target<'_>,
         lane: Lane,
         exclude: &[Exclusion],
+        affinity: &Affinity,
         until: Option<Instant>,
     ) -> Result<Admitted, AdmitError> {
         let group = target.name();
@@ -247,7 +249,7 @@ impl AdmissionControl {
             let mut scheduler = self.scheduler.lock();
             match target {
                 Target::Group(name) => {
-                    scheduler.admit_excluding(name, lane, (tx, started), exclude, started)
+                    scheduler.admit_steered(name, lane, (tx, started), exclude, affinity, started)
                 }
                 Target::Provider(key) => scheduler.admit_direct(key, lane, (tx, started), started),
             }
@@ -528,6 +530,7 @@ mod tests {
                 }],
                 max_waiting: 8,
                 wait_for_reconnect,
+                routing: Default::default(),
             }],
         );
         AdmissionControl::new(
@@ -538,6 +541,7 @@ mod tests {
                     timeout: Duration::from_secs(30),
                     long_context_tokens: None,
                     wait_for_reconnect,
+                    routing: Default::default(),
                 },
             )]),
         )
@@ -548,7 +552,13 @@ mod tests {
         let c = control(Duration::ZERO);
         let started = tokio::time::Instant::now();
         let err = c
-            .acquire(Target::Group("g"), Lane::Normal, &[], None)
+            .acquire(
+                Target::Group("g"),
+                Lane::Normal,
+                &[],
+                &Affinity::none(),
+                None,
+            )
             .await
             .unwrap_err();
         assert_eq!(started.elapsed(), Duration::ZERO);
@@ -563,7 +573,13 @@ mod tests {
         let c = control(Duration::from_secs(5));
         let started = tokio::time::Instant::now();
         let err = c
-            .acquire(Target::Group("g"), Lane::Normal, &[], None)
+            .acquire(
+                Target::Group("g"),
+                Lane::Normal,
+                &[],
+                &Affinity::none(),
+                None,
+            )
             .await
             .unwrap_err();
         assert_eq!(started.elapsed(), Duration::from_secs(5));
@@ -583,9 +599,15 @@ mod tests {
         let waiter = tokio::spawn({
             let c = c.clone();
             async move {
-                c.acquire(Target::Group("g"), Lane::Normal, &[], None)
-                    .await
-                    .map(|a| a.grant.generation)
+                c.acquire(
+                    Target::Group("g"),
+                    Lane::Normal,
+                    &[],
+                    &Affinity::none(),
+                    None,
+                )
+                .await
+                .map(|a| a.grant.generation)
             }
         });
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -598,15 +620,27 @@ mod tests {
         let c = control(Duration::from_secs(5));
         c.node_ready("n", Generation(1));
         let running = c
-            .acquire(Target::Group("g"), Lane::Normal, &[], None)
+            .acquire(
+                Target::Group("g"),
+                Lane::Normal,
+                &[],
+                &Affinity::none(),
+                None,
+            )
             .await
             .unwrap();
         let waiter = tokio::spawn({
             let c = c.clone();
             async move {
-                c.acquire(Target::Group("g"), Lane::Normal, &[], None)
-                    .await
-                    .map(|_| ())
+                c.acquire(
+                    Target::Group("g"),
+                    Lane::Normal,
+                    &[],
+                    &Affinity::none(),
+                    None,
+                )
+                .await
+                .map(|_| ())
             }
         });
         tokio::time::sleep(Duration::from_secs(10)).await;

@@ -40,6 +40,7 @@ use crate::ejection::ProviderOutcome;
 use crate::lease::{Lane, ProviderKey};
 use crate::ledger::RequestRecorder;
 use crate::queue::Exclusion;
+use crate::routing::Affinity;
 
 /// Cheap context estimate deciding the lane: characters of the prompt / 4 (about one token
 /// per four characters of English) plus the requested `max_tokens`.
@@ -156,6 +157,8 @@ struct Tries {
     lane: Lane,
     /// Members (under their generation) that failed it.
     exclude: Vec<Exclusion>,
+    /// What steers it to a member (session, prompt prefix).
+    affinity: Affinity,
     attempts: u32,
     /// The last attempt's failure.
     last: Option<ApiError>,
@@ -214,6 +217,7 @@ impl Edge {
             queue_until: started + policy.timeout,
             lane,
             exclude: Vec::new(),
+            affinity: crate::routing::affinity(policy.routing, request),
             attempts: 0,
             last: None,
             stale: 0,
@@ -297,7 +301,13 @@ impl Edge {
             let acquired = self
                 .dispatcher
                 .admission
-                .acquire(target, tries.lane, &tries.exclude, Some(tries.queue_until))
+                .acquire(
+                    target,
+                    tries.lane,
+                    &tries.exclude,
+                    &tries.affinity,
+                    Some(tries.queue_until),
+                )
                 .await;
             let admitted = match (acquired, tries.last.take()) {
                 (Ok(admitted), last) => {
@@ -313,6 +323,10 @@ impl Edge {
                 (Err(err), _) => return Err(err.into()),
             };
             ctx.recorder.queue_wait(admitted.waited);
+            self.telemetry
+                .metrics
+                .group(group)
+                .count_route(admitted.grant.decision);
             let session = match self.session(&admitted.grant.node) {
                 Some(s) if s.generation == admitted.grant.generation => s,
                 // The node's connection changed under the grant: its lease was fenced

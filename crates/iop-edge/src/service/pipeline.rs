@@ -249,7 +249,13 @@ impl Edge {
         let admitted = self
             .dispatcher
             .admission
-            .acquire(Target::Provider(&key), lane, &[], None)
+            .acquire(
+                Target::Provider(&key),
+                lane,
+                &[],
+                &crate::routing::Affinity::none(),
+                None,
+            )
             .await
             .map_err(SubmitError::from)?;
         ctx.recorder.queue_wait(admitted.waited);

@@ -19,6 +19,8 @@ pub struct GroupPolicy {
     pub long_context_tokens: Option<u64>,
     /// How long a request waits for a member to reconnect when none is online.
     pub wait_for_reconnect: Duration,
+    /// How a request picks its member.
+    pub routing: crate::routing::RoutingPolicy,
 }
 
 #[derive(Debug)]
@@ -69,6 +71,7 @@ impl AdmissionPlan {
                 name: g.name.clone(),
                 max_waiting: g.queue.max_waiting,
                 wait_for_reconnect: Duration::from_secs(g.queue.wait_for_reconnect_sec),
+                routing: g.routing,
                 members: g
                     .members
                     .iter()
@@ -94,6 +97,7 @@ impl AdmissionPlan {
                     timeout: Duration::from_secs(g.queue.timeout_sec),
                     long_context_tokens: g.long_context_tokens,
                     wait_for_reconnect: Duration::from_secs(g.queue.wait_for_reconnect_sec),
+                    routing: g.routing,
                 };
                 (g.name.clone(), policy)
             })

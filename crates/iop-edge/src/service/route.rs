@@ -188,6 +188,7 @@ mod tests {
                 Ok(&canonical)
             },
             max_output_tokens: None,
+            session: None,
         };
         f(request)
     }

@@ -54,10 +54,19 @@ impl Edge {
                 )
             })
             .collect();
+        let routing = config
+            .model_groups
+            .iter()
+            .map(|g| {
+                let metrics = self.telemetry.metrics.group(&g.name);
+                (g.name.clone(), (metrics.routing(), metrics.prompt_tokens()))
+            })
+            .collect();
         StatusSnapshot::of(&StatusInput {
             config,
             accounts,
             waiting,
+            routing,
             leases,
             nodes,
             now,
