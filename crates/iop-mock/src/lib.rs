@@ -64,6 +64,7 @@ mod health;
 mod ollama;
 pub mod ollama_models;
 mod openai;
+pub mod prefix_cache;
 pub mod schema;
 
 pub use health::Faults;
@@ -99,6 +100,9 @@ pub struct MockConfig {
     pub cached_tokens: Option<u64>,
     /// The pause before each progress line of an Ollama `/api/pull`.
     pub pull_step: Duration,
+    /// Model a prefix (KV) cache: the time to first token grows with the uncached part of
+    /// the prompt ([`prefix_cache`]).
+    pub prefix_cache: Option<prefix_cache::PrefixCacheConfig>,
 }
 
 impl Default for MockConfig {
@@ -109,6 +113,7 @@ impl Default for MockConfig {
             reasoning: false,
             cached_tokens: None,
             pull_step: Duration::from_millis(50),
+            prefix_cache: None,
         }
     }
 }
@@ -231,6 +236,7 @@ struct Mock {
     stats: Arc<MockStats>,
     faults: Arc<Faults>,
     ollama: Arc<ollama_models::OllamaModels>,
+    prefix_cache: Option<Arc<prefix_cache::PrefixCache>>,
 }
 
 /// What a request asks of the mock.
@@ -244,6 +250,8 @@ struct Plan {
     delay: Duration,
     reasoning: bool,
     prompt_tokens: u64,
+    /// Cached prompt tokens to report (the prefix cache model's, else the configured).
+    cached_tokens: Option<u64>,
     finish: &'static str,
     /// The prompt asks for a 500 (`mock:fail-500`).
     poisoned: bool,
@@ -287,10 +295,19 @@ impl Plan {
 impl Mock {
     /// Parses a request and starts counting it: the body, its tracker and its plan, or why
     /// the body is not JSON.
-    fn begin(&self, body: &Bytes) -> Result<(Value, Tracked, Plan), String> {
+    /// With a prefix cache model, the prompt's prefill time passes here, before the
+    /// response begins.
+    async fn begin(&self, body: &Bytes) -> Result<(Value, Tracked, Plan), String> {
         let body = parse(body)?;
         let tracked = Tracked::new(&self.stats);
-        let plan = self.plan(&body, &prompt_of(&body));
+        let prompt = prompt_of(&body);
+        let mut plan = self.plan(&body, &prompt);
+        if let Some(cache) = &self.prefix_cache {
+            let prefill = cache.prefill(&prompt);
+            plan.prompt_tokens = prefill.prompt_tokens;
+            plan.cached_tokens = Some(prefill.cached_tokens);
+            tokio::time::sleep(prefill.delay).await;
+        }
         Ok((body, tracked, plan))
     }
 
@@ -332,6 +349,7 @@ impl Mock {
             generated,
             delay,
             prompt_tokens: prompt.split_whitespace().count() as u64,
+            cached_tokens: self.config.cached_tokens,
             finish,
         }
     }
@@ -348,7 +366,7 @@ impl Mock {
         if plan.reasoning {
             usage["completion_tokens_details"] = json!({"reasoning_tokens": reasoning * choices});
         }
-        if let Some(cached) = self.config.cached_tokens {
+        if let Some(cached) = plan.cached_tokens {
             usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
         }
         usage
@@ -418,6 +436,9 @@ pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {
     let stats = Arc::new(MockStats::default());
     let mock = Mock {
         ollama: Arc::new(ollama_models::OllamaModels::new(config.pull_step)),
+        prefix_cache: config
+            .prefix_cache
+            .map(|c| Arc::new(prefix_cache::PrefixCache::new(c))),
         config: Arc::new(config),
         stats: stats.clone(),
         faults: Arc::default(),

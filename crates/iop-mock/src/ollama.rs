@@ -38,7 +38,7 @@ async fn ollama(mock: Mock, body: Bytes, chat: bool) -> Response {
 }
 
 async fn ollama_answer(mock: Mock, body: Bytes, chat: bool) -> Response {
-    let (body, mut tracked, plan) = match mock.begin(&body) {
+    let (body, mut tracked, plan) = match mock.begin(&body).await {
         Ok(begun) => begun,
         Err(e) => return bad_request(e),
     };

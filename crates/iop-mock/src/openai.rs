@@ -67,7 +67,7 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
 }
 
 async fn openai_answer(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
-    let (body, mut tracked, plan) = match mock.begin(&body) {
+    let (body, mut tracked, plan) = match mock.begin(&body).await {
         Ok(begun) => begun,
         Err(e) => return bad_request(e),
     };

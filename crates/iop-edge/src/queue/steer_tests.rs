@@ -263,3 +263,57 @@ fn least_in_flight_ignores_session_keys() {
         (0..4).map(|_| turn(&mut s, &affinity, t0).node).collect();
     assert_eq!(nodes.len(), 4, "round-robin over idle members");
 }
+
+/// What one routing decision costs with 64 members: a grant and its release, steered by a
+/// session key, by a 512 KiB prompt's prefix, and not at all. A measurement, not a test:
+/// `cargo test --release -p iop-edge --lib routing_decision_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement; run it in release"]
+fn routing_decision_cost() {
+    let nodes: Vec<String> = (0..64).map(|i| format!("n{i}")).collect();
+    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let t0 = Instant::now();
+    for (label, routing) in [
+        ("least_in_flight", RoutingPolicy::LeastInFlight),
+        ("session", RoutingPolicy::SessionPrefix),
+        ("prefix", RoutingPolicy::Prefix),
+    ] {
+        let (providers, group) = spec(&names, routing, &[true; 64]);
+        let mut s: Scheduler<u32> = Scheduler::new(providers, [group]);
+        for (i, n) in names.iter().enumerate() {
+            s.node_ready(n, Generation(i as u64 + 1), t0);
+        }
+        // Background load, and every member's index filled with other prompts.
+        let mut held: Vec<Grant> = (0..96)
+            .map(|_| grant(&mut s, &Affinity::none(), t0))
+            .collect();
+        for p in 0..64u64 {
+            let blocks: Vec<u64> = (0..256).map(|b| p << 32 | b).collect();
+            let g = grant(&mut s, &by_blocks(&blocks), t0);
+            s.release(g.lease, &mut Vec::new(), t0);
+        }
+        let mut took = Vec::new();
+        for i in 0..20_000u64 {
+            let affinity = match routing {
+                RoutingPolicy::LeastInFlight => Affinity::none(),
+                RoutingPolicy::Prefix => {
+                    by_blocks(&(0..1024).map(|b| (i % 64) << 32 | b).collect::<Vec<_>>())
+                }
+                _ => by_session(&format!("session-{}", i % 500)),
+            };
+            let start = Instant::now();
+            let g = grant(&mut s, &affinity, t0);
+            took.push(start.elapsed());
+            s.release(g.lease, &mut Vec::new(), t0);
+        }
+        took.sort();
+        let at = |p: f64| took[((took.len() - 1) as f64 * p) as usize];
+        println!(
+            "{label:>16}: p50 {:?}, p99 {:?}, max {:?} (64 members, 96 in flight)",
+            at(0.5),
+            at(0.99),
+            took[took.len() - 1]
+        );
+        held.clear();
+    }
+}

@@ -4,6 +4,8 @@
 //! With several `--target`s the rounds are interleaved (a slice of each target in turn),
 //! so machine noise lands on all of them alike, and every target after the first is also
 //! reported against the first (the baseline): added milliseconds and the ratio.
+//!
+//! `--scenario sessions` plays multi-turn conversations instead ([`super::bench_sessions`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -42,6 +44,39 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// What to send: `relay` (one short prompt, again and again: what the relay costs) or
+    /// `sessions` (multi-turn conversations sharing long system prompts: what cache-affine
+    /// routing buys; a target may name its model, `NAME=URL#MODEL`).
+    #[arg(long, value_enum, default_value = "relay")]
+    scenario: Scenario,
+    /// sessions: conversations per target.
+    #[arg(long, default_value_t = 64)]
+    sessions: usize,
+    /// sessions: turns per conversation.
+    #[arg(long, default_value_t = 8)]
+    turns: usize,
+    /// sessions: distinct system prompts the conversations share.
+    #[arg(long, default_value_t = 4)]
+    system_prompts: usize,
+    /// sessions: tokens per system prompt.
+    #[arg(long, default_value_t = 2000)]
+    system_tokens: usize,
+    /// sessions: tokens of each new user message.
+    #[arg(long, default_value_t = 400)]
+    turn_tokens: usize,
+    /// sessions: the share of conversations that name their session (prompt_cache_key);
+    /// the others steer by their prompt alone.
+    #[arg(long, default_value_t = 0.5)]
+    keyed: f64,
+    /// sessions: mean pause between a turn's answer and the next turn, in milliseconds.
+    #[arg(long, default_value_t = 300)]
+    think_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    Relay,
+    Sessions,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -66,7 +101,7 @@ struct Samples {
     requests: usize,
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
+pub(super) fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -92,6 +127,9 @@ pub async fn run(args: Args) -> super::Result {
         .no_proxy()
         .pool_max_idle_per_host(args.concurrency * 2)
         .build()?;
+    if args.scenario == Scenario::Sessions {
+        return sessions(&client, &targets, &args).await;
+    }
     let modes: &[bool] = match args.mode {
         Modes::Stream => &[true],
         Modes::NonStream => &[false],
@@ -298,4 +336,70 @@ fn has_token(bytes: &[u8]) -> bool {
     bytes
         .windows(needle.len() + 1)
         .any(|w| &w[..needle.len()] == needle && w[needle.len()] != b'"')
+}
+
+/// `--scenario sessions`: the conversations against every target, and the table.
+async fn sessions(client: &reqwest::Client, targets: &[Target], args: &Args) -> super::Result {
+    let targets: Vec<super::bench_sessions::Target> = targets
+        .iter()
+        .map(|t| {
+            let (url, model) = match t.url.split_once('#') {
+                Some((url, model)) => (url.to_string(), model.to_string()),
+                None => (t.url.clone(), args.model.clone()),
+            };
+            super::bench_sessions::Target {
+                name: t.name.clone(),
+                url,
+                model,
+            }
+        })
+        .collect();
+    let shape = super::bench_sessions::Shape {
+        sessions: args.sessions,
+        turns: args.turns,
+        system_prompts: args.system_prompts,
+        system_tokens: args.system_tokens,
+        turn_tokens: args.turn_tokens,
+        keyed: args.keyed,
+        concurrency: args.concurrency,
+        rounds: args.rounds,
+        think: Duration::from_millis(args.think_ms),
+    };
+    let report = super::bench_sessions::run(client, &targets, shape, args.api_key.as_deref()).await;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{} conversations of {} turns per target ({} system prompts of {} tokens, {} tokens per turn, {:.0} % keyed), {} at once, {} interleaved rounds",
+        args.sessions,
+        args.turns,
+        args.system_prompts,
+        args.system_tokens,
+        args.turn_tokens,
+        args.keyed * 100.0,
+        args.concurrency,
+        args.rounds
+    );
+    println!(
+        "| target | turns | errors | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | cached prompt tokens | TTFT p50 vs {} |",
+        targets[0].name
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let base = report[0]["ttft_p50_ms"].as_f64().unwrap_or(f64::NAN);
+    for r in &report {
+        let p50 = r["ttft_p50_ms"].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} % | {:.2}× faster |",
+            r["target"].as_str().unwrap_or(""),
+            r["turns"],
+            r["errors"],
+            p50,
+            r["ttft_p90_ms"].as_f64().unwrap_or(f64::NAN),
+            r["ttft_p99_ms"].as_f64().unwrap_or(f64::NAN),
+            r["cached_share"].as_f64().unwrap_or(0.0) * 100.0,
+            base / p50,
+        );
+    }
+    Ok(())
 }

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use iop_mock::prefix_cache::PrefixCacheConfig;
 use iop_mock::{MockConfig, MockServer};
 
 #[derive(Debug, clap::Args)]
@@ -26,6 +27,18 @@ pub struct Args {
     /// milliseconds.
     #[arg(long, default_value_t = 50)]
     pull_step_ms: u64,
+    /// Model an inference server's prefix (KV) cache of this many 16-token blocks (LRU):
+    /// the time to first token is --prefill-base-ms plus --prefill-us-per-token for each
+    /// prompt token not cached, and usage reports the cached tokens. 0: off.
+    #[arg(long, default_value_t = 0)]
+    prefix_cache_blocks: usize,
+    /// With --prefix-cache-blocks: time to first token of a fully cached prompt.
+    #[arg(long, default_value_t = 20)]
+    prefill_base_ms: u64,
+    /// With --prefix-cache-blocks: prefill time per uncached prompt token (a prompt token
+    /// is four bytes of its text).
+    #[arg(long, default_value_t = 250)]
+    prefill_us_per_token: u64,
 }
 
 pub async fn run(args: Args) -> super::Result {
@@ -35,6 +48,11 @@ pub async fn run(args: Args) -> super::Result {
         reasoning: args.reasoning,
         cached_tokens: args.cached_tokens,
         pull_step: Duration::from_millis(args.pull_step_ms),
+        prefix_cache: (args.prefix_cache_blocks > 0).then(|| PrefixCacheConfig {
+            blocks: args.prefix_cache_blocks,
+            base: Duration::from_millis(args.prefill_base_ms),
+            per_token: Duration::from_micros(args.prefill_us_per_token),
+        }),
     };
     let server = MockServer::start(args.listen, config)
         .await

@@ -1,6 +1,7 @@
 //! One module per subcommand; each exposes `Args` and `run`.
 
 pub mod bench;
+pub mod bench_sessions;
 pub mod demo;
 pub mod edge;
 pub mod edge_api;
