@@ -1,0 +1,168 @@
+//! Cache-affine routing with real processes: a conversation's turns (named by `user`, or
+//! by nothing but a long shared system prompt) all reach one member of a two-member
+//! group, different conversations reach both, and the edge says so on `/metrics` and in
+//! `/admin/status`.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use serde_json::json;
+
+const CONFIG: &str = r#"
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers: [{id: p, kind: mock, capacity: {normal: 4, long: 0}}]
+  - id: n2
+    token: token-n2-0123456789
+    providers: [{id: p, kind: mock, capacity: {normal: 4, long: 0}}]
+model_groups:
+  - {name: sticky, members: [{node: n1, provider: p}, {node: n2, provider: p}]}
+  - {name: spread, routing: least_in_flight, members: [{node: n1, provider: p}, {node: n2, provider: p}]}
+"#;
+
+/// Requests of `group` each node served, from the edge's usage metrics.
+async fn served(edge: &EdgeProc, group: &str) -> BTreeMap<String, f64> {
+    let text = admin_get(edge, "/metrics").await.text().await.unwrap();
+    let mut by_node = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("iop_usage_tokens_total{"))
+    {
+        if !line.contains(&format!("model_group=\"{group}\"")) || !line.contains("kind=\"output\"")
+        {
+            continue;
+        }
+        let node = line
+            .split("node=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        *by_node.entry(node.to_string()).or_default() += value;
+    }
+    by_node
+}
+
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_conversation_stays_on_one_member_and_the_edge_counts_it() {
+    let dir = tempdir();
+    let edge = start_edge(dir.path(), CONFIG).await;
+    let _n1 = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    let _n2 = start_node("n2", dir.path(), &edge.nodes, "token-n2-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    wait_ready(&edge, "n2").await;
+
+    // Twelve turns of one conversation, named by `user`: one member serves them all.
+    for turn in 0..12 {
+        let (status, body) = chat_completion(
+            &edge,
+            "sticky",
+            &format!("turn {turn}"),
+            json!({"user": "alice"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let after_alice = served(&edge, "sticky").await;
+    assert_eq!(
+        after_alice.len(),
+        1,
+        "one conversation, two members: {after_alice:?}"
+    );
+
+    // Sixteen conversations: both members serve some.
+    for user in 0..16 {
+        let (status, _) = chat_completion(
+            &edge,
+            "sticky",
+            "hello",
+            json!({"user": format!("user-{user}")}),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(served(&edge, "sticky").await.len(), 2);
+
+    // No key, but a long shared system prompt: every request after the first goes where
+    // the first went.
+    let system = "You are a meticulous reviewer of Rust code. ".repeat(60);
+    let before = served(&edge, "sticky").await;
+    for turn in 0..8 {
+        let messages = json!([
+            {"role": "system", "content": system},
+            {"role": "user", "content": format!("question {turn}")}
+        ]);
+        let (status, _) = chat_completion(&edge, "sticky", "", json!({"messages": messages})).await;
+        assert_eq!(status, 200);
+    }
+    let after = served(&edge, "sticky").await;
+    let moved: Vec<&String> = after
+        .iter()
+        .filter(|(node, n)| before.get(*node).copied().unwrap_or(0.0) < **n)
+        .map(|(node, _)| node)
+        .collect();
+    assert_eq!(moved.len(), 1, "a shared prefix went to {moved:?}");
+
+    // What the operator sees.
+    let text = admin_get(&edge, "/metrics").await.text().await.unwrap();
+    let hits = metric(
+        &text,
+        "iop_routing_decisions_total{model_group=\"sticky\",affinity=\"session\",outcome=\"hit\"}",
+    );
+    assert!(hits >= 11.0 + 16.0, "session hits: {hits}\n{text}");
+    let prefix_hits = metric(
+        &text,
+        "iop_routing_decisions_total{model_group=\"sticky\",affinity=\"prefix\",outcome=\"hit\"}",
+    );
+    assert_eq!(prefix_hits, 7.0, "{text}");
+    let cold = metric(
+        &text,
+        "iop_routing_decisions_total{model_group=\"sticky\",affinity=\"prefix\",outcome=\"cold\"}",
+    );
+    assert_eq!(cold, 1.0);
+    let s = status(&edge).await;
+    let routing = &group_of(&s, "sticky")["routing"];
+    assert_eq!(routing["policy"], "session_prefix");
+    assert!(routing["hit_ratio"].as_f64().unwrap() > 0.9, "{routing}");
+    assert_eq!(
+        group_of(&s, "spread")["routing"]["policy"],
+        "least_in_flight"
+    );
+}
+
+#[tokio::test]
+async fn least_in_flight_spreads_one_conversation() {
+    let dir = tempdir();
+    let edge = start_edge(dir.path(), CONFIG).await;
+    let _n1 = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    let _n2 = start_node("n2", dir.path(), &edge.nodes, "token-n2-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    wait_ready(&edge, "n2").await;
+    for turn in 0..6 {
+        let (status, _) = chat_completion(
+            &edge,
+            "spread",
+            &format!("turn {turn}"),
+            json!({"user": "alice"}),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(
+        served(&edge, "spread").await.len(),
+        2,
+        "round-robin over idle members"
+    );
+}
