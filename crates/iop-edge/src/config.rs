@@ -34,7 +34,7 @@ pub use auth::{ApiKeyConfig, AuthConfig, KeyLimitsConfig, MIN_API_KEY_CHARS, Rol
 pub use dispatch::DispatchConfig;
 pub use health::{EjectionConfig, HealthConfig, ProviderHealthConfig};
 pub use http_api::{CorsConfig, HttpApiConfig};
-pub use http_limits::{HttpLimitsConfig, parse_proxies};
+pub use http_limits::{DEFAULT_MAX_CONNECTIONS, HttpLimitsConfig, parse_proxies};
 pub use ledger::LedgerConfig;
 pub use model_group::{
     MAX_OWNED_BY_CHARS, MAX_WAIT_FOR_RECONNECT_SEC, MemberConfig, ModelGroupConfig, QueueConfig,

@@ -437,7 +437,7 @@ model_groups:
                 c.limits.http.header_timeout_sec,
                 c.limits.http.max_connections
             ),
-            (1, 5000)
+            (1, Some(5000))
         );
         for (bad, path) in [
             (

@@ -12,6 +12,7 @@ pub const DEFAULT_HEADER_TIMEOUT_SEC: u64 = 10;
 pub const DEFAULT_BODY_TIMEOUT_SEC: u64 = 60;
 pub const DEFAULT_IDLE_TIMEOUT_SEC: u64 = 60;
 pub const DEFAULT_WRITE_TIMEOUT_SEC: u64 = 60;
+/// The connection cap when it is not configured and the open-files limit is unknown.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 1024;
@@ -37,9 +38,10 @@ pub struct HttpLimitsConfig {
     /// is cancelled and its provider slot returned).
     #[serde(default = "default_write_timeout")]
     pub write_timeout_sec: u64,
-    /// Open HTTP connections at most; more are answered 503 and closed at once.
-    #[serde(default = "default_max_connections")]
-    pub max_connections: usize,
+    /// Open HTTP connections at most; more are answered 503 and closed at once. Left
+    /// out: derived from the open-files limit (see `http::server::effective_max_connections`).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
     /// Open HTTP connections from one address (an IPv6 /64 counts as one) at most; more
     /// are answered 503 and closed at once. Trusted proxies are not capped.
     #[serde(default = "default_max_connections_per_address")]
@@ -81,9 +83,6 @@ fn default_idle_timeout() -> u64 {
 fn default_write_timeout() -> u64 {
     DEFAULT_WRITE_TIMEOUT_SEC
 }
-fn default_max_connections() -> usize {
-    DEFAULT_MAX_CONNECTIONS
-}
 fn default_max_connections_per_address() -> usize {
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
 }
@@ -110,7 +109,7 @@ impl Default for HttpLimitsConfig {
             body_timeout_sec: DEFAULT_BODY_TIMEOUT_SEC,
             idle_timeout_sec: DEFAULT_IDLE_TIMEOUT_SEC,
             write_timeout_sec: DEFAULT_WRITE_TIMEOUT_SEC,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections: None,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             trusted_proxies: Vec::new(),
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
@@ -152,7 +151,7 @@ impl HttpLimitsConfig {
                 ));
             }
         }
-        if self.max_connections == 0 || self.max_connections > 1 << 20 {
+        if self.max_connections.is_some_and(|n| n == 0 || n > 1 << 20) {
             return Err(FieldError::new(
                 "max_connections".into(),
                 "must be between 1 and 1048576".into(),

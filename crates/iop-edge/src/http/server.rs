@@ -45,23 +45,32 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// How often a full connection table or failing accepts are logged at most.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// The part of the open-files limit HTTP connections may take; the rest stays free for
-/// node connections and everything else the edge opens.
-const HTTP_SHARE_OF_OPEN_FILES: (u64, u64) = (3, 4);
+/// The open files kept free of HTTP connections, for node links, the store's pool, the
+/// ledger, logs and listeners: an eighth of the open-files limit, at least 256 and at most
+/// 4096.
+pub fn open_files_headroom(limit: u64) -> u64 {
+    (limit / 8).clamp(256, 4096)
+}
 
-/// The connection cap in force: the configured one, lowered to leave a quarter of the
-/// process's open-files limit (if known) to everything else.
-pub fn effective_max_connections(configured: usize, open_files: Option<u64>) -> usize {
-    match open_files {
-        Some(limit) => {
-            let share =
-                limit.saturating_mul(HTTP_SHARE_OF_OPEN_FILES.0) / HTTP_SHARE_OF_OPEN_FILES.1;
-            configured
-                .min(usize::try_from(share).unwrap_or(usize::MAX))
-                .max(1)
-        }
-        None => configured,
-    }
+/// The connection cap in force. Not configured: the open-files limit (which the edge
+/// raised to its hard limit at start) less [`open_files_headroom`] — 17,500 connections
+/// under a limit of 20,000, 61,440 under 65,536 — or
+/// [`crate::config::DEFAULT_MAX_CONNECTIONS`] when the limit is unknown.
+/// Configured: that, but never more than the same bound.
+pub fn effective_max_connections(configured: Option<usize>, open_files: Option<u64>) -> usize {
+    let fits = open_files.map(|limit| {
+        let n = limit
+            .saturating_sub(open_files_headroom(limit))
+            .min(1 << 20);
+        usize::try_from(n).unwrap_or(usize::MAX)
+    });
+    let cap = match (configured, fits) {
+        (Some(c), Some(fits)) => c.min(fits),
+        (Some(c), None) => c,
+        (None, Some(fits)) => fits,
+        (None, None) => crate::config::DEFAULT_MAX_CONNECTIONS,
+    };
+    cap.max(1)
 }
 
 /// Binds the HTTP listener (address reuse on, a deep accept queue).
@@ -85,13 +94,19 @@ pub async fn serve_http(
     let limits = edge.config().limits.http.clone();
     let open_files = crate::fdlimit::open_files_limit();
     let cap = effective_max_connections(limits.max_connections, open_files);
-    if cap < limits.max_connections {
-        tracing::warn!(
-            max_connections = limits.max_connections,
+    match limits.max_connections {
+        Some(configured) if cap < configured => tracing::warn!(
+            max_connections = configured,
             open_files = open_files.unwrap_or_default(),
             cap,
             "limits.http.max_connections is more than the open-files limit allows: serving at most {cap} HTTP connections"
-        );
+        ),
+        Some(_) => {}
+        None => tracing::info!(
+            open_files = open_files.unwrap_or_default(),
+            max_connections = cap,
+            "HTTP connection cap derived from the open-files limit (limits.http.max_connections)"
+        ),
     }
     let trusted = TrustedProxies::parse(&limits.trusted_proxies)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
@@ -344,11 +359,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cap_leaves_a_quarter_of_the_open_files_to_the_rest() {
-        assert_eq!(effective_max_connections(4096, Some(1024)), 768);
-        assert_eq!(effective_max_connections(4096, Some(1 << 20)), 4096);
-        assert_eq!(effective_max_connections(100, None), 100);
-        assert_eq!(effective_max_connections(100, Some(0)), 1);
+    fn the_cap_is_the_open_files_limit_less_headroom_unless_configured_lower() {
+        // Not configured: what the limit allows.
+        assert_eq!(effective_max_connections(None, Some(1024)), 768);
+        assert_eq!(effective_max_connections(None, Some(20_000)), 17_500);
+        assert_eq!(effective_max_connections(None, Some(65_536)), 61_440);
+        assert_eq!(effective_max_connections(None, Some(1 << 24)), 1 << 20);
+        assert_eq!(effective_max_connections(None, None), 4096);
+        // Configured: that, within the same bound.
+        assert_eq!(effective_max_connections(Some(4096), Some(1024)), 768);
+        assert_eq!(effective_max_connections(Some(4096), Some(1 << 20)), 4096);
+        assert_eq!(effective_max_connections(Some(100), None), 100);
+        assert_eq!(effective_max_connections(Some(100), Some(0)), 1);
     }
 
     #[test]

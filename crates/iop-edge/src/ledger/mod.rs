@@ -27,7 +27,8 @@ pub mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Sender, channel, sync_channel};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -55,8 +56,13 @@ pub type LedgerError = store::StoreError;
 
 /// The ledger of one edge: the writer's queue, its counters and a reader for queries.
 pub struct Ledger {
-    /// `None`: the ledger is off (`ledger.enabled: false`, or no state directory).
-    queue: Option<SyncSender<Message>>,
+    /// `None`: the ledger is off (`ledger.enabled: false`, or no state directory). The
+    /// channel grows and shrinks with what it holds (an idle edge holds no buffer for it);
+    /// `queued` bounds the records in it.
+    queue: Option<Sender<Message>>,
+    /// Records sent and not yet taken by the writer, at most `capacity`.
+    queued: Arc<AtomicUsize>,
+    capacity: usize,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The writer thread, unparked by a flush or close (records never wake it).
     writer_thread: Option<std::thread::Thread>,
@@ -90,6 +96,8 @@ impl Ledger {
     pub fn disabled() -> Self {
         Self {
             queue: None,
+            queued: Arc::default(),
+            capacity: 0,
             writer: Mutex::new(None),
             writer_thread: None,
             reader: None,
@@ -114,12 +122,14 @@ impl Ledger {
         let path = dir.join(store::FILE_NAME);
         let conn = store::open_writer(&path)?;
         let reader = store::open_reader(&path)?;
-        let (queue, rx) = sync_channel(capacity);
+        let (queue, rx) = channel();
+        let queued = Arc::new(AtomicUsize::new(0));
         let dropped = Counter::default();
         let written = Counter::default();
         let writer = Writer {
             conn,
             rx,
+            queued: queued.clone(),
             retention_days,
             written: written.clone(),
             dropped: dropped.clone(),
@@ -133,6 +143,8 @@ impl Ledger {
             })?;
         Ok(Self {
             queue: Some(queue),
+            queued,
+            capacity,
             writer_thread: Some(handle.thread().clone()),
             writer: Mutex::new(Some(handle)),
             reader: Some(Arc::new(Mutex::new(reader))),
@@ -173,14 +185,14 @@ impl Ledger {
         let Some(queue) = &self.queue else {
             return false;
         };
-        match queue.try_send(Message::Record(record)) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.dropped.inc();
-                self.log_drop(Instant::now());
-                false
-            }
+        let full = self.queued.fetch_add(1, Ordering::Relaxed) >= self.capacity;
+        if full || queue.send(Message::Record(record)).is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.dropped.inc();
+            self.log_drop(Instant::now());
+            return false;
         }
+        true
     }
 
     fn log_drop(&self, now: Instant) {
@@ -211,22 +223,12 @@ impl Ledger {
         let waited = tokio::task::spawn_blocking(move || {
             let (ack, done) = sync_channel(1);
             let deadline = Instant::now() + within;
-            let mut message = Message::Flush(ack);
-            loop {
-                match queue.try_send(message) {
-                    Ok(()) => {
-                        // A filling batch commits now instead of at its next tick.
-                        if let Some(writer) = &writer {
-                            writer.unpark();
-                        }
-                        break;
-                    }
-                    Err(TrySendError::Full(m)) if Instant::now() < deadline => {
-                        message = m;
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    Err(_) => return false,
-                }
+            if queue.send(Message::Flush(ack)).is_err() {
+                return false;
+            }
+            // A filling batch commits now instead of at its next tick.
+            if let Some(writer) = &writer {
+                writer.unpark();
             }
             done.recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 .is_ok()
@@ -245,7 +247,7 @@ impl Ledger {
             return;
         };
         let closed = tokio::task::spawn_blocking(move || {
-            // A blocking send: the close waits its turn behind the queued records.
+            // The close comes behind the queued records.
             let _ = queue.send(Message::Close);
             handle.thread().unpark();
             handle.join().is_ok()

@@ -10,6 +10,8 @@
 //! thread; parked, only the first record of a batch wakes it. A flush or close unparks
 //! it ([`super::Ledger::flush`]), so neither waits for the tick.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -29,7 +31,8 @@ pub const GATHER_TICK: Duration = Duration::from_millis(25);
 pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// What the writer is sent. Nearly every message is a record, so records are not boxed
-/// (that would be an allocation per request for the rare flush and close).
+/// (that would be an allocation per request for the rare flush and close); the channel
+/// allocates its slots in blocks as it fills and frees them as it drains.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum Message {
@@ -44,6 +47,8 @@ pub enum Message {
 pub struct Writer {
     pub conn: Connection,
     pub rx: Receiver<Message>,
+    /// Records sent and not yet taken: one less for each record received.
+    pub queued: Arc<AtomicUsize>,
     /// Rows older than this many days are deleted.
     pub retention_days: u32,
     /// Records committed.
@@ -53,6 +58,12 @@ pub struct Writer {
 }
 
 impl Writer {
+    /// A record taken from the channel into the batch.
+    fn take(&self, batch: &mut Vec<UsageRecord>, record: UsageRecord) {
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+        batch.push(record);
+    }
+
     /// Runs until [`Message::Close`] or every sender is gone, committing what came first.
     pub fn run(mut self) {
         let mut batch: Vec<UsageRecord> = Vec::with_capacity(MAX_BATCH);
@@ -66,7 +77,7 @@ impl Writer {
             }
             let wait = next_prune.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(wait) {
-                Ok(Message::Record(r)) => batch.push(r),
+                Ok(Message::Record(r)) => self.take(&mut batch, r),
                 Ok(Message::Flush(ack)) => acks.push(ack),
                 Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => closing = true,
                 Err(RecvTimeoutError::Timeout) => continue,
@@ -80,7 +91,7 @@ impl Writer {
                 // behind it are committed, not lost.
                 loop {
                     match self.rx.try_recv() {
-                        Ok(Message::Record(r)) => batch.push(r),
+                        Ok(Message::Record(r)) => self.take(&mut batch, r),
                         Ok(Message::Flush(ack)) => acks.push(ack),
                         Ok(Message::Close) => closing = true,
                         Err(TryRecvError::Disconnected) => {

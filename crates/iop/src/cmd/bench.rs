@@ -46,7 +46,8 @@ pub struct Args {
     json: bool,
     /// What to send: `relay` (one short prompt, again and again: what the relay costs) or
     /// `sessions` (multi-turn conversations sharing long system prompts: what cache-affine
-    /// routing buys; a target may name its model, `NAME=URL#MODEL`).
+    /// routing buys; a target may name its model, `NAME=URL#MODEL`) or `streams`
+    /// (--requests streams opened at once per target: how many an endpoint holds).
     #[arg(long, value_enum, default_value = "relay")]
     scenario: Scenario,
     /// sessions: conversations per target.
@@ -71,12 +72,16 @@ pub struct Args {
     /// sessions: mean pause between a turn's answer and the next turn, in milliseconds.
     #[arg(long, default_value_t = 300)]
     think_ms: u64,
+    /// streams: open the streams evenly over this many milliseconds (0: all at once).
+    #[arg(long, default_value_t = 0)]
+    ramp_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Scenario {
     Relay,
     Sessions,
+    Streams,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -127,8 +132,10 @@ pub async fn run(args: Args) -> super::Result {
         .no_proxy()
         .pool_max_idle_per_host(args.concurrency * 2)
         .build()?;
-    if args.scenario == Scenario::Sessions {
-        return sessions(&client, &targets, &args).await;
+    match args.scenario {
+        Scenario::Sessions => return sessions(&client, &targets, &args).await,
+        Scenario::Streams => return streams(&targets, &args).await,
+        Scenario::Relay => {}
     }
     let modes: &[bool] = match args.mode {
         Modes::Stream => &[true],
@@ -399,6 +406,47 @@ async fn sessions(client: &reqwest::Client, targets: &[Target], args: &Args) -> 
             r["ttft_p99_ms"].as_f64().unwrap_or(f64::NAN),
             r["cached_share"].as_f64().unwrap_or(0.0) * 100.0,
             base / p50,
+        );
+    }
+    Ok(())
+}
+
+/// `--scenario streams`: `--requests` streams at once against each target in turn.
+async fn streams(targets: &[Target], args: &Args) -> super::Result {
+    // One file per stream here too.
+    if let Err(err) = iop_edge::fdlimit::raise_open_files_limit() {
+        eprintln!("cannot raise the open-files limit: {err}");
+    }
+    let mut report = Vec::new();
+    for t in targets {
+        let ramp = Duration::from_millis(args.ramp_ms);
+        let key = args.api_key.as_deref();
+        let mut r = super::bench_streams::run(&t.url, &args.model, args.requests, ramp, key).await;
+        r["target"] = json!(t.name);
+        report.push(r);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "| target | streams | completed | refused | failed | most open at once | first byte p50 ms | first byte p99 ms | end p50 ms | end p99 ms |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &report {
+        let ms = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.0} | {:.0} |",
+            r["target"].as_str().unwrap_or(""),
+            r["streams"],
+            r["completed"],
+            r["refused"],
+            r["failed"],
+            r["peak_open"],
+            ms("first_byte_p50_ms"),
+            ms("first_byte_p99_ms"),
+            ms("done_p50_ms"),
+            ms("done_p99_ms"),
         );
     }
     Ok(())

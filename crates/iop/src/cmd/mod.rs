@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_sessions;
+pub mod bench_streams;
 pub mod demo;
 pub mod edge;
 pub mod edge_api;
