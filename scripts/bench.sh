@@ -9,6 +9,7 @@
 #   IOP_BENCH_BASELINE="v1=/path/a v2=/path/b" scripts/bench.sh   # several, named
 #   IOP_BENCH_LEDGER=both scripts/bench.sh    # direct vs usage ledger off vs on
 #   IOP_BENCH_STORE=both scripts/bench.sh     # direct vs an edge alone vs one with a store
+#   IOP_BENCH_ROUTER=/path/to/vllm-router scripts/bench.sh  # and a one-hop router, same run
 #
 # IOP_BENCH_LINK picks the edge–node link: `tls` (the default, what users get),
 # `plaintext` (node_tls.mode insecure_plaintext), or `both` (two edge + node pairs, one per
@@ -185,6 +186,22 @@ for entry in ${IOP_BENCH_BASELINE:-}; do
     start_baseline "$name" "$bin" "$((NODE_PORT + baseline_port))" "$((HTTP_PORT + baseline_port))"
     baseline_port=$((baseline_port + 1))
 done
+
+# A one-hop router in front of the same mock, for comparison (vllm-router: a Rust router
+# with a Python launcher, `pip install vllm-router`).
+if [ -n "${IOP_BENCH_ROUTER:-}" ]; then
+    router_port=$((HTTP_PORT + 20))
+    "$IOP_BENCH_ROUTER" --host 127.0.0.1 --port "$router_port" \
+        --worker-urls "http://127.0.0.1:$MOCK_PORT" --policy round_robin \
+        --disable-retries --disable-circuit-breaker --log-level warning \
+        >"$WORK/router.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 300); do
+        curl -sf "http://127.0.0.1:$router_port/health" >/dev/null && break
+        sleep 0.1
+    done
+    TARGETS+=(--target "vllm-router=http://127.0.0.1:$router_port/v1")
+fi
 
 BENCH_ARGS=()
 if [ "$STORE" = both ]; then
