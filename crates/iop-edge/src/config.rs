@@ -25,6 +25,7 @@ mod model_group;
 mod node;
 pub mod node_limits;
 mod provider;
+mod routing;
 mod secret;
 pub mod shutdown;
 pub mod store;
@@ -46,6 +47,7 @@ pub use provider::{
     MAX_CLI_SESSIONS, MockConfig, ProviderApi, ProviderConfig, ProviderKind, Reconcile,
     TunnelUsage,
 };
+pub use routing::RoutingPolicy;
 pub use secret::{Env, TokenHash, hash_token};
 pub use shutdown::ShutdownConfig;
 pub use store::StoreConfig;

@@ -48,6 +48,17 @@ async fn served(edge: &EdgeProc, group: &str) -> BTreeMap<String, f64> {
     by_node
 }
 
+/// The edge with both nodes ready.
+async fn two_nodes() -> (tempfile::TempDir, EdgeProc, [Proc; 2]) {
+    let dir = tempdir();
+    let edge = start_edge(dir.path(), CONFIG).await;
+    let n1 = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    let n2 = start_node("n2", dir.path(), &edge.nodes, "token-n2-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    wait_ready(&edge, "n2").await;
+    (dir, edge, [n1, n2])
+}
+
 fn metric(text: &str, prefix: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(prefix))
@@ -57,12 +68,7 @@ fn metric(text: &str, prefix: &str) -> f64 {
 
 #[tokio::test]
 async fn a_conversation_stays_on_one_member_and_the_edge_counts_it() {
-    let dir = tempdir();
-    let edge = start_edge(dir.path(), CONFIG).await;
-    let _n1 = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
-    let _n2 = start_node("n2", dir.path(), &edge.nodes, "token-n2-0123456789", "");
-    wait_ready(&edge, "n1").await;
-    wait_ready(&edge, "n2").await;
+    let (_dir, edge, _nodes) = two_nodes().await;
 
     // Twelve turns of one conversation, named by `user`: one member serves them all.
     for turn in 0..12 {
@@ -144,12 +150,7 @@ async fn a_conversation_stays_on_one_member_and_the_edge_counts_it() {
 
 #[tokio::test]
 async fn least_in_flight_spreads_one_conversation() {
-    let dir = tempdir();
-    let edge = start_edge(dir.path(), CONFIG).await;
-    let _n1 = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
-    let _n2 = start_node("n2", dir.path(), &edge.nodes, "token-n2-0123456789", "");
-    wait_ready(&edge, "n1").await;
-    wait_ready(&edge, "n2").await;
+    let (_dir, edge, _nodes) = two_nodes().await;
     for turn in 0..6 {
         let (status, _) = chat_completion(
             &edge,

@@ -29,7 +29,7 @@ pub struct ModelGroupConfig {
     /// `session_prefix` (the default: a session key when the request has one, else the
     /// longest shared prompt prefix; see docs/admission.md).
     #[serde(default)]
-    pub routing: crate::routing::RoutingPolicy,
+    pub routing: super::RoutingPolicy,
     /// Made by the edge for a model its Ollama providers hold (`models:` on an Ollama
     /// provider), not written in the config.
     #[serde(skip)]

@@ -63,6 +63,16 @@ struct Samples {
     turns: usize,
 }
 
+impl Samples {
+    fn add(&mut self, other: Samples) {
+        self.ttft.extend(other.ttft);
+        self.prompt_tokens += other.prompt_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.errors += other.errors;
+        self.turns += other.turns;
+    }
+}
+
 /// Text of about `tokens` tokens (four bytes each), distinct per `seed`.
 fn filler(seed: &str, tokens: usize) -> String {
     let mut text = String::with_capacity(tokens * 4 + 64);
@@ -98,12 +108,7 @@ pub async fn run(
         let first = round * per_round;
         let sessions: Vec<usize> = (first..(first + per_round).min(shape.sessions)).collect();
         for (t, s) in targets.iter().zip(samples.iter_mut()) {
-            let r = conversations(client, t, &shape, &systems, &sessions, api_key).await;
-            s.ttft.extend(r.ttft);
-            s.prompt_tokens += r.prompt_tokens;
-            s.cached_tokens += r.cached_tokens;
-            s.errors += r.errors;
-            s.turns += r.turns;
+            s.add(conversations(client, t, &shape, &systems, &sessions, api_key).await);
         }
     }
     targets
@@ -172,11 +177,7 @@ async fn conversations(
     }
     let mut all = Samples::default();
     while let Some(Ok(s)) = workers.join_next().await {
-        all.ttft.extend(s.ttft);
-        all.prompt_tokens += s.prompt_tokens;
-        all.cached_tokens += s.cached_tokens;
-        all.errors += s.errors;
-        all.turns += s.turns;
+        all.add(s);
     }
     all
 }
