@@ -49,7 +49,9 @@ enum Command {
     Usage(cmd::usage::Args),
     /// Manage the models of the fleet's Ollama servers: pull, rm, ls, ps.
     Models(cmd::models::Args),
-    /// Load-test an OpenAI-compatible endpoint (or several, side by side).
+    /// Load-test an OpenAI-compatible endpoint (or several, side by side). A flag given
+    /// twice takes its last value (so a script's defaults can be overridden).
+    #[command(args_override_self = true)]
     Bench(cmd::bench::Args),
 }
 
