@@ -24,22 +24,16 @@ impl<W> Scheduler<W> {
     pub(super) fn choose(&self, g: usize, ask: &Ask, now: Instant) -> Option<(usize, Decision)> {
         let honour = self.exclusions_apply(g, ask.lane, ask.tried, now);
         let kind = ask.affinity.kind(self.groups[g].routing);
-        let least = || self.least_in_flight(g, ask, honour, now);
-        match kind {
-            Kind::None => least().map(|m| (m, Decision::UNSTEERED)),
+        let (member, outcome) = match kind {
+            Kind::None => (None, Outcome::Unsteered),
             Kind::Session => {
                 let session = ask.affinity.session.expect("kind says so");
                 self.by_session(g, ask, honour, session, now)
-                    .or_else(|| least().map(|m| (m, miss(kind, Outcome::OverBound))))
             }
-            Kind::Prefix => {
-                let (member, outcome) = self.by_prefix(g, ask, honour, now);
-                match member {
-                    Some(m) => Some((m, miss(kind, outcome))),
-                    None => least().map(|m| (m, miss(kind, outcome))),
-                }
-            }
-        }
+            Kind::Prefix => self.by_prefix(g, ask, honour, now),
+        };
+        let member = member.or_else(|| self.least_in_flight(g, ask, honour, now))?;
+        Some((member, Decision { kind, outcome }))
     }
 
     /// The candidate with the fewest requests in flight, from the group's rotation on.
@@ -86,8 +80,9 @@ impl<W> Scheduler<W> {
         }
     }
 
-    /// The session's member: the first candidate in rendezvous order under the bound. A
-    /// hit when that is the first of all members; else the first one's reason.
+    /// The session's member: the first candidate in rendezvous order under the bound (none
+    /// when every candidate is at the bound), and the outcome: a hit when that is the first
+    /// of all members, else why the first was passed over.
     fn by_session(
         &self,
         g: usize,
@@ -95,7 +90,7 @@ impl<W> Scheduler<W> {
         honour: bool,
         session: u64,
         now: Instant,
-    ) -> Option<(usize, Decision)> {
+    ) -> (Option<usize>, Outcome) {
         let group = &self.groups[g];
         let bound = self.bound(g, ask.lane);
         let identities: Vec<u64> = group.members.iter().map(|m| m.identity).collect();
@@ -113,16 +108,12 @@ impl<W> Scheduler<W> {
                 None
             };
             match why {
-                None if rank == 0 => return Some((i, miss(Kind::Session, Outcome::Hit))),
-                None => {
-                    let outcome = first_miss.unwrap_or(Outcome::OverBound);
-                    return Some((i, miss(Kind::Session, outcome)));
-                }
+                None => return (Some(i), first_miss.unwrap_or(Outcome::Hit)),
                 Some(why) if rank == 0 => first_miss = Some(why),
                 Some(_) => {}
             }
         }
-        None
+        (None, first_miss.unwrap_or(Outcome::OverBound))
     }
 
     /// The candidate under the bound holding the longest prefix of the prompt (at least
@@ -188,8 +179,4 @@ impl<W> Scheduler<W> {
                 .record(&ask.affinity.blocks);
         }
     }
-}
-
-fn miss(kind: Kind, outcome: Outcome) -> Decision {
-    Decision { kind, outcome }
 }
