@@ -67,6 +67,21 @@ impl<W> Scheduler<W> {
         routing::load_bound(total, live)
     }
 
+    /// Why `account` may not take the request under `bound`, if it may not: it is a
+    /// candidate below the bound, or [`Self::why_not`].
+    fn passed_over(
+        &self,
+        account: AccountId,
+        ask: &Ask,
+        honour: bool,
+        bound: u32,
+        now: Instant,
+    ) -> Option<Outcome> {
+        let fits = self.candidate(account, ask.lane, ask.tried, honour, now)
+            && self.leases.in_flight_total(account) < bound;
+        (!fits).then(|| self.why_not(account, ask, honour, now))
+    }
+
     /// Why a preferred member cannot take the request: it is live for it (so only full or
     /// loaded), or not.
     fn why_not(&self, account: AccountId, ask: &Ask, honour: bool, now: Instant) -> Outcome {
@@ -100,14 +115,7 @@ impl<W> Scheduler<W> {
             .enumerate()
         {
             let account = group.members[i].account;
-            let why = if !self.candidate(account, ask.lane, ask.tried, honour, now) {
-                Some(self.why_not(account, ask, honour, now))
-            } else if self.leases.in_flight_total(account) >= bound {
-                Some(Outcome::OverBound)
-            } else {
-                None
-            };
-            match why {
+            match self.passed_over(account, ask, honour, bound, now) {
                 None => return (Some(i), first_miss.unwrap_or(Outcome::Hit)),
                 Some(why) if rank == 0 => first_miss = Some(why),
                 Some(_) => {}
@@ -143,10 +151,13 @@ impl<W> Scheduler<W> {
             if longest.is_none_or(|(l, _)| held > l) {
                 longest = Some((held, m.account));
             }
-            let load = self.leases.in_flight_total(m.account);
-            if !self.candidate(m.account, ask.lane, ask.tried, honour, now) || load >= bound {
+            if self
+                .passed_over(m.account, ask, honour, bound, now)
+                .is_some()
+            {
                 continue;
             }
+            let load = self.leases.in_flight_total(m.account);
             if best.is_none_or(|(h, l, _)| held > h || (held == h && load < l)) {
                 best = Some((held, load, i));
             }
@@ -156,16 +167,10 @@ impl<W> Scheduler<W> {
         };
         match best {
             Some((held, _, i)) if held == longest => (Some(i), Outcome::Hit),
-            best => {
-                let load = self.leases.in_flight_total(account);
-                let why =
-                    if self.candidate(account, ask.lane, ask.tried, honour, now) && load >= bound {
-                        Outcome::OverBound
-                    } else {
-                        self.why_not(account, ask, honour, now)
-                    };
-                (best.map(|(.., i)| i), why)
-            }
+            best => (
+                best.map(|(.., i)| i),
+                self.why_not(account, ask, honour, now),
+            ),
         }
     }
 
