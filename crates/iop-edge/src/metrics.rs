@@ -191,8 +191,8 @@ pub struct GroupMetrics {
     first_token: Histogram,
     /// The request counters used so far, by path and outcome (a few of each).
     requests: Mutex<Vec<(&'static str, String, Counter)>>,
-    /// Routing decisions so far, and their counters (made at first use).
-    routing: Mutex<(Stats, Vec<(Decision, Counter)>)>,
+    /// The routing decision counters used so far (made at first use).
+    routing: Mutex<Vec<(Decision, Counter)>>,
     routing_family: Family<RoutingLabels, Counter>,
     /// Provider-reported input tokens, and how many of them the provider had cached.
     input_tokens: AtomicU64,
@@ -220,8 +220,7 @@ impl GroupMetrics {
     /// Counts one routing decision (every grant of a slot in this group).
     pub fn count_route(&self, decision: Decision) {
         let mut routing = self.routing.lock();
-        routing.0.count(decision);
-        if let Some((_, counter)) = routing.1.iter().find(|(d, _)| *d == decision) {
+        if let Some((_, counter)) = routing.iter().find(|(d, _)| *d == decision) {
             counter.inc();
             return;
         }
@@ -234,12 +233,16 @@ impl GroupMetrics {
             })
             .clone();
         counter.inc();
-        routing.1.push((decision, counter));
+        routing.push((decision, counter));
     }
 
-    /// The routing decisions counted so far.
+    /// The routing decisions counted so far, read from their counters.
     pub fn routing(&self) -> Stats {
-        self.routing.lock().0.clone()
+        let mut stats = Stats::default();
+        for (decision, counter) in self.routing.lock().iter() {
+            stats.add(*decision, counter.get());
+        }
+        stats
     }
 
     /// Provider-reported input tokens so far, and how many of them were cached.
@@ -470,7 +473,7 @@ impl Metrics {
             request_duration: self.request_duration.get_or_create(&labels).clone(),
             first_token: self.first_token.get_or_create(&labels).clone(),
             requests: Mutex::new(Vec::new()),
-            routing: Mutex::new((Stats::default(), Vec::new())),
+            routing: Mutex::new(Vec::new()),
             routing_family: self.routing_decisions.clone(),
             input_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),

@@ -151,8 +151,9 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub fn count(&mut self, decision: Decision) {
-        self.counts[decision.kind as usize][decision.outcome as usize] += 1;
+    /// Counts `n` more decisions like `decision`.
+    pub fn add(&mut self, decision: Decision, n: u64) {
+        self.counts[decision.kind as usize][decision.outcome as usize] += n;
     }
 
     pub fn get(&self, kind: Kind, outcome: Outcome) -> u64 {

@@ -47,13 +47,16 @@ fn rendezvous_is_stable_and_spreads_sessions_evenly() {
 fn the_hit_ratio_counts_steered_decisions_only() {
     let mut stats = Stats::default();
     assert_eq!(stats.hit_ratio(), None);
-    stats.count(Decision::UNSTEERED);
+    stats.add(Decision::UNSTEERED, 1);
     assert_eq!(stats.hit_ratio(), None);
     for outcome in [Outcome::Hit, Outcome::Hit, Outcome::Hit, Outcome::OverBound] {
-        stats.count(Decision {
-            kind: Kind::Session,
-            outcome,
-        });
+        stats.add(
+            Decision {
+                kind: Kind::Session,
+                outcome,
+            },
+            1,
+        );
     }
     assert_eq!(stats.hit_ratio(), Some(0.75));
     assert_eq!(stats.get(Kind::Session, Outcome::OverBound), 1);
