@@ -142,6 +142,44 @@ impl Decision {
         kind: Kind::None,
         outcome: Outcome::Unsteered,
     };
+
+    /// `<kind>/<outcome>` (`session/hit`, `prefix/cold`, `none/unsteered`, …): how the
+    /// usage ledger records it.
+    pub fn as_str(self) -> &'static str {
+        const NAMES: [[&str; Outcome::ALL.len()]; Kind::ALL.len()] = [
+            [
+                "session/hit",
+                "session/unavailable",
+                "session/over_bound",
+                "session/cold",
+                "session/unsteered",
+            ],
+            [
+                "prefix/hit",
+                "prefix/unavailable",
+                "prefix/over_bound",
+                "prefix/cold",
+                "prefix/unsteered",
+            ],
+            [
+                "none/hit",
+                "none/unavailable",
+                "none/over_bound",
+                "none/cold",
+                "none/unsteered",
+            ],
+        ];
+        NAMES[self.kind as usize][self.outcome as usize]
+    }
+
+    /// The decision [`Decision::as_str`] names.
+    pub fn parse(name: &str) -> Option<Decision> {
+        let (kind, outcome) = name.split_once('/')?;
+        Some(Decision {
+            kind: *Kind::ALL.iter().find(|k| k.as_str() == kind)?,
+            outcome: *Outcome::ALL.iter().find(|o| o.as_str() == outcome)?,
+        })
+    }
 }
 
 /// Routing decisions of one group, by kind and outcome.

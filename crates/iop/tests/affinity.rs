@@ -1,7 +1,7 @@
 //! Cache-affine routing with real processes: a conversation's turns (named by `user`, or
 //! by nothing but a long shared system prompt) all reach one member of a two-member
-//! group, different conversations reach both, and the edge says so on `/metrics` and in
-//! `/admin/status`.
+//! group, different conversations reach both, and the edge says so on `/metrics`, in
+//! `/admin/status` and in the usage ledger.
 
 mod common;
 
@@ -146,6 +146,39 @@ async fn a_conversation_stays_on_one_member_and_the_edge_counts_it() {
         group_of(&s, "spread")["routing"]["policy"],
         "least_in_flight"
     );
+
+    // And the usage ledger, per request: summed per routing decision.
+    let by_routing = ledger_by_routing(&edge, "sticky", 12 + 16 + 8).await;
+    assert!(by_routing["session/hit"] >= 11 + 16, "{by_routing:?}");
+    assert_eq!(by_routing["prefix/hit"], 7, "{by_routing:?}");
+    assert_eq!(by_routing["prefix/cold"], 1, "{by_routing:?}");
+}
+
+/// The requests of `group` in the usage ledger per routing decision, once it holds `n`.
+async fn ledger_by_routing(edge: &EdgeProc, group: &str, n: u64) -> BTreeMap<String, u64> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let body: serde_json::Value =
+            admin_get(edge, &format!("/admin/usage?per=routing&group={group}"))
+                .await
+                .json()
+                .await
+                .unwrap();
+        let rows: BTreeMap<String, u64> = body["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let routing = r["routing"].as_str().unwrap().to_string();
+                (routing, r["requests"].as_u64().unwrap())
+            })
+            .collect();
+        if rows.values().sum::<u64>() >= n {
+            return rows;
+        }
+        assert!(std::time::Instant::now() < deadline, "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]

@@ -580,6 +580,11 @@ async fn the_fleet_ledger_loses_nothing_while_the_store_is_down_for_30_seconds()
         ));
         assert_eq!(shipped, local.to_string(), "edge-{}", i + 1);
     }
+    // Every shipped record says how its member was picked.
+    assert_eq!(
+        pg.query("SELECT count(*) FROM iop_usage WHERE routing = ''"),
+        "0"
+    );
     assert!(
         fleet.edges[0]
             .proc

@@ -7,6 +7,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, params_from_iter};
 
 use super::record::UsageRecord;
+use crate::routing::Decision;
 
 /// Which rows a query reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -62,6 +63,8 @@ pub enum Per {
     Group,
     Node,
     Provider,
+    /// How the member was picked (`session/hit`, `prefix/cold`, …).
+    Routing,
 }
 
 impl Per {
@@ -71,6 +74,7 @@ impl Per {
             Per::Group => "group",
             Per::Node => "node",
             Per::Provider => "provider",
+            Per::Routing => "routing",
         }
     }
 
@@ -80,6 +84,7 @@ impl Per {
             "group" => Some(Per::Group),
             "node" => Some(Per::Node),
             "provider" => Some(Per::Provider),
+            "routing" => Some(Per::Routing),
             _ => None,
         }
     }
@@ -91,6 +96,7 @@ impl Per {
             Per::Group => "grp",
             Per::Node => "node",
             Per::Provider => "provider",
+            Per::Routing => "routing",
         }
     }
 }
@@ -320,7 +326,7 @@ pub fn records(
     let sql = format!(
         "SELECT time_ms, key, grp, node, provider, path, api, input_tokens, output_tokens, \
          reasoning_tokens, cached_tokens, latency_ms, ttft_ms, outcome, status, attempts, \
-         est_input_tokens, est_output_tokens FROM requests WHERE {condition} ORDER BY time_ms DESC, id DESC LIMIT {limit}"
+         est_input_tokens, est_output_tokens, routing FROM requests WHERE {condition} ORDER BY time_ms DESC, id DESC LIMIT {limit}"
     );
     let mut statement = conn.prepare(&sql)?;
     let rows = statement.query_map(params_from_iter(args), |row| {
@@ -343,6 +349,7 @@ pub fn records(
             attempts: row.get(15)?,
             est_input_tokens: row.get::<_, Option<i64>>(16)?.map(count),
             est_output_tokens: row.get::<_, Option<i64>>(17)?.map(count),
+            routing: Decision::parse(&row.get::<_, String>(18)?).map_or("", Decision::as_str),
         })
     })?;
     rows.collect()

@@ -75,6 +75,11 @@ pub struct UsageRecord {
     pub status: u16,
     /// Members tried.
     pub attempts: u32,
+    /// How the member that took it was picked: `<affinity>/<outcome>` as on
+    /// `iop_routing_decisions_total` (`session/hit`, `prefix/cold`, `session/over_bound`,
+    /// `none/unsteered`, …), or empty when no member was picked (refused before routing,
+    /// a native run).
+    pub routing: &'static str,
 }
 
 #[cfg(test)]
@@ -101,6 +106,7 @@ impl UsageRecord {
             outcome: outcome.into(),
             status: if outcome == "ok" { 200 } else { 502 },
             attempts: 1,
+            routing: "none/unsteered",
         }
     }
 }
@@ -168,6 +174,7 @@ mod tests {
             outcome: "client_abort".into(),
             status: 200,
             attempts: 1,
+            routing: "",
         };
         assert_eq!(r.billed_tokens(), 15);
         r.output_tokens = 7;

@@ -18,6 +18,7 @@ use iop_proto::ErrorCode;
 use parking_lot::Mutex;
 
 use super::record::{ClientApi, OUTCOME_OK, UsageRecord};
+use crate::routing::Decision;
 
 /// A finished request, as the accounting point receives it.
 #[derive(Debug)]
@@ -94,6 +95,8 @@ struct State {
     provider_status: Option<u16>,
     stream: StreamState,
     attempts: u32,
+    /// How the last member was picked.
+    routing: Option<Decision>,
     /// Held until the request ends (a key's concurrency place).
     held: Vec<Box<dyn Any + Send>>,
 }
@@ -138,6 +141,11 @@ impl RequestRecorder {
     /// The request waited `waited` for a provider slot.
     pub fn queue_wait(&self, waited: Duration) {
         self.0.state.lock().queue_wait = Some(waited);
+    }
+
+    /// A member was picked for it this way (the last attempt's pick is recorded).
+    pub fn routed(&self, decision: Decision) {
+        self.0.state.lock().routing = Some(decision);
     }
 
     /// The request was sent to `provider` on `node` by `path` (`tunnel` or `run`).
@@ -253,6 +261,7 @@ impl Drop for Draft {
             outcome: outcome.to_string(),
             status,
             attempts: state.attempts.max(1),
+            routing: state.routing.map_or("", Decision::as_str),
         };
         self.sink.record_request(FinishedRequest {
             record,

@@ -43,6 +43,7 @@ struct Columns {
     outcome: Vec<String>,
     status: Vec<i64>,
     attempts: Vec<i64>,
+    routing: Vec<String>,
 }
 
 /// The local records after `after`, oldest first, at most [`BATCH`].
@@ -50,7 +51,7 @@ fn local_after(conn: &rusqlite::Connection, after: i64) -> rusqlite::Result<Colu
     let mut statement = conn.prepare_cached(
         "SELECT id, time_ms, key, grp, node, provider, path, api, input_tokens,
                 output_tokens, reasoning_tokens, cached_tokens, est_input_tokens,
-                est_output_tokens, latency_ms, ttft_ms, outcome, status, attempts
+                est_output_tokens, latency_ms, ttft_ms, outcome, status, attempts, routing
          FROM requests WHERE id > ?1 ORDER BY id LIMIT ?2",
     )?;
     let mut rows = statement.query(rusqlite::params![after, BATCH as i64])?;
@@ -75,6 +76,7 @@ fn local_after(conn: &rusqlite::Connection, after: i64) -> rusqlite::Result<Colu
         c.outcome.push(row.get(16)?);
         c.status.push(row.get(17)?);
         c.attempts.push(row.get(18)?);
+        c.routing.push(row.get(19)?);
     }
     Ok(c)
 }
@@ -100,11 +102,11 @@ async fn insert(store: &Store, edge_id: &str, c: &Columns) -> Result<(), String>
             "INSERT INTO iop_usage (edge_id, id, time_ms, key, grp, node, provider, path, api,
                  input_tokens, output_tokens, reasoning_tokens, cached_tokens,
                  est_input_tokens, est_output_tokens, latency_ms, ttft_ms, outcome, status,
-                 attempts)
+                 attempts, routing)
              SELECT $1, * FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[],
                  $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::BIGINT[], $11::BIGINT[],
                  $12::BIGINT[], $13::BIGINT[], $14::BIGINT[], $15::BIGINT[], $16::BIGINT[],
-                 $17::BIGINT[], $18::TEXT[], $19::BIGINT[], $20::BIGINT[])
+                 $17::BIGINT[], $18::TEXT[], $19::BIGINT[], $20::BIGINT[], $21::TEXT[])
              ON CONFLICT (edge_id, id) DO NOTHING",
             &[
                 &edge_id,
@@ -127,6 +129,7 @@ async fn insert(store: &Store, edge_id: &str, c: &Columns) -> Result<(), String>
                 &c.outcome,
                 &c.status,
                 &c.attempts,
+                &c.routing,
             ],
         )
         .await

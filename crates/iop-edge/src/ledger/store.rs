@@ -11,8 +11,9 @@ use super::record::UsageRecord;
 /// The ledger's file name in the state directory.
 pub const FILE_NAME: &str = "usage.db";
 
-/// Schema version (`PRAGMA user_version`): 2 added the estimated token columns.
-const SCHEMA_VERSION: i64 = 2;
+/// Schema version (`PRAGMA user_version`): 2 added the estimated token columns, 3 how
+/// the member was picked (`routing`).
+const SCHEMA_VERSION: i64 = 3;
 
 /// Rows deleted per statement when pruning.
 const PRUNE_CHUNK: i64 = 10_000;
@@ -37,7 +38,8 @@ CREATE TABLE IF NOT EXISTS requests (
     ttft_ms INTEGER,
     outcome TEXT NOT NULL,
     status INTEGER NOT NULL,
-    attempts INTEGER NOT NULL
+    attempts INTEGER NOT NULL,
+    routing TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS requests_time ON requests (time_ms);
 CREATE INDEX IF NOT EXISTS requests_key_time ON requests (key, time_ms);
@@ -112,6 +114,11 @@ pub fn open_writer(path: &Path) -> Result<Connection, StoreError> {
         )
         .map_err(sqlite)?;
     }
+    if (1..3).contains(&version) {
+        // Rows written before version 3 say nothing of how their member was picked.
+        conn.execute_batch("ALTER TABLE requests ADD COLUMN routing TEXT NOT NULL DEFAULT '';")
+            .map_err(sqlite)?;
+    }
     conn.execute_batch(SCHEMA).map_err(sqlite)?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(sqlite)?;
@@ -141,8 +148,9 @@ pub fn insert(conn: &mut Connection, records: &[UsageRecord]) -> rusqlite::Resul
         let mut insert = tx.prepare_cached(
             "INSERT INTO requests (time_ms, key, grp, node, provider, path, api, input_tokens, \
              output_tokens, reasoning_tokens, cached_tokens, est_input_tokens, est_output_tokens, \
-             latency_ms, ttft_ms, outcome, status, attempts) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+             latency_ms, ttft_ms, outcome, status, attempts, routing) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
+             ?19)",
         )?;
         for r in records {
             insert.execute(params![
@@ -164,6 +172,7 @@ pub fn insert(conn: &mut Connection, records: &[UsageRecord]) -> rusqlite::Resul
                 r.outcome,
                 r.status,
                 r.attempts,
+                r.routing,
             ])?;
         }
     }

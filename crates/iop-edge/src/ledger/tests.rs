@@ -1,6 +1,7 @@
 //! The ledger end to end on a real SQLite file: records survive a reopen, summaries and
-//! raw records read back what was written, retention deletes old rows, and a full queue
-//! counts drops instead of blocking the caller.
+//! raw records read back what was written, a file of the previous schema is brought up to
+//! date, retention deletes old rows, and a full queue counts drops instead of blocking the
+//! caller.
 
 use std::time::Duration;
 
@@ -112,6 +113,64 @@ async fn records_survive_a_reopen_and_read_back_summed_and_raw() {
     let mut tokens = ledger.tokens_since(T0 + 15);
     tokens.sort();
     assert_eq!(tokens, [("alice".into(), 22), ("bob".into(), 8)]);
+    ledger.close(Duration::from_secs(30)).await;
+}
+
+#[tokio::test]
+async fn a_ledger_from_before_routing_was_recorded_opens_and_sums_per_routing() {
+    let dir = tempfile::tempdir().unwrap();
+    // A version 2 file, as the previous release wrote it, with one record.
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(store::FILE_NAME)).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE requests (id INTEGER PRIMARY KEY, time_ms INTEGER NOT NULL,
+                key TEXT NOT NULL, grp TEXT NOT NULL, node TEXT NOT NULL,
+                provider TEXT NOT NULL, path TEXT NOT NULL, api TEXT NOT NULL,
+                input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+                reasoning_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
+                est_input_tokens INTEGER, est_output_tokens INTEGER,
+                latency_ms INTEGER NOT NULL, ttft_ms INTEGER, outcome TEXT NOT NULL,
+                status INTEGER NOT NULL, attempts INTEGER NOT NULL);
+             INSERT INTO requests VALUES (1, 1600000000000, 'alice', 'g', 'n1', 'p1',
+                'tunnel', 'openai', 3, 5, 0, 0, NULL, NULL, 12, 4, 'ok', 200, 1);
+             PRAGMA user_version = 2;",
+        )
+        .unwrap();
+    }
+    let ledger = Ledger::open(dir.path(), 3650).unwrap();
+    let mut hit = record("alice", "g", T0 + 10, "ok", 16);
+    hit.routing = "session/hit";
+    hit.cached_tokens = 2;
+    let mut cold = record("alice", "g", T0 + 20, "ok", 16);
+    cold.routing = "prefix/cold";
+    for r in [&hit, &hit, &cold] {
+        assert!(ledger.push(r.clone()));
+    }
+    ledger.close(Duration::from_secs(30)).await;
+
+    let ledger = Ledger::open(dir.path(), 3650).unwrap();
+    let (rows, _) = ledger
+        .read(|c| query::summarize(c, &all_time(), Bucket::Total, &[Per::Routing], 100))
+        .await
+        .unwrap();
+    let by_routing: Vec<(String, u64, u64)> = rows
+        .iter()
+        .map(|r| (r.per[0].clone(), r.requests, r.cached_tokens))
+        .collect();
+    assert_eq!(
+        by_routing,
+        [
+            (String::new(), 1, 0),
+            ("prefix/cold".into(), 1, 0),
+            ("session/hit".into(), 2, 4),
+        ]
+    );
+    let raw = ledger
+        .read(|c| query::records(c, &all_time(), 10))
+        .await
+        .unwrap();
+    let routing: Vec<&str> = raw.iter().map(|r| r.routing).collect();
+    assert_eq!(routing, ["prefix/cold", "session/hit", "session/hit", ""]);
     ledger.close(Duration::from_secs(30)).await;
 }
 

@@ -76,3 +76,18 @@ fn policies_parse_from_the_config_names() {
     }
     assert_eq!(RoutingPolicy::default(), RoutingPolicy::SessionPrefix);
 }
+
+#[test]
+fn a_decision_is_named_kind_slash_outcome_and_read_back() {
+    for kind in Kind::ALL {
+        for outcome in Outcome::ALL {
+            let decision = Decision { kind, outcome };
+            let name = decision.as_str();
+            assert_eq!(name, format!("{}/{}", kind.as_str(), outcome.as_str()));
+            assert_eq!(Decision::parse(name), Some(decision));
+        }
+    }
+    assert_eq!(Decision::parse("session"), None);
+    assert_eq!(Decision::parse("session/maybe"), None);
+    assert_eq!(Decision::parse(""), None);
+}

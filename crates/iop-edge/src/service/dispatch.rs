@@ -323,6 +323,7 @@ impl Edge {
                 (Err(err), _) => return Err(err.into()),
             };
             ctx.recorder.queue_wait(admitted.waited);
+            ctx.recorder.routed(admitted.grant.decision);
             self.telemetry
                 .metrics
                 .group(group)

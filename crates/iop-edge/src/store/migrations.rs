@@ -147,6 +147,8 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX iop_usage_time ON iop_usage (time_ms);
     CREATE INDEX iop_usage_key_time ON iop_usage (key, time_ms)",
+    // 5: how each request's member was picked (`session/hit`, …; empty for older rows).
+    "ALTER TABLE iop_usage ADD COLUMN routing TEXT NOT NULL DEFAULT ''",
 ];
 
 /// Brings the schema up to date; returns the version it is at.

@@ -1,5 +1,5 @@
 //! `iop usage`: usage from a running edge's ledger (`GET /admin/usage`), summed per key,
-//! model group, node or provider and per hour, day or the whole range — as a table, CSV
+//! model group, node, provider or routing decision and per hour, day or the whole range — as a table, CSV
 //! or the JSON answer.
 
 use serde_json::Value;
@@ -39,7 +39,8 @@ pub struct Args {
     /// Buckets: hour, day or total.
     #[arg(long, default_value = "total", value_parser = ["hour", "day", "total"])]
     by: String,
-    /// Sum per these, comma-separated: key, group, node, provider.
+    /// Sum per these, comma-separated: key, group, node, provider, routing (how the
+    /// member was picked: session/hit, prefix/cold, …).
     #[arg(long, default_value = "key,group")]
     per: String,
     /// table, csv or json.

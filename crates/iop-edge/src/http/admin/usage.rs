@@ -219,7 +219,7 @@ async fn summarize(edge: &Edge, params: &[(String, String)]) -> Result<Value, Ap
             ApiError::invalid_param(
                 "per",
                 format!(
-                    "`per` is a comma-separated list of key, group, node, provider; got {name:?}"
+                    "`per` is a comma-separated list of key, group, node, provider, routing; got {name:?}"
                 ),
             )
         })?;
@@ -384,6 +384,7 @@ pub fn record_json(r: &UsageRecord) -> Value {
         "outcome": r.outcome,
         "status": r.status,
         "attempts": r.attempts,
+        "routing": r.routing,
     })
 }
 
