@@ -33,8 +33,10 @@
 # the limiter: this edge's own, or the fleet's in the store. IOP_BENCH_KEY_LIMITS=off
 # gives the key no limits (the store is then off the request path).
 #
-# Builds release binaries, starts the processes on loopback ports, prints the table
-# `iop bench` produces and stops everything.
+# Builds release binaries, starts the processes on loopback ports, prints the tables
+# `iop bench` produces (latency and throughput per target, and the CPU time and context
+# switches per request of each target's own processes: its edge and node, or the router)
+# and stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -78,6 +80,9 @@ fi
 PIDS+=($!)
 
 TARGETS=(--target "direct=http://127.0.0.1:$MOCK_PORT/v1")
+# The processes serving each target but the direct one, whose CPU and context switches
+# per request `iop bench` reports (the mock serves every target: it is left out).
+CPU_ARGS=()
 
 # start_pg: a PostgreSQL server in $WORK/pg on a loopback port; sets STORE_URL.
 start_pg() {
@@ -132,11 +137,13 @@ YAML
     IOP_STORE_SECRET_KEY=MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY= RUST_LOG=warn \
         "$IOP" edge --config "$WORK/$name.yaml" >"$WORK/$name-edge.log" 2>&1 &
     PIDS+=($!)
+    local edge_pid=$!
     sleep 0.5
     RUST_LOG=warn "$IOP" node --edge "127.0.0.1:$node_port" --token bench-token-0123456789 \
         --db "$WORK/$name-node.db" --state-file "$WORK/$name-node.json" "${node_args[@]}" \
         >"$WORK/$name-node.log" 2>&1 &
     PIDS+=($!)
+    CPU_ARGS+=(--cpu "$name=$edge_pid,$!")
     for _ in $(seq 100); do
         curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null && break
         sleep 0.1
@@ -165,11 +172,13 @@ YAML
     fi
     RUST_LOG=warn "$bin" edge --config "$dir/edge.yaml" >"$WORK/$name-edge.log" 2>&1 &
     PIDS+=($!)
+    local edge_pid=$!
     sleep 0.5
     (cd "$dir" && RUST_LOG=warn exec "$bin" node --edge "127.0.0.1:$node_port" \
         --token bench-token-0123456789 --db "$dir/node.db" "${pin_args[@]}") \
         >"$WORK/$name-node.log" 2>&1 &
     PIDS+=($!)
+    CPU_ARGS+=(--cpu "$name=$edge_pid,$!")
     for _ in $(seq 100); do
         curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null && break
         sleep 0.1
@@ -196,6 +205,7 @@ if [ -n "${IOP_BENCH_ROUTER:-}" ]; then
         --disable-retries --disable-circuit-breaker --log-level warning \
         >"$WORK/router.log" 2>&1 &
     PIDS+=($!)
+    CPU_ARGS+=(--cpu "vllm-router=$!")
     for _ in $(seq 300); do
         curl -sf "http://127.0.0.1:$router_port/health" >/dev/null && break
         sleep 0.1
@@ -222,7 +232,7 @@ else
     start_pair iop "$LINK" "$NODE_PORT" "$HTTP_PORT"
 fi
 
-"$IOP" bench "${TARGETS[@]}" --model mock-model "${BENCH_ARGS[@]}" "$@"
+"$IOP" bench "${TARGETS[@]}" "${CPU_ARGS[@]}" --model mock-model "${BENCH_ARGS[@]}" "$@"
 [ -n "$STORE_URL" ] && "${PG_STOP[@]}" >/dev/null
 if [ "$LEDGER" != off ]; then
     for log in "$WORK"/*-edge.log; do

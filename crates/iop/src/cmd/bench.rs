@@ -5,6 +5,9 @@
 //! so machine noise lands on all of them alike, and every target after the first is also
 //! reported against the first (the baseline): added milliseconds and the ratio.
 //!
+//! `--cpu NAME=PID,…` also reports the CPU time and context switches per request of the
+//! processes serving a target ([`super::bench_cpu`]).
+//!
 //! `--scenario sessions` plays multi-turn conversations instead ([`super::bench_sessions`]).
 
 use std::sync::Arc;
@@ -13,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::json;
+
+use super::bench_cpu;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -75,6 +80,12 @@ pub struct Args {
     /// streams: open the streams evenly over this many milliseconds (0: all at once).
     #[arg(long, default_value_t = 0)]
     ramp_ms: u64,
+    /// relay: `NAME=PID[,PID...]`, the processes that serve target NAME and nothing else
+    /// (e.g. its edge and node, or a router; not a backend every target shares). Their
+    /// CPU time and context switches over the target's measured rounds are reported per
+    /// request (Linux). Repeat per target.
+    #[arg(long = "cpu", value_name = "NAME=PID,...")]
+    cpu: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -104,6 +115,8 @@ struct Samples {
     errors: usize,
     elapsed: Duration,
     requests: usize,
+    /// What the target's `--cpu` processes used over its measured rounds.
+    used: Option<bench_cpu::Usage>,
 }
 
 pub(super) fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -142,6 +155,7 @@ pub async fn run(args: Args) -> super::Result {
         Modes::NonStream => &[false],
         Modes::Both => &[false, true],
     };
+    let watched = watched_pids(&args.cpu, &targets)?;
     let rounds = args.rounds.max(1);
     let per_round = args.requests.div_ceil(rounds);
     let mut report = Vec::new();
@@ -150,6 +164,10 @@ pub async fn run(args: Args) -> super::Result {
             drive(&client, t, &args, stream, args.warmup).await;
         }
         let mut samples: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
+        // A target's processes serve it alone, so what they use from before its first
+        // measured round to after its last (work they finish late included) is its own.
+        tokio::time::sleep(SETTLE).await;
+        let before = cpu_of(&watched)?;
         for _ in 0..rounds {
             for (t, s) in targets.iter().zip(samples.iter_mut()) {
                 let r = drive(&client, t, &args, stream, per_round).await;
@@ -160,9 +178,14 @@ pub async fn run(args: Args) -> super::Result {
                 s.requests += r.requests;
             }
         }
+        tokio::time::sleep(SETTLE).await;
+        for ((s, after), before) in samples.iter_mut().zip(cpu_of(&watched)?).zip(before) {
+            s.used = after.zip(before).map(|(a, b)| a.since(b));
+        }
         for (t, mut s) in targets.iter().zip(samples) {
             s.latency.sort();
             s.ttft.sort();
+            let per_request = |x: f64| x / s.requests.max(1) as f64;
             report.push(json!({
                 "target": t.name,
                 "url": t.url,
@@ -174,6 +197,8 @@ pub async fn run(args: Args) -> super::Result {
                 "p99_ms": percentile(&s.latency, 99.0),
                 "ttft_p50_ms": if stream { percentile(&s.ttft, 50.0) } else { f64::NAN },
                 "ttft_p99_ms": if stream { percentile(&s.ttft, 99.0) } else { f64::NAN },
+                "cpu_us_per_request": s.used.map(|u| per_request(u.cpu.as_secs_f64() * 1e6)),
+                "switches_per_request": s.used.map(|u| per_request(u.switches as f64)),
             }));
         }
     }
@@ -239,7 +264,47 @@ pub async fn run(args: Args) -> super::Result {
             }
         }
     }
+    if !watched.iter().all(Option::is_none) {
+        println!();
+        println!("| target | mode | CPU µs per request | context switches per request |");
+        println!("|---|---|---:|---:|");
+        for r in report.iter().filter(|r| !r["cpu_us_per_request"].is_null()) {
+            println!(
+                "| {} | {} | {:.1} | {:.2} |",
+                r["target"].as_str().unwrap_or(""),
+                r["mode"].as_str().unwrap_or(""),
+                r["cpu_us_per_request"].as_f64().unwrap_or(f64::NAN),
+                r["switches_per_request"].as_f64().unwrap_or(f64::NAN),
+            );
+        }
+    }
     Ok(())
+}
+
+/// How long a target's processes are given to finish what its requests left them (a
+/// ledger batch) before their CPU is read.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// The `--cpu` processes of each target, in target order.
+fn watched_pids(args: &[String], targets: &[Target]) -> Result<Vec<Option<Vec<u32>>>, String> {
+    let mut watched = vec![None; targets.len()];
+    for arg in args {
+        let watch = bench_cpu::Watch::parse(arg)?;
+        let i = targets
+            .iter()
+            .position(|t| t.name == watch.target)
+            .ok_or_else(|| format!("--cpu {arg:?} names no --target"))?;
+        watched[i] = Some(watch.pids);
+    }
+    Ok(watched)
+}
+
+/// What each target's processes used so far.
+fn cpu_of(watched: &[Option<Vec<u32>>]) -> std::io::Result<Vec<Option<bench_cpu::Usage>>> {
+    watched
+        .iter()
+        .map(|pids| pids.as_deref().map(bench_cpu::read).transpose())
+        .collect()
 }
 
 /// Sends `count` requests to `target` with `args.concurrency` workers.

@@ -1,6 +1,7 @@
 //! One module per subcommand; each exposes `Args` and `run`.
 
 pub mod bench;
+pub mod bench_cpu;
 pub mod bench_sessions;
 pub mod bench_streams;
 pub mod demo;
