@@ -106,22 +106,23 @@ pub fn open_writer(path: &Path) -> Result<Connection, StoreError> {
             found: version,
         });
     }
+    // The upgrade, the schema and the new version in one transaction: an edge stopped
+    // half way leaves the file as it was, to be upgraded at the next start.
+    let mut upgrade = String::from("BEGIN;");
     if version == 1 {
         // A version 1 file: the estimates are absent from its rows (they were never made).
-        conn.execute_batch(
+        upgrade.push_str(
             "ALTER TABLE requests ADD COLUMN est_input_tokens INTEGER;
              ALTER TABLE requests ADD COLUMN est_output_tokens INTEGER;",
-        )
-        .map_err(sqlite)?;
+        );
     }
     if (1..3).contains(&version) {
         // Rows written before version 3 say nothing of how their member was picked.
-        conn.execute_batch("ALTER TABLE requests ADD COLUMN routing TEXT NOT NULL DEFAULT '';")
-            .map_err(sqlite)?;
+        upgrade.push_str("ALTER TABLE requests ADD COLUMN routing TEXT NOT NULL DEFAULT '';");
     }
-    conn.execute_batch(SCHEMA).map_err(sqlite)?;
-    conn.pragma_update(None, "user_version", SCHEMA_VERSION)
-        .map_err(sqlite)?;
+    upgrade.push_str(SCHEMA);
+    upgrade.push_str(&format!("PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"));
+    conn.execute_batch(&upgrade).map_err(sqlite)?;
     Ok(conn)
 }
 
