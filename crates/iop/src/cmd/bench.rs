@@ -156,6 +156,11 @@ pub async fn run(args: Args) -> super::Result {
         Modes::Both => &[false, true],
     };
     let watched = watched_pids(&args.cpu, &targets)?;
+    let settle = if watched.iter().any(Option::is_some) {
+        SETTLE
+    } else {
+        Duration::ZERO
+    };
     let rounds = args.rounds.max(1);
     let per_round = args.requests.div_ceil(rounds);
     let mut report = Vec::new();
@@ -166,7 +171,7 @@ pub async fn run(args: Args) -> super::Result {
         let mut samples: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
         // A target's processes serve it alone, so what they use from before its first
         // measured round to after its last (work they finish late included) is its own.
-        tokio::time::sleep(SETTLE).await;
+        tokio::time::sleep(settle).await;
         let before = cpu_of(&watched)?;
         for _ in 0..rounds {
             for (t, s) in targets.iter().zip(samples.iter_mut()) {
@@ -178,7 +183,7 @@ pub async fn run(args: Args) -> super::Result {
                 s.requests += r.requests;
             }
         }
-        tokio::time::sleep(SETTLE).await;
+        tokio::time::sleep(settle).await;
         for ((s, after), before) in samples.iter_mut().zip(cpu_of(&watched)?).zip(before) {
             s.used = after.zip(before).map(|(a, b)| a.since(b));
         }
@@ -264,7 +269,7 @@ pub async fn run(args: Args) -> super::Result {
             }
         }
     }
-    if !watched.iter().all(Option::is_none) {
+    if !settle.is_zero() {
         println!();
         println!("| target | mode | CPU µs per request | context switches per request |");
         println!("|---|---|---:|---:|");
