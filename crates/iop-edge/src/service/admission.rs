@@ -547,20 +547,24 @@ mod tests {
         )
     }
 
+    /// A request for group `g` on the normal lane, excluding and steered by nothing,
+    /// waiting as long as the group lets it.
+    async fn acquire_g(c: &Arc<AdmissionControl>) -> Result<Admitted, AdmitError> {
+        c.acquire(
+            Target::Group("g"),
+            Lane::Normal,
+            &[],
+            &Affinity::none(),
+            None,
+        )
+        .await
+    }
+
     #[tokio::test(start_paused = true)]
     async fn with_no_member_online_a_request_fails_at_once_naming_it() {
         let c = control(Duration::ZERO);
         let started = tokio::time::Instant::now();
-        let err = c
-            .acquire(
-                Target::Group("g"),
-                Lane::Normal,
-                &[],
-                &Affinity::none(),
-                None,
-            )
-            .await
-            .unwrap_err();
+        let err = acquire_g(&c).await.unwrap_err();
         assert_eq!(started.elapsed(), Duration::ZERO);
         assert_eq!(
             err.to_string(),
@@ -572,16 +576,7 @@ mod tests {
     async fn a_group_that_waits_for_reconnects_gives_up_after_its_wait() {
         let c = control(Duration::from_secs(5));
         let started = tokio::time::Instant::now();
-        let err = c
-            .acquire(
-                Target::Group("g"),
-                Lane::Normal,
-                &[],
-                &Affinity::none(),
-                None,
-            )
-            .await
-            .unwrap_err();
+        let err = acquire_g(&c).await.unwrap_err();
         assert_eq!(started.elapsed(), Duration::from_secs(5));
         assert!(
             matches!(err, AdmitError::Offline { waited: Some(w), .. } if w == Duration::from_secs(5))
@@ -598,17 +593,7 @@ mod tests {
         let c = control(Duration::from_secs(5));
         let waiter = tokio::spawn({
             let c = c.clone();
-            async move {
-                c.acquire(
-                    Target::Group("g"),
-                    Lane::Normal,
-                    &[],
-                    &Affinity::none(),
-                    None,
-                )
-                .await
-                .map(|a| a.grant.generation)
-            }
+            async move { acquire_g(&c).await.map(|a| a.grant.generation) }
         });
         tokio::time::sleep(Duration::from_secs(3)).await;
         c.node_ready("n", Generation(4));
@@ -619,29 +604,10 @@ mod tests {
     async fn a_waiter_stranded_by_a_loss_waits_from_the_loss_on() {
         let c = control(Duration::from_secs(5));
         c.node_ready("n", Generation(1));
-        let running = c
-            .acquire(
-                Target::Group("g"),
-                Lane::Normal,
-                &[],
-                &Affinity::none(),
-                None,
-            )
-            .await
-            .unwrap();
+        let running = acquire_g(&c).await.unwrap();
         let waiter = tokio::spawn({
             let c = c.clone();
-            async move {
-                c.acquire(
-                    Target::Group("g"),
-                    Lane::Normal,
-                    &[],
-                    &Affinity::none(),
-                    None,
-                )
-                .await
-                .map(|_| ())
-            }
+            async move { acquire_g(&c).await.map(|_| ()) }
         });
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert!(!waiter.is_finished(), "waiting for capacity, not stranded");
