@@ -17,15 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release --quiet --bin iop
-IOP="$PWD/target/release/iop"
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 
 MEMBERS=${MEMBERS:-8}
 BASE_PORT=${MOCK_PORT:-18100}
@@ -75,10 +68,7 @@ RUST_LOG=warn "$IOP" node --edge "127.0.0.1:$NODE_PORT" --token bench-token-0123
     --db "$WORK/node.db" --state-file "$WORK/node.json" --insecure-plaintext \
     >"$WORK/node.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$HTTP_PORT/readyz" >/dev/null && break
-    sleep 0.1
-done
+wait_for "http://127.0.0.1:$HTTP_PORT/readyz"
 
 TARGETS=()
 for i in "${!POLICIES[@]}"; do

@@ -10,32 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 NODES=${NODES:-100}
-cargo build --release --quiet --bin iop
-IOP="$PWD/target/release/iop"
-WORK=$(mktemp -d)
-PIDS=()
-PG_STOP=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    [ ${#PG_STOP[@]} -gt 0 ] && "${PG_STOP[@]}" >/dev/null 2>&1
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 export IOP_STORE_SECRET_KEY=MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=
 
-# PostgreSQL, as the tests run it.
-bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-run=()
-mkdir -p "$WORK/pg"
-if [ "$(id -u)" = 0 ]; then
-    chown postgres "$WORK" "$WORK/pg"
-    run=(runuser -u postgres --)
-fi
-"${run[@]}" "$bin/initdb" -D "$WORK/pg/data" -A trust -U iop --no-sync >/dev/null
-"${run[@]}" "$bin/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w \
-    -o "-p 15433 -k $WORK/pg -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" start >/dev/null
-"${run[@]}" "$bin/createdb" -h 127.0.0.1 -p 15433 -U iop iop
-PG_STOP=("${run[@]}" "$bin/pg_ctl" -D "$WORK/pg/data" -m immediate stop)
+start_pg 15433 max_connections=200
 
 nodes_yaml=""
 for i in $(seq "$NODES"); do
@@ -49,7 +28,7 @@ start_edge() {
     cat >"$WORK/edge-$n.yaml" <<YAML
 listen: {nodes: "127.0.0.1:1770$n", http: "127.0.0.1:1880$n"}
 state_dir: "$WORK/edge-$n-state"
-store: {url: "postgres://iop@127.0.0.1:15433/iop", edge_id: edge-$n}
+store: {url: "$STORE_URL", edge_id: edge-$n}
 nodes:
 $nodes_yaml
 model_groups:
@@ -58,10 +37,7 @@ YAML
     RUST_LOG=warn "$IOP" edge --config "$WORK/edge-$n.yaml" >"$WORK/edge-$n.log" 2>&1 &
     PIDS+=($!)
     EDGE_PID[$n]=$!
-    for _ in $(seq 100); do
-        curl -sf "http://127.0.0.1:1880$n/healthz" >/dev/null && break
-        sleep 0.1
-    done
+    wait_for "http://127.0.0.1:1880$n/healthz"
 }
 
 # ready N: how many nodes edge-N has dispatch-ready.

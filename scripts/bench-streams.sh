@@ -14,15 +14,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release --quiet --bin iop
-IOP="$PWD/target/release/iop"
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 COUNTS=("$@")
 [ ${#COUNTS[@]} -eq 0 ] && COUNTS=(5000 10000 15000)
 MOCK_PORT=${MOCK_PORT:-18200}
@@ -53,10 +46,7 @@ RUST_LOG=warn "$IOP" node --edge "127.0.0.1:$NODE_PORT" --token bench-token-0123
     --db "$WORK/node.db" --state-file "$WORK/node.json" --edge-pin "$PIN" >"$WORK/node.log" 2>&1 &
 NODE=$!
 PIDS+=($NODE)
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$HTTP_PORT/readyz" >/dev/null && break
-    sleep 0.1
-done
+wait_for "http://127.0.0.1:$HTTP_PORT/readyz"
 grep -o 'max_connections=[0-9]*' "$WORK/edge.log" | head -1 | sed 's/^/edge default: /'
 
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }

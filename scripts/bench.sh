@@ -40,17 +40,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release --quiet --bin iop
-IOP="$PWD/target/release/iop"
-WORK=$(mktemp -d)
-PIDS=()
-PG_STOP=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    [ ${#PG_STOP[@]} -gt 0 ] && "${PG_STOP[@]}" >/dev/null 2>&1
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 
 LINK=${IOP_BENCH_LINK:-tls}
 LEDGER=${IOP_BENCH_LEDGER:-on}
@@ -83,23 +74,6 @@ TARGETS=(--target "direct=http://127.0.0.1:$MOCK_PORT/v1")
 # The processes serving each target but the direct one, whose CPU and context switches
 # per request `iop bench` reports (the mock serves every target: it is left out).
 CPU_ARGS=()
-
-# start_pg: a PostgreSQL server in $WORK/pg on a loopback port; sets STORE_URL.
-start_pg() {
-    local bin port=15432 run=()
-    bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-    mkdir -p "$WORK/pg"
-    if [ "$(id -u)" = 0 ]; then
-        chown postgres "$WORK" "$WORK/pg"
-        run=(runuser -u postgres --)
-    fi
-    "${run[@]}" "$bin/initdb" -D "$WORK/pg/data" -A trust -U iop --no-sync >/dev/null
-    "${run[@]}" "$bin/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w \
-        -o "-p $port -k $WORK/pg -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off" start >/dev/null
-    "${run[@]}" "$bin/createdb" -h 127.0.0.1 -p "$port" -U iop iop
-    PG_STOP=("${run[@]}" "$bin/pg_ctl" -D "$WORK/pg/data" -m immediate stop)
-    STORE_URL="postgres://iop@127.0.0.1:$port/iop"
-}
 
 # start_pair NAME LINK NODE_PORT HTTP_PORT [LEDGER] [STORE]: an edge and a node whose link
 # is LINK, the edge's usage ledger on or off (default: $LEDGER), in a fleet on $STORE_URL
@@ -144,10 +118,7 @@ YAML
         >"$WORK/$name-node.log" 2>&1 &
     PIDS+=($!)
     CPU_ARGS+=(--cpu "$name=$edge_pid,$!")
-    for _ in $(seq 100); do
-        curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null && break
-        sleep 0.1
-    done
+    wait_for "http://127.0.0.1:$http_port/readyz"
     TARGETS+=(--target "$name=http://127.0.0.1:$http_port/v1")
 }
 
@@ -179,10 +150,7 @@ YAML
         >"$WORK/$name-node.log" 2>&1 &
     PIDS+=($!)
     CPU_ARGS+=(--cpu "$name=$edge_pid,$!")
-    for _ in $(seq 100); do
-        curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null && break
-        sleep 0.1
-    done
+    wait_for "http://127.0.0.1:$http_port/readyz"
     TARGETS+=(--target "$name=http://127.0.0.1:$http_port/v1")
 }
 
@@ -206,16 +174,13 @@ if [ -n "${IOP_BENCH_ROUTER:-}" ]; then
         >"$WORK/router.log" 2>&1 &
     PIDS+=($!)
     CPU_ARGS+=(--cpu "vllm-router=$!")
-    for _ in $(seq 300); do
-        curl -sf "http://127.0.0.1:$router_port/health" >/dev/null && break
-        sleep 0.1
-    done
+    wait_for "http://127.0.0.1:$router_port/health" 300
     TARGETS+=(--target "vllm-router=http://127.0.0.1:$router_port/v1")
 fi
 
 BENCH_ARGS=()
 if [ "$STORE" = both ]; then
-    start_pg
+    start_pg 15432 synchronous_commit=off
     limits="limits: {requests_per_minute: 1000000, max_concurrent: 100000}"
     [ "${IOP_BENCH_KEY_LIMITS:-on}" = off ] && limits="limits: {}"
     AUTH_YAML="auth: {keys: [{name: bench, role: admin, key: $BENCH_KEY, $limits}]}"
@@ -233,7 +198,10 @@ else
 fi
 
 "$IOP" bench "${TARGETS[@]}" "${CPU_ARGS[@]}" --model mock-model "${BENCH_ARGS[@]}" "$@"
-[ -n "$STORE_URL" ] && "${PG_STOP[@]}" >/dev/null
+if [ -n "$STORE_URL" ]; then
+    "${AT_EXIT[@]}" >/dev/null
+    AT_EXIT=()
+fi
 if [ "$LEDGER" != off ]; then
     for log in "$WORK"/*-edge.log; do
         grep -h "records dropped" "$log" && echo "WARNING: the ledger dropped records in $log" >&2
