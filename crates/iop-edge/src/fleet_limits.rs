@@ -3,17 +3,26 @@
 //! admission is one call of the store's `iop_key_admit` function, which decides under a
 //! per-key lock: the requests of the last 60 s (exact: never one more), the requests in
 //! flight and tokens reserved by the key on every live edge (an edge that died stops
-//! counting once it is no longer live, within 10 s), and the tokens used today.
+//! counting once it is no longer live, within 10 s), and the tokens used today. An
+//! admission adds its place and reservation to this edge's row in the same call.
 //!
-//! Each edge keeps its own row per key (in flight, reserved) and writes it whole, at most
-//! every [`HOLD_FLUSH`] for the keys whose requests ended or settled meanwhile (so a
-//! place comes back to the fleet within that time, and a write the store missed is
-//! mended by the next one; an edge that starts clears what its earlier run held, and uses
-//! its share until it could). Tokens
-//! used are added to the day's count; those the store could not take wait here and are
-//! added when it answers again. While the store does not answer (or answered with an
-//! error in the last [`BACKOFF`]), admissions fall back to this edge's share of each
-//! limit — the limit divided by the number of live edges, rounded up — counted locally.
+//! The row changes only by such increments and by releases, never by a whole count
+//! written over it: a request that ends adds its place and reservation to this edge's
+//! running totals of what it released per key, and at most every [`HOLD_FLUSH`] the totals
+//! of the keys that changed are sent (`iop_key_release`, under the same per-key lock),
+//! which takes off only what the row has not taken off yet. So a release the store
+//! missed, or one whose answer was lost after it was applied, is simply sent again with
+//! the next totals: it is never lost and never taken off twice. An edge that starts
+//! clears the rows of its earlier run (its totals start again with them) and uses its
+//! share until it could. Tokens used are added to the day's count; those the store could
+//! not take wait here and are added when it answers again. While the store does not
+//! answer (or answered with an error in the last [`BACKOFF`]), admissions fall back to
+//! this edge's share of each limit — the limit divided by the number of live edges,
+//! rounded up — counted locally (and, since the store never counted them, never released
+//! there).
+//!
+//! The store's side is the [`KeyStore`] trait (PostgreSQL's in `crate::store::key_limits`),
+//! so the rules here are unit-tested against a store in memory.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,15 +32,93 @@ use parking_lot::Mutex;
 
 use crate::config::KeyLimitsConfig;
 use crate::key_limits::{Limit, LimitExceeded};
-use crate::store::Store;
-use crate::store::edges::{Fleet, LIVE_WITHIN};
+use crate::store::edges::Fleet;
 
 /// How long an admission waits for the store before it falls back to this edge's share.
 pub const ADMIT_TIMEOUT: Duration = Duration::from_millis(500);
 /// After a failure, how long admissions use this edge's share without asking the store.
 pub const BACKOFF: Duration = Duration::from_secs(2);
-/// How often what keys hold on this edge is written to the store (when it changed).
+/// How often releases and tokens are written to the store (when there are any).
 pub const HOLD_FLUSH: Duration = Duration::from_millis(50);
+
+/// Which limit the store refused a request for, and when to retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreRefusal {
+    RequestsPerMinute { retry_after_ms: i64 },
+    MaxConcurrent { retry_after_ms: i64 },
+    TokensPerDay { retry_after_ms: i64 },
+}
+
+impl StoreRefusal {
+    /// The refusal the store named `name`; an unknown name is an error (a store newer than
+    /// this edge), never taken for another limit.
+    pub fn parse(name: &str, retry_after_ms: i64) -> Result<Self, StoreError> {
+        match name {
+            "requests_per_minute" => Ok(Self::RequestsPerMinute { retry_after_ms }),
+            "max_concurrent" => Ok(Self::MaxConcurrent { retry_after_ms }),
+            "tokens_per_day" => Ok(Self::TokensPerDay { retry_after_ms }),
+            other => Err(StoreError(format!(
+                "the store refused for a limit this edge does not know: {other:?}"
+            ))),
+        }
+    }
+
+    /// The refusal as the key's limits describe it.
+    fn exceeded(self, limits: &KeyLimitsConfig) -> LimitExceeded {
+        let (limit, ms) = match self {
+            Self::RequestsPerMinute { retry_after_ms } => (
+                Limit::RequestsPerMinute(limits.requests_per_minute.unwrap_or(0)),
+                retry_after_ms,
+            ),
+            Self::MaxConcurrent { retry_after_ms } => (
+                Limit::MaxConcurrent(limits.max_concurrent.unwrap_or(0)),
+                retry_after_ms,
+            ),
+            Self::TokensPerDay { retry_after_ms } => (
+                Limit::TokensPerDay(limits.tokens_per_day.unwrap_or(0)),
+                retry_after_ms,
+            ),
+        };
+        LimitExceeded {
+            limit,
+            retry_after: Duration::from_millis(ms.max(0) as u64),
+        }
+    }
+}
+
+/// The store did not do what was asked (unreachable, an error, a timeout).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreError(pub String);
+
+/// What a released key holds back to the store: this edge's running totals of the places
+/// and tokens its requests of the key gave back since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Released {
+    pub places: i64,
+    pub reserved: i64,
+}
+
+/// The fleet's store, as the key limits use it.
+#[async_trait::async_trait]
+pub trait KeyStore: Send + Sync + std::fmt::Debug {
+    /// Decides a request of `key` under `limits` reserving `reserve` tokens and, when
+    /// admitted, adds it to `edge`'s row: `None` admitted, else the refusal.
+    async fn admit(
+        &self,
+        key: &str,
+        edge: &str,
+        limits: &KeyLimitsConfig,
+        reserve: u64,
+    ) -> Result<Option<StoreRefusal>, StoreError>;
+    /// Takes off `edge`'s row of `key` what `released` (running totals) holds beyond what
+    /// was taken off already.
+    async fn release(&self, key: &str, edge: &str, released: Released) -> Result<(), StoreError>;
+    /// Adds `tokens` used by `key` on UTC day `day` (days since the epoch).
+    async fn add_tokens(&self, key: &str, day: i64, tokens: u64) -> Result<(), StoreError>;
+    /// Clears what an earlier run of `edge` held.
+    async fn clear_edge(&self, edge: &str) -> Result<(), StoreError>;
+}
 
 /// What the store decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,38 +131,52 @@ pub enum Shared {
 
 #[derive(Debug)]
 pub struct FleetLimits {
-    store: Arc<Store>,
+    store: Arc<dyn KeyStore>,
     edge_id: String,
     fleet: Arc<Fleet>,
     /// Tokens the store has not taken yet, per (key, UTC day as days since the epoch).
     pending_tokens: Mutex<HashMap<(String, i64), u64>>,
     /// When the store last failed an admission.
     failed_at: Mutex<Option<Instant>>,
-    /// What keys hold on this edge (in flight, reserved) and the store was not told yet.
-    dirty: Mutex<HashMap<String, (u32, u64)>>,
+    /// What this edge released per key since it started, and which keys the store was
+    /// not sent since they changed.
+    released: Mutex<Releases>,
     wake: tokio::sync::Notify,
     /// Whether what an earlier run of this edge held was cleared from the store; until
     /// then admissions use this edge's share.
     ready: std::sync::atomic::AtomicBool,
 }
 
+#[derive(Debug, Default)]
+struct Releases {
+    totals: HashMap<String, Released>,
+    unsent: std::collections::HashSet<String>,
+}
+
 impl FleetLimits {
-    pub fn new(store: Arc<Store>, edge_id: String, fleet: Arc<Fleet>) -> Arc<Self> {
+    pub fn new(store: Arc<dyn KeyStore>, edge_id: String, fleet: Arc<Fleet>) -> Arc<Self> {
         Arc::new(FleetLimits {
             store,
             edge_id,
             fleet,
             pending_tokens: Mutex::default(),
             failed_at: Mutex::default(),
-            dirty: Mutex::default(),
+            released: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             ready: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Asks the store whether a request of `key` under `limits`, reserving `reserve`
-    /// tokens, may start; on admission it is counted there.
-    pub async fn admit(&self, key: &str, limits: &KeyLimitsConfig, reserve: u64) -> Shared {
+    /// tokens, may start (`now`: for the back-off after a failure); on admission it is
+    /// counted there, and must be given back with [`Self::release`].
+    pub async fn admit(
+        &self,
+        key: &str,
+        limits: &KeyLimitsConfig,
+        reserve: u64,
+        now: Instant,
+    ) -> Shared {
         if !self.ready.load(std::sync::atomic::Ordering::Acquire) {
             return Shared::Unreachable(
                 "the store has not answered since this edge started".into(),
@@ -84,26 +185,30 @@ impl FleetLimits {
         if self
             .failed_at
             .lock()
-            .is_some_and(|at| at.elapsed() < BACKOFF)
+            .is_some_and(|at| now.saturating_duration_since(at) < BACKOFF)
         {
             return Shared::Unreachable("the store failed moments ago".into());
         }
-        let decided = tokio::time::timeout(ADMIT_TIMEOUT, self.ask(key, limits, reserve)).await;
-        let result = match decided {
-            Ok(result) => result,
-            Err(_) => Err(format!("the store took over {ADMIT_TIMEOUT:?}")),
-        };
-        match result {
+        let decided = tokio::time::timeout(
+            ADMIT_TIMEOUT,
+            self.store.admit(key, &self.edge_id, limits, reserve),
+        )
+        .await
+        .unwrap_or_else(|_| Err(StoreError(format!("the store took over {ADMIT_TIMEOUT:?}"))));
+        match decided {
             Ok(decision) => {
                 if self.failed_at.lock().take().is_some() {
                     tracing::info!(
                         "the store answers again: API key limits count across the fleet"
                     );
                 }
-                decision
+                match decision {
+                    None => Shared::Admitted,
+                    Some(refusal) => Shared::Refused(refusal.exceeded(limits)),
+                }
             }
-            Err(error) => {
-                if self.failed_at.lock().replace(Instant::now()).is_none() {
+            Err(StoreError(error)) => {
+                if self.failed_at.lock().replace(now).is_none() {
                     tracing::warn!(%error, "API key limits: the store does not answer; each edge enforces its share until it does");
                 }
                 Shared::Unreachable(error)
@@ -111,41 +216,9 @@ impl FleetLimits {
         }
     }
 
-    async fn ask(
-        &self,
-        key: &str,
-        limits: &KeyLimitsConfig,
-        reserve: u64,
-    ) -> Result<Shared, String> {
-        let client = self.store.client().await?;
-        let rpm = limits.requests_per_minute.map(|n| n as i32);
-        let max = limits.max_concurrent.map(|n| n as i32);
-        let budget = limits.tokens_per_day.map(|n| n.min(i64::MAX as u64) as i64);
-        let reserve = reserve.min(i64::MAX as u64) as i64;
-        let live = LIVE_WITHIN.as_secs_f64();
-        let row = client
-            .query_one(
-                "SELECT refused, retry_after_ms FROM iop_key_admit($1, $2, $3, $4, $5, $6, $7)",
-                &[&key, &self.edge_id, &rpm, &max, &budget, &reserve, &live],
-            )
-            .await
-            .map_err(|e| format!("store (key limits): {}", crate::store::reason(&e)))?;
-        let refused: Option<String> = row.get(0);
-        let retry_after = Duration::from_millis(row.get::<_, i64>(1).max(0) as u64);
-        let limit = match refused.as_deref() {
-            None => return Ok(Shared::Admitted),
-            Some("requests_per_minute") => {
-                Limit::RequestsPerMinute(limits.requests_per_minute.unwrap_or(0))
-            }
-            Some("max_concurrent") => Limit::MaxConcurrent(limits.max_concurrent.unwrap_or(0)),
-            Some(_) => Limit::TokensPerDay(limits.tokens_per_day.unwrap_or(0)),
-        };
-        Ok(Shared::Refused(LimitExceeded { limit, retry_after }))
-    }
-
     /// This edge's share of `limits` while the store does not answer.
-    pub fn share(&self, limits: &KeyLimitsConfig) -> KeyLimitsConfig {
-        let edges = self.fleet.sharing(std::time::Instant::now()) as u64;
+    pub fn share(&self, limits: &KeyLimitsConfig, now: Instant) -> KeyLimitsConfig {
+        let edges = self.fleet.sharing(now) as u64;
         let part = |n: u64| n.div_ceil(edges).max(1);
         KeyLimitsConfig {
             requests_per_minute: limits.requests_per_minute.map(|n| part(n as u64) as u32),
@@ -155,68 +228,59 @@ impl FleetLimits {
         }
     }
 
-    /// `key` holds this on this edge now (in flight, reserved): written to the store
-    /// within [`HOLD_FLUSH`].
-    pub fn held(&self, key: &str, in_flight: u32, reserved: u64) {
-        self.dirty
-            .lock()
-            .insert(key.to_string(), (in_flight, reserved));
+    /// A request of `key` the store admitted ended: its place (`place`: whether it held
+    /// one) and `reserved` tokens go back, in the store within [`HOLD_FLUSH`].
+    pub fn release(&self, key: &str, place: bool, reserved: u64) {
+        if !place && reserved == 0 {
+            return;
+        }
+        let mut released = self.released.lock();
+        let total = released.totals.entry(key.to_string()).or_default();
+        total.places += i64::from(place);
+        total.reserved = total
+            .reserved
+            .saturating_add(reserved.min(i64::MAX as u64) as i64);
+        released.unsent.insert(key.to_string());
+        drop(released);
         self.wake.notify_one();
     }
 
-    /// Writes what the keys told of since the last flush hold, whole.
-    async fn flush_held(&self) {
-        let dirty: Vec<(String, (u32, u64))> = self.dirty.lock().drain().collect();
-        for (key, (in_flight, reserved)) in dirty {
-            self.hold(&key, in_flight, reserved).await;
-        }
-    }
-
-    /// Writes what `key` holds on this edge now (in flight, reserved), whole.
-    async fn hold(&self, key: &str, in_flight: u32, reserved: u64) {
-        let write = async {
-            let client = self.store.client().await?;
-            client
-                .execute(
-                    "INSERT INTO iop_key_inflight (key, edge_id, n, reserved) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (key, edge_id) DO UPDATE SET n = $3, reserved = $4",
-                    &[
-                        &key,
-                        &self.edge_id,
-                        &(in_flight as i32),
-                        &(reserved.min(i64::MAX as u64) as i64),
-                    ],
-                )
-                .await
-                .map_err(|e| crate::store::reason(&e))
+    /// Sends the release totals of the keys that changed; a key the store did not take
+    /// is sent again next time.
+    async fn flush_released(&self) {
+        let unsent: Vec<(String, Released)> = {
+            let mut released = self.released.lock();
+            let keys: Vec<String> = released.unsent.drain().collect();
+            keys.into_iter()
+                .map(|k| {
+                    let total = released.totals[&k];
+                    (k, total)
+                })
+                .collect()
         };
-        if let Err(error) = tokio::time::timeout(ADMIT_TIMEOUT, write)
+        for (key, total) in unsent {
+            let sent = tokio::time::timeout(
+                ADMIT_TIMEOUT,
+                self.store.release(&key, &self.edge_id, total),
+            )
             .await
-            .unwrap_or_else(|_| Err("timed out".into()))
-        {
-            tracing::debug!(%error, key, "could not write the key's place in the store; the next write mends it");
+            .unwrap_or_else(|_| Err(StoreError("timed out".into())));
+            if let Err(error) = sent {
+                tracing::debug!(%error, key, "could not give the key's places back in the store; sent again with the next flush");
+                self.released.lock().unsent.insert(key);
+            }
         }
     }
 
     /// Clears what an earlier run of this edge left held in the store; admissions ask
     /// the store from then on.
-    pub async fn forget_earlier_run(&self) -> Result<(), String> {
+    pub async fn forget_earlier_run(&self) -> Result<(), StoreError> {
         if self.ready.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
         }
-        let cleared = async {
-            let client = self.store.client().await?;
-            client
-                .execute(
-                    "DELETE FROM iop_key_inflight WHERE edge_id = $1",
-                    &[&self.edge_id],
-                )
-                .await
-                .map_err(|e| crate::store::reason(&e))
-        };
-        tokio::time::timeout(ADMIT_TIMEOUT * 4, cleared)
+        tokio::time::timeout(ADMIT_TIMEOUT * 4, self.store.clear_edge(&self.edge_id))
             .await
-            .unwrap_or_else(|_| Err("timed out".into()))?;
+            .unwrap_or_else(|_| Err(StoreError("timed out".into())))?;
         self.ready.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
@@ -239,30 +303,19 @@ impl FleetLimits {
     pub async fn flush(&self) {
         let pending: Vec<((String, i64), u64)> = self.pending_tokens.lock().drain().collect();
         for ((key, day), tokens) in pending {
-            let added = async {
-                let client = self.store.client().await?;
-                client
-                    .execute(
-                        "INSERT INTO iop_key_tokens (key, day, used)
-                         VALUES ($1, DATE '1970-01-01' + $2::INTEGER, $3)
-                         ON CONFLICT (key, day) DO UPDATE SET used = iop_key_tokens.used + $3",
-                        &[&key, &(day as i32), &(tokens.min(i64::MAX as u64) as i64)],
-                    )
+            let added =
+                tokio::time::timeout(ADMIT_TIMEOUT, self.store.add_tokens(&key, day, tokens))
                     .await
-                    .map_err(|e| crate::store::reason(&e))
-            };
-            let added = tokio::time::timeout(ADMIT_TIMEOUT, added)
-                .await
-                .unwrap_or_else(|_| Err("timed out".into()));
+                    .unwrap_or_else(|_| Err(StoreError("timed out".into())));
             if added.is_err() {
                 *self.pending_tokens.lock().entry((key, day)).or_default() += tokens;
             }
         }
     }
 
-    /// Writes what changed (tokens used, places held) at most every [`HOLD_FLUSH`], and
-    /// tries again what the store did not take every [`crate::store::edges::HEARTBEAT`],
-    /// until `shutdown`.
+    /// Writes what changed (tokens used, places given back) at most every
+    /// [`HOLD_FLUSH`], and tries again what the store did not take every
+    /// [`crate::store::edges::HEARTBEAT`], until `shutdown`.
     pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         // What this edge held before it restarted is not held any more.
         let mut retry = tokio::time::interval(crate::store::edges::HEARTBEAT);
@@ -281,14 +334,18 @@ impl FleetLimits {
                 _ = self.wake.notified() => {}
                 _ = retry.tick() => {}
             }
-            self.flush_held().await;
+            self.flush_released().await;
             self.flush().await;
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(HOLD_FLUSH) => {}
             }
         }
-        self.flush_held().await;
+        self.flush_released().await;
         self.flush().await;
     }
 }
+
+#[cfg(test)]
+#[path = "fleet_limits_tests.rs"]
+mod tests;

@@ -199,14 +199,6 @@ impl KeyLimiter {
         }
     }
 
-    /// What `key` holds on this edge: requests in flight and tokens reserved.
-    pub fn held(&self, key: &str) -> (u32, u64) {
-        (
-            self.in_flight.get(key).copied().unwrap_or(0),
-            self.reserved(key),
-        )
-    }
-
     /// Gives back an admitted request's concurrency place (its request ended).
     pub fn release(&mut self, admitted: &Admitted) {
         if admitted.concurrent

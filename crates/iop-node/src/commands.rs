@@ -37,6 +37,24 @@ impl NodeRuntime {
         }
     }
 
+    /// The answer to a command refused because the connection runs
+    /// [`crate::runtime::MAX_COMMANDS_PER_LINK`] already.
+    pub fn busy(request: &pb::NodeCommandRequest) -> pb::NodeCommandResponse {
+        let error = AdapterError::new(
+            ErrorCode::NodeCapacity,
+            format!(
+                "the node runs {} commands for this edge already; try again when one ends",
+                crate::runtime::MAX_COMMANDS_PER_LINK
+            ),
+        );
+        pb::NodeCommandResponse {
+            command_id: request.command_id.clone(),
+            ok: false,
+            result_json: String::new(),
+            error: Some(error.to_wire()),
+        }
+    }
+
     async fn run_command(&self, request: &pb::NodeCommandRequest) -> Result<Value, AdapterError> {
         match request.name.as_str() {
             "capabilities" => Ok(self.capabilities()),
@@ -66,15 +84,11 @@ impl NodeRuntime {
             }
             "tokens.count" => {
                 let provider = self.tunnel_provider(request)?;
-                let body: Value = request
-                    .args
-                    .get("body")
-                    .and_then(|b| serde_json::from_str(b).ok())
-                    .ok_or_else(|| {
-                        AdapterError::new(ErrorCode::BadRequest, "tokens.count needs `body` (JSON)")
-                    })?;
+                let body = request.args.get("body").cloned().ok_or_else(|| {
+                    AdapterError::new(ErrorCode::BadRequest, "tokens.count needs `body` (JSON)")
+                })?;
                 let api = request.args.get("api").map_or("chat", String::as_str);
-                crate::adapters::token_count::count(&provider, api, &body).await
+                crate::adapters::token_count::count(&provider, api, body).await
             }
             other => Err(AdapterError::new(
                 ErrorCode::BadRequest,

@@ -42,6 +42,10 @@ pub struct ActiveRun {
     pub reason: Arc<Mutex<Option<String>>>,
 }
 
+/// The edge's commands (lookups, token counts, model jobs' controls) one connection
+/// runs at once; one more is answered `node_capacity` at once, never queued.
+pub const MAX_COMMANDS_PER_LINK: usize = 64;
+
 /// What runs and tunnels of one connection share.
 #[derive(Debug, Clone)]
 pub struct Connection {
@@ -52,6 +56,9 @@ pub struct Connection {
     /// The link this connection is in the node's permits (0 before it is ready).
     pub link: crate::permits::LinkId,
     pub tasks: TaskTracker,
+    /// Places for the edge's commands running at once on this connection
+    /// ([`MAX_COMMANDS_PER_LINK`]).
+    pub commands: Arc<tokio::sync::Semaphore>,
     /// Why the node stopped the connection's work ([`Connection::stop`]).
     stopped: Arc<Mutex<Option<String>>>,
 }
@@ -64,6 +71,7 @@ impl Connection {
             cancel: CancellationToken::new(),
             link: 0,
             tasks: TaskTracker::new(),
+            commands: Arc::new(tokio::sync::Semaphore::new(MAX_COMMANDS_PER_LINK)),
             stopped: Arc::default(),
         }
     }

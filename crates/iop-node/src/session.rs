@@ -524,10 +524,15 @@ impl Session {
                 });
             }
             Message::NodeCommandRequest(request) => {
+                let Ok(place) = self.conn.commands.clone().try_acquire_owned() else {
+                    self.outbound.try_send(NodeRuntime::busy(&request));
+                    return None;
+                };
                 let runtime = self.runtime.clone();
                 let outbound = self.outbound.clone();
                 self.conn.tasks.spawn(async move {
                     let response = runtime.command(&request).await;
+                    drop(place);
                     let _ = outbound.send(response).await;
                 });
             }

@@ -1,18 +1,20 @@
-//! Decoding a model request's body into its surface's request, off the event loop when
-//! the body is large.
+//! Decoding a request's body (into its surface's request, or for `count_tokens` into what
+//! is counted) off the event loop unless it is small.
 //!
 //! Decoding is the edge's CPU-heavy step: parsing the JSON and, for the Responses,
 //! Messages and Ollama APIs, translating it into the canonical request. A body under
-//! `limits.http.large_body_bytes` is decoded in place, which costs microseconds. A larger
-//! one is decoded on a worker thread, at most `large_body_workers` at once, so the event
-//! loop that also carries `/healthz` and the node links never runs a decode of megabytes
-//! itself. A key may have at most `large_bodies_per_key` large requests at once, from
-//! before the body is read (when its size is announced) until the request has been
-//! answered or its answer starts streaming (more: 429); the edge at most
-//! `large_bodies_waiting` waiting for a worker in all (more: 503). So the memory large
-//! bodies hold is bounded per key: each holds its body, its translation and the copies sent
-//! on (about four times its size), and each decode briefly builds a tree of its JSON (at
-//! most [`crate::canonical::MAX_JSON_CONTAINERS`] arrays and objects).
+//! [`INLINE_DECODE_BYTES`] (16 KiB) is decoded in place, which costs microseconds; every
+//! larger one on a worker thread, at most `large_body_workers` at once, so the event loop
+//! that also carries `/healthz` and the node links never runs a decode that grows with
+//! what a client sends. Bodies of `limits.http.large_body_bytes` or more are also counted:
+//! a key may have at most `large_bodies_per_key` of them at once, from before the body is
+//! read (when its size is announced) until the request has been answered or its answer
+//! starts streaming (more: 429); and they wait for a worker in a list of
+//! `large_bodies_waiting` places shared fairly between keys (a key holds at most the list
+//! over the keys waiting; a key with none waiting always gets a place; more: 503). So the
+//! memory large bodies hold is bounded per key: each holds its body, its translation and
+//! the copies sent on (about four times its size), and each decode briefly builds a tree of
+//! its JSON (at most [`crate::canonical::MAX_JSON_CONTAINERS`] arrays and objects).
 //!
 //! A decoded request borrows its body; [`Prepared`] owns both (the body, and the
 //! translated canonical body when there is one), so it can cross from the worker thread
@@ -106,6 +108,13 @@ impl Prepared {
     }
 }
 
+/// Bodies under this size are decoded on the event loop: a Messages body of this size
+/// with many small blocks decodes and translates in about 0.1 ms (measured by
+/// `inline_decode_is_cheap` below, in release builds), less than a worker's hand-off costs
+/// in latency. Everything larger goes to a worker, so no decode on the loop grows with what
+/// a client sends.
+pub const INLINE_DECODE_BYTES: usize = 16 * 1024;
+
 /// The bounds on decoding large bodies, and the worker threads' turns.
 #[derive(Debug)]
 pub struct LargeBodies {
@@ -120,8 +129,9 @@ pub struct LargeBodies {
 struct Counts {
     /// Large bodies decoding or waiting, per key.
     per_key: HashMap<String, usize>,
-    /// Large bodies waiting for a worker.
+    /// Bodies waiting for a worker, in all and per key.
     waiting: usize,
+    waiting_per_key: HashMap<String, usize>,
 }
 
 impl LargeBodies {
@@ -147,6 +157,33 @@ impl LargeBodies {
         request: Request,
         headers: &HeaderMap,
     ) -> Result<Prepared, ApiError> {
+        let any_content_type = matches!(surface, Surface::Ollama(_));
+        let body = self
+            .read(edge, key, request, headers, any_content_type)
+            .await?;
+        let headers = headers.clone();
+        let (decoded, turn) = self
+            .work(body, key, move |body| {
+                Prepared::decode(surface, body, &headers)
+            })
+            .await?;
+        Ok(Prepared {
+            _turn: turn,
+            ..decoded
+        })
+    }
+
+    /// Reads `request`'s JSON body within the limits (any `Content-Type` with
+    /// `any_content_type`). A body that announces a large size is counted against `key`'s
+    /// share before it is read, so a refused one is read and dropped, never held.
+    pub async fn read(
+        self: &Arc<Self>,
+        edge: &Arc<Edge>,
+        key: &str,
+        request: Request,
+        headers: &HeaderMap,
+        any_content_type: bool,
+    ) -> Result<ReadBody, ApiError> {
         let announced = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
@@ -160,37 +197,43 @@ impl LargeBodies {
             },
             _ => None,
         };
-        let any_content_type = matches!(surface, Surface::Ollama(_));
-        let body = JsonBody::read(request, edge, any_content_type).await?.0;
-        self.decode(turn, key, surface, body, headers).await
+        let bytes = JsonBody::read(request, edge, any_content_type).await?.0;
+        Ok(ReadBody { bytes, turn })
     }
 
-    /// Decodes `body` for `surface`: in place when small, else on a worker thread once a
-    /// worker is free, counted against `key`'s share (unless `turn` already is).
-    async fn decode(
+    /// Runs `work` on a read body: in place when it is small (under
+    /// [`INLINE_DECODE_BYTES`]), else on a worker thread once a worker is free. A body of
+    /// `limits.http.large_body_bytes` or more counts against `key`'s share (unless it
+    /// already does) until the returned turn is dropped, and takes a place in the list
+    /// waiting for a worker.
+    pub async fn work<T: Send + 'static>(
         self: &Arc<Self>,
-        turn: Option<KeyTurn>,
+        body: ReadBody,
         key: &str,
-        surface: Surface,
-        body: Bytes,
-        headers: &HeaderMap,
-    ) -> Result<Prepared, ApiError> {
-        if body.len() < self.threshold {
-            return Prepared::decode(surface, body, headers);
+        work: impl FnOnce(Bytes) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<(T, Option<KeyTurn>), ApiError> {
+        let ReadBody { bytes, turn } = body;
+        if bytes.len() < INLINE_DECODE_BYTES.min(self.threshold) {
+            return Ok((work(bytes)?, turn));
         }
         let turn = match turn {
-            Some(turn) => turn,
-            None => self.enter(key)?,
+            Some(turn) => Some(turn),
+            None if bytes.len() >= self.threshold => Some(self.enter(key)?),
+            None => None,
         };
-        let waiting = Waiting::start(self);
+        // Only large bodies take a place in the (bounded, shared) waiting list; smaller
+        // ones wait without one, bounded by the connections that sent them.
+        let waiting = match turn {
+            Some(_) => Some(self.wait(key)?),
+            None => None,
+        };
         let worker = self.workers.clone().acquire_owned().await;
         drop(waiting);
-        let headers = headers.clone();
-        // The worker's turn ends with the decode, even when the client has left.
-        let decoded = tokio::task::spawn_blocking(move || {
-            let decoded = Prepared::decode(surface, body, &headers);
+        // The worker's turn ends with the work, even when the client has left.
+        let done = tokio::task::spawn_blocking(move || {
+            let done = work(bytes);
             drop(worker);
-            decoded
+            done
         })
         .await
         .unwrap_or_else(|e| {
@@ -199,24 +242,12 @@ impl LargeBodies {
                 format!("decoding the request failed: {e}"),
             ))
         })?;
-        Ok(Prepared {
-            _turn: Some(turn),
-            ..decoded
-        })
+        Ok((done, turn))
     }
 
     /// Counts a large body of `key`'s, or refuses it over a bound.
     fn enter(self: &Arc<Self>, key: &str) -> Result<KeyTurn, ApiError> {
         let mut state = self.state.lock();
-        if state.waiting >= self.waiting_cap {
-            return Err(ApiError::of(
-                ErrorCode::Unavailable,
-                format!(
-                    "the edge is busy decoding large requests ({} waiting; limits.http.large_bodies_waiting): retry shortly",
-                    state.waiting
-                ),
-            ));
-        }
         let mine = state.per_key.entry(key.to_string()).or_insert(0);
         if *mine >= self.per_key {
             return Err(ApiError::of(
@@ -230,6 +261,36 @@ impl LargeBodies {
         *mine += 1;
         Ok(KeyTurn {
             bodies: self.clone(),
+            key: key.to_string(),
+        })
+    }
+}
+
+impl LargeBodies {
+    /// A place for a body of `key`'s in the list waiting for a worker. The list is shared
+    /// fairly: a key may hold at most its share of `large_bodies_waiting` (the list over
+    /// the keys waiting, itself included), and a key with nothing waiting always gets one
+    /// place, even over a full list (keys are configured, so that stays bounded).
+    fn wait(&self, key: &str) -> Result<Waiting<'_>, ApiError> {
+        let mut state = self.state.lock();
+        let mine = state.waiting_per_key.get(key).copied().unwrap_or(0);
+        if mine > 0 {
+            let keys = state.waiting_per_key.len();
+            let share = (self.waiting_cap / keys).max(1);
+            if state.waiting >= self.waiting_cap || mine >= share {
+                return Err(ApiError::of(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "the edge is busy decoding large requests ({} waiting, {mine} of them this key's; its share of limits.http.large_bodies_waiting is {share}): retry shortly",
+                        state.waiting
+                    ),
+                ));
+            }
+        }
+        state.waiting += 1;
+        *state.waiting_per_key.entry(key.to_string()).or_default() += 1;
+        Ok(Waiting {
+            bodies: self,
             key: key.to_string(),
         })
     }
@@ -249,9 +310,16 @@ async fn discard_body(request: Request, limit: usize) {
     }
 }
 
+/// A body read within the limits, with its key's turn when it announced a large size.
+#[derive(Debug)]
+pub struct ReadBody {
+    pub bytes: Bytes,
+    turn: Option<KeyTurn>,
+}
+
 /// One large body counted against its key until its request lets go of it.
 #[derive(Debug)]
-struct KeyTurn {
+pub struct KeyTurn {
     bodies: Arc<LargeBodies>,
     key: String,
 }
@@ -268,19 +336,22 @@ impl Drop for KeyTurn {
     }
 }
 
-/// One large body waiting for a worker.
-struct Waiting<'a>(&'a LargeBodies);
-
-impl<'a> Waiting<'a> {
-    fn start(bodies: &'a LargeBodies) -> Self {
-        bodies.state.lock().waiting += 1;
-        Self(bodies)
-    }
+/// One body waiting for a worker, counted in all and against its key.
+struct Waiting<'a> {
+    bodies: &'a LargeBodies,
+    key: String,
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.state.lock().waiting -= 1;
+        let mut state = self.bodies.state.lock();
+        state.waiting -= 1;
+        if let Some(n) = state.waiting_per_key.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                state.waiting_per_key.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -309,15 +380,33 @@ mod tests {
         )
     }
 
+    /// Decodes `body` for `surface` as a request handler would, after reading it.
+    async fn decode(
+        bodies: &Arc<LargeBodies>,
+        surface: Surface,
+        body: Bytes,
+    ) -> Result<Prepared, ApiError> {
+        let read = ReadBody {
+            bytes: body,
+            turn: None,
+        };
+        let (prepared, turn) = bodies
+            .work(read, "k", move |b| {
+                Prepared::decode(surface, b, &HeaderMap::new())
+            })
+            .await?;
+        Ok(Prepared {
+            _turn: turn,
+            ..prepared
+        })
+    }
+
     #[tokio::test]
     async fn small_and_large_bodies_decode_alike() {
         let bodies = LargeBodies::new(&limits(1024, 2, 8));
         let surface = Surface::OpenAi(Operation::Chat);
         for n in [10, 10_000] {
-            let prepared = bodies
-                .decode(None, "k", surface, chat(n), &HeaderMap::new())
-                .await
-                .unwrap();
+            let prepared = decode(&bodies, surface, chat(n)).await.unwrap();
             assert_eq!(prepared.decoded().model, "m");
             assert!(prepared.canonical().is_ok());
         }
@@ -330,10 +419,7 @@ mod tests {
         let body = Bytes::from_static(
             br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#,
         );
-        let prepared = bodies
-            .decode(None, "k", Surface::Messages, body, &HeaderMap::new())
-            .await
-            .unwrap();
+        let prepared = decode(&bodies, Surface::Messages, body).await.unwrap();
         let canonical = prepared.canonical().unwrap();
         assert!(canonical.raw("messages").is_some());
     }
@@ -347,7 +433,46 @@ mod tests {
         let _other = bodies.enter("other").unwrap();
         drop(a);
         let _c = bodies.enter("k").unwrap();
-        let _waiting = Waiting::start(&bodies);
-        assert_eq!(bodies.enter("third").unwrap_err().status, 503);
+    }
+
+    #[test]
+    fn the_waiting_list_is_shared_fairly_between_keys() {
+        let bodies = LargeBodies::new(&limits(16, 100, 4));
+        // One key alone may fill the list.
+        let a: Vec<_> = (0..4).map(|_| bodies.wait("a").unwrap()).collect();
+        assert_eq!(bodies.wait("a").err().unwrap().status, 503);
+        // Another key still gets a place, past the full list; a second one does not.
+        let b = bodies.wait("b").unwrap();
+        assert_eq!(bodies.wait("b").err().unwrap().status, 503);
+        // With two keys waiting, each holds at most half the list once it frees up.
+        drop(a);
+        let a: Vec<_> = (0..2).map(|_| bodies.wait("a").unwrap()).collect();
+        assert_eq!(bodies.wait("a").err().unwrap().status, 503);
+        let _b2 = bodies.wait("b").unwrap();
+        drop((a, b));
+        assert_eq!(bodies.state.lock().waiting, 1);
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_inline_size_are_decoded_on_a_worker() {
+        let bodies = LargeBodies::new(&limits(1 << 20, 2, 8));
+        let on = |n: usize| {
+            let bodies = bodies.clone();
+            async move {
+                let read = ReadBody {
+                    bytes: chat(n),
+                    turn: None,
+                };
+                let (thread, turn) = bodies
+                    .work(read, "k", |_| Ok(std::thread::current().id()))
+                    .await
+                    .unwrap();
+                assert!(turn.is_none(), "under the large-body size: no key turn");
+                thread
+            }
+        };
+        let here = std::thread::current().id();
+        assert_eq!(on(100).await, here);
+        assert_ne!(on(INLINE_DECODE_BYTES + 1).await, here);
     }
 }

@@ -58,11 +58,13 @@ pub fn router(edge: Arc<Edge>) -> Router {
     let admin = admin::admin_routes()
         .merge(ollama_models::routes())
         .route_layer(middleware::from_fn(auth::require_admin));
-    let authenticated = model::routes(&edge)
-        .merge(count_tokens::routes())
+    // One count of large bodies for every endpoint that reads a request body to decode.
+    let large = decode::LargeBodies::new(&edge.config().limits.http);
+    let authenticated = model::routes(large.clone())
+        .merge(count_tokens::routes(large.clone()))
         .merge(models::routes())
         .merge(ollama::routes())
-        .merge(runs::routes())
+        .merge(runs::routes(large))
         .merge(admin)
         .route_layer(middleware::from_fn_with_state(
             edge.clone(),

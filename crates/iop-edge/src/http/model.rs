@@ -33,8 +33,7 @@ use crate::service::pipeline::{AdmitTarget, TokenEstimate};
 use crate::surfaces::{AnswerMeta, Surface, ollama};
 
 /// The model endpoints of every API (behind authentication).
-pub fn routes(edge: &Edge) -> Router<Arc<Edge>> {
-    let large = LargeBodies::new(&edge.config().limits.http);
+pub fn routes(large: Arc<LargeBodies>) -> Router<Arc<Edge>> {
     let endpoints = [
         ("/v1/chat/completions", Surface::OpenAi(Operation::Chat)),
         ("/v1/completions", Surface::OpenAi(Operation::Completion)),

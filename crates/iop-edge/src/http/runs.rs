@@ -14,14 +14,14 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
 use futures::stream;
 use serde_json::json;
 
-use super::body::JsonBody;
+use super::decode::LargeBodies;
 use super::{forward, request_id};
 use crate::auth::Caller;
 use crate::canonical::ApiError;
@@ -31,10 +31,22 @@ use crate::service::dispatch::RequestContext;
 use crate::service::pipeline::{AdmitTarget, TokenEstimate};
 use crate::surfaces::runs;
 
-/// Routes any key may use, for its own runs and sessions.
-pub fn routes() -> Router<Arc<Edge>> {
+/// Routes any key may use, for its own runs and sessions. A run's body is read by the
+/// large-body reader `large` (decoded off the event loop unless small, under the key's
+/// share of large bodies), as a model request's is.
+pub fn routes(large: Arc<LargeBodies>) -> Router<Arc<Edge>> {
     Router::new()
-        .route("/v1/runs", post(submit))
+        .route(
+            "/v1/runs",
+            post(
+                move |State(edge): State<Arc<Edge>>,
+                      Extension(caller): Extension<Caller>,
+                      headers: HeaderMap,
+                      body: Request| async move {
+                    submit(edge, large, caller, headers, body).await
+                },
+            ),
+        )
         .route("/v1/runs/{run_id}/cancel", post(cancel))
         .route(
             "/v1/sessions/{node}/{adapter}/{target}/{session_id}",
@@ -43,13 +55,14 @@ pub fn routes() -> Router<Arc<Edge>> {
 }
 
 async fn submit(
-    State(edge): State<Arc<Edge>>,
-    Extension(caller): Extension<Caller>,
+    edge: Arc<Edge>,
+    large: Arc<LargeBodies>,
+    caller: Caller,
     headers: HeaderMap,
-    body: Result<JsonBody, ApiError>,
+    body: Request,
 ) -> Response {
     let recorder = edge.start_request(ClientApi::Runs, &caller);
-    match handle(&edge, &caller, &headers, body, &recorder).await {
+    match handle(&edge, &large, &caller, &headers, body, &recorder).await {
         Ok(response) => {
             recorder.responded(response.status().as_u16());
             response
@@ -63,13 +76,17 @@ async fn submit(
 
 async fn handle(
     edge: &Arc<Edge>,
+    large: &Arc<LargeBodies>,
     caller: &Caller,
     headers: &HeaderMap,
-    body: Result<JsonBody, ApiError>,
+    body: Request,
     recorder: &RequestRecorder,
 ) -> Result<Response, ApiError> {
-    let JsonBody(body) = body?;
-    let runs::RunRequest { node, mut spec } = runs::decode(&body)?;
+    let key = caller.key_name().unwrap_or("");
+    let body = large.read(edge, key, body, headers, false).await?;
+    // A large body's place in its key's share is held until the run has started.
+    let (runs::RunRequest { node, mut spec }, _turn) =
+        large.work(body, key, |body| runs::decode(&body)).await?;
     let node = edge.pick_node(node.as_deref())?.node_id.clone();
     let input = spec.input.len() + spec.messages.iter().map(|m| m.content.len()).sum::<usize>();
     let estimate = TokenEstimate {

@@ -388,6 +388,7 @@ fn static_api(api: &str) -> &'static str {
         "messages" => "messages",
         "ollama" => "ollama",
         "runs" => "runs",
+        "count_tokens" => "count_tokens",
         _ => "unknown",
     }
 }

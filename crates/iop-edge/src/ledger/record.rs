@@ -22,6 +22,8 @@ pub enum ClientApi {
     Ollama,
     /// `/v1/runs` (the native runs API).
     Runs,
+    /// `/v1/messages/count_tokens` (a token count: no tokens billed).
+    CountTokens,
 }
 
 impl ClientApi {
@@ -32,6 +34,7 @@ impl ClientApi {
             ClientApi::Messages => "messages",
             ClientApi::Ollama => "ollama",
             ClientApi::Runs => "runs",
+            ClientApi::CountTokens => "count_tokens",
         }
     }
 }

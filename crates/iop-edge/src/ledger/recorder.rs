@@ -158,6 +158,14 @@ impl RequestRecorder {
         state.attempts += 1;
     }
 
+    /// `provider` on `node` answered the request itself without running it (a token
+    /// count): it goes on the record, which bills nothing for it.
+    pub fn counted_by(&self, node: &str, provider: &str) {
+        let mut state = self.0.state.lock();
+        state.node = node.to_string();
+        state.provider = provider.to_string();
+    }
+
     /// The first token (body bytes or a delta) arrived; later calls change nothing.
     pub fn first_token(&self) {
         let elapsed = self.0.started.elapsed().as_millis() as u64;

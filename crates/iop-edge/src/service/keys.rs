@@ -46,6 +46,8 @@ pub struct Keys {
 pub struct KeyPermit {
     limiter: Arc<Mutex<KeyLimiter>>,
     admitted: Admitted,
+    /// The fleet's store, when it admitted the request (and so counts its place and
+    /// reservation until they are given back there).
     fleet: Option<Arc<FleetLimits>>,
 }
 
@@ -58,13 +60,13 @@ impl KeyPermit {
 
 impl Drop for KeyPermit {
     fn drop(&mut self) {
-        let held = {
-            let mut limiter = self.limiter.lock();
-            limiter.release(&self.admitted);
-            limiter.held(&self.admitted.key)
-        };
+        self.limiter.lock().release(&self.admitted);
         if let Some(fleet) = &self.fleet {
-            fleet.held(&self.admitted.key, held.0, held.1);
+            fleet.release(
+                &self.admitted.key,
+                self.admitted.concurrent,
+                self.admitted.reserved_tokens,
+            );
         }
     }
 }
@@ -122,21 +124,27 @@ impl Keys {
         let (Some(key), Some(limits)) = (caller.key_name(), caller.limits()) else {
             return Ok(None);
         };
-        let fleet = self.fleet.get().filter(|_| limits.any()).cloned();
+        let mut fleet = self.fleet.get().filter(|_| limits.any()).cloned();
         let admitted = match &fleet {
-            Some(shared) => match shared.admit(key, limits, reserve).await {
+            Some(shared) => match shared.admit(key, limits, reserve, Instant::now()).await {
                 Shared::Admitted => self
                     .limiter
                     .lock()
                     .count(key, limits, reserve, Instant::now()),
                 Shared::Refused(exceeded) => return Err(exceeded),
-                Shared::Unreachable(_) => self.limiter.lock().admit(
-                    key,
-                    &shared.share(limits),
-                    reserve,
-                    Instant::now(),
-                    unix_ms_now(),
-                )?,
+                Shared::Unreachable(_) => {
+                    let now = Instant::now();
+                    let admitted = self.limiter.lock().admit(
+                        key,
+                        &shared.share(limits, now),
+                        reserve,
+                        now,
+                        unix_ms_now(),
+                    )?;
+                    // Counted here alone: nothing to give back in the store.
+                    fleet = None;
+                    admitted
+                }
             },
             None => {
                 self.limiter
@@ -152,19 +160,17 @@ impl Keys {
     }
 
     /// A finished request of `key` that used `tokens` (at `time_ms`): its reservation
-    /// gives way to what it used (in a fleet, in the store's count too).
+    /// gives way to what it used (in a fleet, the store's count of the day takes the
+    /// tokens; its reservation there goes back with the request's [`KeyPermit`]).
     pub fn settle(&self, key: &str, reserved: u64, tokens: u64, time_ms: i64) {
         if tokens == 0 && reserved == 0 {
             return;
         }
-        let held = {
-            let mut limiter = self.limiter.lock();
-            limiter.settle(key, reserved, tokens, time_ms, unix_ms_now());
-            limiter.held(key)
-        };
+        self.limiter
+            .lock()
+            .settle(key, reserved, tokens, time_ms, unix_ms_now());
         if let Some(fleet) = self.fleet.get() {
             fleet.add_tokens(key, time_ms.div_euclid(86_400_000), tokens);
-            fleet.held(key, held.0, held.1);
         }
     }
 

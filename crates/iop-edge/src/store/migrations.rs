@@ -149,6 +149,24 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX iop_usage_key_time ON iop_usage (key, time_ms)",
     // 5: how each request's member was picked (`session/hit`, …; empty for older rows).
     "ALTER TABLE iop_usage ADD COLUMN routing TEXT NOT NULL DEFAULT ''",
+    // 6: an edge gives places and reservations back by its running totals of what it
+    // released (never by writing its count whole), under the admission's per-key lock; a
+    // total sent twice takes off nothing the second time.
+    "ALTER TABLE iop_key_inflight ADD COLUMN released_n BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE iop_key_inflight ADD COLUMN released_reserved BIGINT NOT NULL DEFAULT 0;
+    CREATE FUNCTION iop_key_release(p_key TEXT, p_edge TEXT, p_places BIGINT,
+                                    p_reserved BIGINT)
+    RETURNS VOID AS $$
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtext('iop_key:' || p_key));
+        UPDATE iop_key_inflight
+           SET n = GREATEST(n - GREATEST(p_places - released_n, 0), 0),
+               reserved = GREATEST(reserved - GREATEST(p_reserved - released_reserved, 0), 0),
+               released_n = GREATEST(released_n, p_places),
+               released_reserved = GREATEST(released_reserved, p_reserved)
+         WHERE key = p_key AND edge_id = p_edge;
+    END
+    $$ LANGUAGE plpgsql",
 ];
 
 /// Brings the schema up to date; returns the version it is at.

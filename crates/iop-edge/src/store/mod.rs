@@ -5,9 +5,11 @@
 //! one connection, and connecting after an outage happens once per connection, not under
 //! one lock every caller waits on. The store holds
 //! the fleet's live edges ([`edges`]) and its node trust (`crate::trust::shared`: the CA,
-//! its key sealed by [`seal`], join tokens, revocations).
+//! its key sealed by [`seal`], join tokens, revocations) and the API key limits every edge
+//! counts in ([`key_limits`]).
 
 pub mod edges;
+pub mod key_limits;
 pub mod migrations;
 pub mod seal;
 pub mod tls;

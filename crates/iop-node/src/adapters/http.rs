@@ -90,6 +90,8 @@ pub struct HttpProvider {
     fresh: reqwest::Client,
     /// Set for `http://` providers.
     plain: Option<PlainEndpoint>,
+    /// Its token counts: places and the endpoints that count.
+    pub tokenizer: std::sync::Arc<super::token_count::Tokenizer>,
 }
 
 impl HttpProvider {
@@ -151,6 +153,7 @@ impl HttpProvider {
                 Some("http") => Some(PlainEndpoint::new(&parsed)?),
                 _ => None,
             },
+            tokenizer: Default::default(),
         })
     }
 

@@ -8,33 +8,105 @@
 //!   them with the model's chat template and counts), else `POST /apply-template` and
 //!   `POST /tokenize` of the prompt it renders (llama-server).
 //!
+//! Each provider has a [`Tokenizer`]: at most [`TOKENIZER_PLACES`] counts at once (a
+//! count waits for a place at most [`COUNT_TIMEOUT`], then is refused as
+//! `node_capacity`), and which of its endpoints counts a chat, learned by the first count
+//! and used alone afterwards: one request per count (vLLM, Messages), two for
+//! llama-server's template and tokenization. A provider without a tokenizer (`/tokenize`
+//! answers 404) is not asked again for [`RETRY_MISSING_AFTER`]. A count's body is parsed
+//! off the node's event loop.
+//!
 //! The answer is `{"input_tokens": N, "counted_by": "provider" | "tokenizer"}`; a provider
 //! with none of these endpoints is an error, and the edge estimates instead.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use iop_proto::ErrorCode;
+use parking_lot::Mutex;
 use reqwest::Method;
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 
 use super::AdapterError;
 use super::http::HttpProvider;
 
-/// How long each counting request may take: counting is quick, and the client is waiting.
-const COUNT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long each counting request may take, and a count may wait for a place: counting
+/// is quick, and the client is waiting.
+pub const COUNT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Counts one provider serves at once, whatever the edges ask.
+pub const TOKENIZER_PLACES: usize = 4;
+/// How long a provider found without a tokenizer is not asked again.
+pub const RETRY_MISSING_AFTER: Duration = Duration::from_secs(300);
 
-/// Counts the tokens of `body`: a Messages request when `api` is `messages`, else a chat
-/// request.
+/// Which endpoints count a chat on a provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    /// Not learned yet.
+    Unknown,
+    /// `/tokenize` with `messages` answers a count (vLLM).
+    Tokenize,
+    /// `/apply-template`, then `/tokenize` of its prompt (llama-server).
+    Template,
+    /// `/tokenize` is missing; not asked again until then.
+    Missing { until: Instant },
+}
+
+/// One provider's counting: its places and what it was learned to speak.
+#[derive(Debug)]
+pub struct Tokenizer {
+    places: Semaphore,
+    dialect: Mutex<Dialect>,
+}
+
+impl Default for Tokenizer {
+    fn default() -> Self {
+        Self {
+            places: Semaphore::new(TOKENIZER_PLACES),
+            dialect: Mutex::new(Dialect::Unknown),
+        }
+    }
+}
+
+/// Counts the tokens of `body` (JSON text): a Messages request when `api` is `messages`,
+/// else a chat request.
 pub async fn count(
     provider: &HttpProvider,
     api: &str,
-    body: &Value,
+    body: String,
 ) -> Result<Value, AdapterError> {
+    let tokenizer = provider.tokenizer.clone();
+    let Ok(Ok(_place)) = tokio::time::timeout(COUNT_TIMEOUT, tokenizer.places.acquire()).await
+    else {
+        return Err(AdapterError::new(
+            ErrorCode::NodeCapacity,
+            format!(
+                "provider {}: {TOKENIZER_PLACES} token counts are under way; the edge estimates",
+                provider.id
+            ),
+        ));
+    };
+    let dialect = *tokenizer.dialect.lock();
+    if api != "messages"
+        && let Dialect::Missing { until } = dialect
+        && Instant::now() < until
+    {
+        return Err(AdapterError::not_supported(&format!(
+            "token counts on provider {} (it has no /tokenize)",
+            provider.id
+        )));
+    }
+    let body = tokio::task::spawn_blocking(move || serde_json::from_str::<Value>(&body))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or_else(|| {
+            AdapterError::new(ErrorCode::BadRequest, "tokens.count needs `body` (JSON)")
+        })?;
     if api == "messages" {
         let answer = post(
             provider,
             provider.request(Method::POST, "/messages/count_tokens"),
-            body,
+            &body,
         )
         .await?;
         let tokens = answer.get("input_tokens").and_then(Value::as_u64);
@@ -49,19 +121,35 @@ pub async fn count(
             chat[key] = v.clone();
         }
     }
-    let vllm = post(
-        provider,
-        provider.root_request(Method::POST, "/tokenize"),
-        &chat,
-    )
-    .await;
-    if let Some(n) = vllm
-        .as_ref()
-        .ok()
-        .and_then(|a| a.get("count"))
-        .and_then(Value::as_u64)
-    {
-        return Ok(json!({"input_tokens": n, "counted_by": "tokenizer"}));
+    if dialect != Dialect::Template {
+        let vllm = post(
+            provider,
+            provider.root_request(Method::POST, "/tokenize"),
+            &chat,
+        )
+        .await;
+        let learned = match &vllm {
+            Ok(answer) => match answer.get("count").and_then(Value::as_u64) {
+                Some(n) => {
+                    *tokenizer.dialect.lock() = Dialect::Tokenize;
+                    return Ok(json!({"input_tokens": n, "counted_by": "tokenizer"}));
+                }
+                // A `/tokenize` that takes no messages: llama-server's.
+                None => Dialect::Template,
+            },
+            Err(e) if e.code == ErrorCode::UnknownTarget => Dialect::Missing {
+                until: Instant::now() + RETRY_MISSING_AFTER,
+            },
+            // Down, slow or refusing this prompt: nothing learned.
+            Err(_) => return vllm,
+        };
+        *tokenizer.dialect.lock() = learned;
+        if learned != Dialect::Template {
+            return Err(AdapterError::not_supported(&format!(
+                "token counts on provider {} (it has no /tokenize)",
+                provider.id
+            )));
+        }
     }
     let template = provider.root_request(Method::POST, "/apply-template");
     let prompt = post(provider, template, &chat).await?;
