@@ -32,6 +32,8 @@
 //! OpenAI API with arguments that fit the tool's schema, on the Ollama API with the last
 //! user message as its `query`. One with Ollama's `format` gets a JSON document.
 //!
+//! `POST /tokenize` counts a prompt as vLLM's does ([`tokenize`]).
+//!
 //! `GET /mock/stats` counts requests, completed responses and responses the client
 //! abandoned before the end (the client closed its connection), the most in flight at
 //! once, and the tracing headers of the last request that had any (`x-*`, `traceparent`,
@@ -66,6 +68,7 @@ pub mod ollama_models;
 mod openai;
 pub mod prefix_cache;
 pub mod schema;
+mod tokenize;
 
 pub use health::Faults;
 
@@ -127,6 +130,10 @@ pub struct MockStats {
     pub in_flight: AtomicU64,
     /// The most requests in flight at once so far.
     pub peak_in_flight: AtomicU64,
+    /// `/tokenize` calls, in flight, and the most in flight at once.
+    pub tokenize_requests: AtomicU64,
+    pub tokenize_in_flight: AtomicU64,
+    pub peak_tokenize_in_flight: AtomicU64,
     /// The tracing headers of the last request that had any: `x-*`, `traceparent`,
     /// `tracestate`.
     pub last_headers: Mutex<BTreeMap<String, String>>,
@@ -139,6 +146,8 @@ pub struct StatsSnapshot {
     pub aborted: u64,
     pub in_flight: u64,
     pub peak_in_flight: u64,
+    pub tokenize_requests: u64,
+    pub peak_tokenize_in_flight: u64,
     pub last_headers: BTreeMap<String, String>,
 }
 
@@ -150,6 +159,8 @@ impl MockStats {
             aborted: self.aborted.load(Ordering::SeqCst),
             in_flight: self.in_flight.load(Ordering::SeqCst),
             peak_in_flight: self.peak_in_flight.load(Ordering::SeqCst),
+            tokenize_requests: self.tokenize_requests.load(Ordering::SeqCst),
+            peak_tokenize_in_flight: self.peak_tokenize_in_flight.load(Ordering::SeqCst),
             last_headers: self.last_headers.lock().expect("not poisoned").clone(),
         }
     }
@@ -467,6 +478,7 @@ pub fn router(config: MockConfig) -> (Router, Arc<MockStats>) {
         .route("/api/delete", axum::routing::delete(ollama_models::delete))
         .route("/api/copy", post(ollama_models::copy))
         .route("/api/create", post(ollama_models::create))
+        .route("/tokenize", post(tokenize::tokenize))
         .route("/mock/stats", get(stats_handler))
         .layer(axum::middleware::from_fn_with_state(
             mock.clone(),

@@ -1,5 +1,7 @@
 //! The control plane under data-plane load: one client key sending many large, costly
-//! bodies at once must not starve the node links (heartbeats) or the health probes.
+//! bodies at once — to the model endpoints and to the token counter — must not starve the
+//! node links (heartbeats) or the health probes; and a token count is admitted, bounded
+//! and recorded like any request.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -168,9 +170,19 @@ async fn eighty_costly_bodies_on_two_threads_drop_no_node() {
 
 /// Sends `n` copies of a Messages `body` at once from the client key; every answer.
 async fn send_all(edge: &EdgeProc, n: usize, body: bytes::Bytes) -> Vec<(u16, String)> {
+    send_all_to(edge, "/v1/messages", n, body).await
+}
+
+/// Sends `n` copies of a Messages `body` to `path` at once from the client key.
+async fn send_all_to(
+    edge: &EdgeProc,
+    path: &str,
+    n: usize,
+    body: bytes::Bytes,
+) -> Vec<(u16, String)> {
     let mut requests = tokio::task::JoinSet::new();
     for _ in 0..n {
-        let (url, body) = (edge.url("/v1/messages"), body.clone());
+        let (url, body) = (edge.url(path), body.clone());
         requests.spawn(async move {
             let response = client()
                 .post(url)
@@ -191,4 +203,148 @@ async fn send_all(edge: &EdgeProc, n: usize, body: bytes::Bytes) -> Vec<(u16, St
         answers.push(done.unwrap());
     }
     answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_large_token_counts_from_one_key_drop_no_node() {
+    let dir = tempdir();
+    let mock = start_mock(&[]).await;
+    let edge = start_edge(dir.path(), &config(&mock)).await;
+    let mut nodes = Vec::new();
+    for i in 1..=3 {
+        let token = format!("token-n{i}-0123456789");
+        nodes.push(start_node(
+            &format!("n{i}"),
+            dir.path(),
+            &edge.nodes,
+            &token,
+            "",
+        ));
+    }
+    for i in 1..=3 {
+        wait_ready(&edge, &format!("n{i}")).await;
+    }
+    let generations = |s: &Value| {
+        (1..=3)
+            .map(|i| node_status(s, &format!("n{i}"))["generation"].clone())
+            .collect::<Vec<_>>()
+    };
+    let before = generations(&status(&edge).await);
+    let stop = Arc::new(AtomicBool::new(false));
+    let health = tokio::spawn(slowest_health(edge.url("/healthz"), stop.clone()));
+    // 3.6 MiB of 40,000 blocks: each counted one is decoded, translated and sent on.
+    let costly = messages_body(40_000, 66);
+    assert!(costly.len() > 3 * MIB as usize && costly.len() < 4 * MIB as usize);
+    let mut counted = 0;
+    for (status, body) in send_all_to(&edge, "/v1/messages/count_tokens", 100, costly).await {
+        match status {
+            200 => {
+                let answer: Value = serde_json::from_str(&body).unwrap();
+                assert!(answer["input_tokens"].as_u64().unwrap() > 600_000, "{body}");
+                counted += 1;
+            }
+            // Over the key's share of large bodies, in Anthropic's shape.
+            429 => assert!(
+                body.contains("large_bodies_per_key") && body.contains("rate_limit_error"),
+                "{body}"
+            ),
+            _ => panic!("{status}: {body}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let slowest = health.await.unwrap();
+    eprintln!("100 large token counts: {counted} counted, slowest /healthz {slowest:?}");
+    assert!(counted >= 4, "only {counted} of 100 counted");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "/healthz took {slowest:?} while the counts were decoded"
+    );
+    let after = generations(&status(&edge).await);
+    assert_eq!(before, after, "a node reconnected:\n{}", edge.proc.log());
+    for node in &nodes {
+        assert!(!node.has_line("heartbeat timeout"), "{}", node.log());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_counts_are_admitted_by_the_keys_limits_and_recorded() {
+    let dir = tempdir();
+    let mock = start_mock(&[]).await;
+    let base = mock.openai_base();
+    let config = format!(
+        r#"
+auth:
+  keys:
+    - {{name: ops, role: admin, key: {TEST_API_KEY}}}
+    - {{name: c, role: client, key: {KEY}, limits: {{requests_per_minute: 10, max_concurrent: 2}}}}
+nodes:
+  - {{id: n1, token: token-n1-0123456789, providers: [{{id: a, kind: openai_compat, base_url: "{base}", capacity: {{normal: 18}}}}, {{id: b, kind: openai_compat, base_url: "{base}", capacity: {{normal: 18}}}}]}}
+model_groups:
+  - {{name: m, members: [{{node: n1, provider: a}}, {{node: n1, provider: b}}]}}
+"#
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    // A 1 MiB prompt, thirty times at once.
+    let body = messages_body(1, 1 << 20);
+    let answers = send_all_to(&edge, "/v1/messages/count_tokens", 30, body).await;
+    let ok = answers.iter().filter(|(s, _)| *s == 200).count();
+    for (status, body) in &answers {
+        match status {
+            200 => {}
+            // The key's limits, or its share of large bodies (1 MiB is one).
+            429 => assert!(
+                body.contains("max_concurrent")
+                    || body.contains("requests_per_minute")
+                    || body.contains("large_bodies_per_key"),
+                "{body}"
+            ),
+            _ => panic!("{status}: {body}"),
+        }
+    }
+    assert!(
+        (1..=10).contains(&ok),
+        "{ok} of 30 counted under 10 a minute"
+    );
+    let stats = mock.stats().await;
+    // Two at once at most (the key's max_concurrent), each asking one member once.
+    assert!(
+        stats["peak_tokenize_in_flight"].as_u64().unwrap() <= 2,
+        "{stats}"
+    );
+    assert!(
+        stats["tokenize_requests"].as_u64().unwrap() <= ok as u64,
+        "{ok} counts made {stats}"
+    );
+    // Every call is in the ledger, as a count that billed nothing.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let records = loop {
+        let body: Value = admin_get(&edge, "/admin/usage/records?limit=100")
+            .await
+            .json()
+            .await
+            .unwrap();
+        let records = body["records"].as_array().unwrap().clone();
+        if records.len() >= 30 || Instant::now() > deadline {
+            break records;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(records.len(), 30, "{records:?}");
+    for record in &records {
+        assert_eq!(record["api"], "count_tokens", "{record}");
+        assert_eq!(record["key"], "c", "{record}");
+        assert_eq!(record["input_tokens"], 0, "{record}");
+        assert!(record["est_input_tokens"].is_null(), "{record}");
+    }
+    let counted = records.iter().filter(|r| r["status"] == 200).count();
+    assert_eq!(counted, ok, "{records:?}");
+    assert!(
+        records
+            .iter()
+            .filter(|r| r["status"] == 200)
+            .all(|r| r["node"] == "n1"),
+        "{records:?}"
+    );
 }
