@@ -215,6 +215,24 @@ pub struct LimitsConfig {
     /// Timeouts, connection cap and response size of the HTTP listener.
     #[serde(default)]
     pub http: HttpLimitsConfig,
+    /// Models taken from one Ollama provider's own list (`models: auto` and patterns) at
+    /// most; names past it, and names that are not valid Ollama names, are left out.
+    #[serde(default = "default_models_per_provider")]
+    pub models_per_provider: usize,
+    /// Model groups made of Ollama providers' own models, all providers together, at most.
+    #[serde(default = "default_local_model_groups")]
+    pub local_model_groups: usize,
+}
+
+pub const DEFAULT_MODELS_PER_PROVIDER: usize = 256;
+pub const DEFAULT_LOCAL_MODEL_GROUPS: usize = 1024;
+
+fn default_models_per_provider() -> usize {
+    DEFAULT_MODELS_PER_PROVIDER
+}
+
+fn default_local_model_groups() -> usize {
+    DEFAULT_LOCAL_MODEL_GROUPS
 }
 
 fn default_max_body_bytes() -> usize {
@@ -227,6 +245,8 @@ impl Default for LimitsConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             nodes: NodeLimitsConfig::default(),
             http: HttpLimitsConfig::default(),
+            models_per_provider: DEFAULT_MODELS_PER_PROVIDER,
+            local_model_groups: DEFAULT_LOCAL_MODEL_GROUPS,
         }
     }
 }
@@ -349,11 +369,17 @@ impl EdgeConfig {
                 ),
             ));
         }
-        if self.limits.max_body_bytes == 0 {
-            return Err(FieldError::new(
-                "limits.max_body_bytes".into(),
-                "must be positive".into(),
-            ));
+        for (field, value) in [
+            ("limits.max_body_bytes", self.limits.max_body_bytes),
+            (
+                "limits.models_per_provider",
+                self.limits.models_per_provider,
+            ),
+            ("limits.local_model_groups", self.limits.local_model_groups),
+        ] {
+            if value == 0 {
+                return Err(FieldError::new(field.into(), "must be positive".into()));
+            }
         }
         self.limits
             .nodes

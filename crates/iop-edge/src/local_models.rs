@@ -4,7 +4,9 @@
 //! `:latest` tag, which the APIs accept either way) whose members are every such provider
 //! that holds it, in config order. A configured group of the same name wins. The config
 //! the edge serves is the file's with these groups added ([`with_local_groups`]); what
-//! each provider holds is learnt by the service (`service::models`).
+//! each provider holds is learnt by the service (`service::models`). A provider's list
+//! is bounded: only valid Ollama names, at most `limits.models_per_provider` of them
+//! ([`listed_names`]), and at most `limits.local_model_groups` groups in all.
 
 use std::collections::BTreeMap;
 
@@ -29,7 +31,9 @@ pub fn full_name(name: &str) -> String {
     }
 }
 
-/// `file` with a group for each model `held` that a provider's `models:` lets through.
+/// `file` with a group for each model `held` that a provider's `models:` lets through, at
+/// most `limits.local_model_groups` (a provider's list was already cut to valid names and
+/// `limits.models_per_provider` by [`listed_names`]).
 pub fn with_local_groups(file: &EdgeConfig, held: &Held) -> EdgeConfig {
     let mut config = file.clone();
     let mut made: BTreeMap<String, ModelGroupConfig> = BTreeMap::new();
@@ -45,6 +49,9 @@ pub fn with_local_groups(file: &EdgeConfig, held: &Held) -> EdgeConfig {
             for model in models.iter().filter(|m| exposed.exposes(m)) {
                 let name = group_name(model).to_string();
                 if file.resolve_group(&name).is_some() || file.resolve_group(model).is_some() {
+                    continue;
+                }
+                if !made.contains_key(&name) && made.len() >= file.limits.local_model_groups {
                     continue;
                 }
                 let group = made.entry(name.clone()).or_insert_with(|| {
@@ -72,6 +79,25 @@ pub fn with_local_groups(file: &EdgeConfig, held: &Held) -> EdgeConfig {
         .model_groups
         .extend(order.iter().filter_map(|name| made.remove(name)));
     config
+}
+
+/// What a provider's list makes of `names`: the valid Ollama names
+/// ([`iop_proto::model_name::check`]: no control characters, markup or path tricks,
+/// bounded length), the first `cap` of them; and how many were left out.
+pub fn listed_names<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    cap: usize,
+) -> (Vec<String>, usize) {
+    let mut kept = Vec::new();
+    let mut left_out = 0;
+    for name in names {
+        if kept.len() < cap && iop_proto::model_name::check(name).is_ok() {
+            kept.push(name.to_string());
+        } else {
+            left_out += 1;
+        }
+    }
+    (kept, left_out)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! and outcomes beyond the first [`MAX_OUTCOMES`] distinct ones as `outcome="other"`; so
 //! nothing a client sends adds series, and the number of series is bounded by the config.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -266,6 +266,8 @@ pub struct Metrics {
     /// The usage counters made so far, by source (cleared when the groups or keys change,
     /// as the labels they map to may).
     usage_series: Mutex<hashbrown::HashMap<UsageSourceKey, [Option<Counter>; 4]>>,
+    /// The usage series made so far, by their `model_group` label (dropped with the group).
+    usage_labels: Mutex<HashMap<String, HashSet<UsageLabels>>>,
     requests: Family<RequestLabels, Counter>,
     queue_wait: Family<GroupLabels, Histogram>,
     request_duration: Family<GroupLabels, Histogram>,
@@ -398,6 +400,7 @@ impl Metrics {
             unknown_group: OnceLock::new(),
             none_group: OnceLock::new(),
             usage_series: Mutex::new(hashbrown::HashMap::default()),
+            usage_labels: Mutex::default(),
             requests,
             queue_wait,
             request_duration,
@@ -438,11 +441,21 @@ impl Metrics {
             .inc();
     }
 
-    /// The configured model groups: the only `model_group` label values.
+    /// The configured model groups: the only `model_group` label values. The series of
+    /// a group no longer configured are dropped, so `/metrics` shrinks back when groups go
+    /// (a group configured again starts its counters anew).
     pub fn set_model_groups<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
         let names: HashSet<String> = names.into_iter().map(String::from).collect();
         let mut groups = self.groups.write();
+        let gone: Vec<Arc<GroupMetrics>> = groups
+            .iter()
+            .filter(|(name, _)| !names.contains(*name))
+            .map(|(_, series)| series.clone())
+            .collect();
         groups.retain(|name, _| names.contains(name));
+        for group in gone {
+            self.drop_group_series(&group);
+        }
         for name in &names {
             if !groups.contains_key(name) {
                 groups.insert(name.clone(), self.group_series(name));
@@ -450,6 +463,41 @@ impl Metrics {
         }
         self.bounds.lock().groups = names;
         self.usage_series.lock().clear();
+    }
+
+    /// Removes every series labelled with `group`'s name.
+    fn drop_group_series(&self, group: &GroupMetrics) {
+        let labels = GroupLabels {
+            model_group: group.label.clone(),
+        };
+        self.queue_wait.remove(&labels);
+        self.request_duration.remove(&labels);
+        self.first_token.remove(&labels);
+        for (path, outcome, _) in group.requests.lock().iter() {
+            self.requests.remove(&RequestLabels {
+                model_group: group.label.clone(),
+                path: path.to_string(),
+                outcome: self.bounds.lock().outcome(outcome),
+            });
+        }
+        for (decision, _) in group.routing.lock().iter() {
+            self.routing_decisions.remove(&RoutingLabels {
+                model_group: group.label.clone(),
+                affinity: decision.kind.as_str(),
+                outcome: decision.outcome.as_str(),
+            });
+        }
+        for lane in ["normal", "long"] {
+            self.group_waiting.remove(&GroupLaneLabels {
+                model_group: group.label.clone(),
+                lane: lane.to_string(),
+            });
+        }
+        if let Some(usage) = self.usage_labels.lock().remove(&group.label) {
+            for labels in usage {
+                self.usage_tokens.remove(&labels);
+            }
+        }
     }
 
     /// The series of the model group `name` (those of `(unknown)` for a name no configured
@@ -579,7 +627,13 @@ impl Metrics {
             api_key,
             kind,
         };
-        self.usage_tokens.get_or_create(&labels).clone()
+        let counter = self.usage_tokens.get_or_create(&labels).clone();
+        self.usage_labels
+            .lock()
+            .entry(labels.model_group.clone())
+            .or_default()
+            .insert(labels);
+        counter
     }
 
     /// The exposition in `format`, with gauges taken from `snapshot`.

@@ -13,6 +13,7 @@ pub mod connection;
 pub mod envelope;
 pub mod error_code;
 pub mod heartbeat;
+pub mod model_name;
 pub mod run_event;
 pub mod trust;
 pub mod yield_once;

@@ -63,6 +63,7 @@ impl Edge {
                     .is_some_and(|p| p.local_models().is_some())
             })
             .collect();
+        let config = &config;
         let asks = targets.iter().map(|t| async move {
             let tags =
                 tokio::time::timeout(TAGS_TIMEOUT, self.target_command(t, "ollama.tags", &[]));
@@ -70,7 +71,10 @@ impl Edge {
             let (tags, ps) = futures::future::join(tags, ps).await;
             if let Ok(Ok(ps)) = ps {
                 let key = (t.node.clone(), t.provider.clone());
-                self.loaded_models.lock().insert(key, model_names(&ps));
+                let cap = config.limits.models_per_provider;
+                self.loaded_models
+                    .lock()
+                    .insert(key, model_names(&ps, cap).0);
             }
             (t, tags)
         });
@@ -81,7 +85,12 @@ impl Edge {
             let key = (target.node.clone(), target.provider.clone());
             match answer {
                 Ok(Ok(tags)) => {
-                    held.insert(key, model_names(&tags));
+                    let cap = config.limits.models_per_provider;
+                    let (names, left_out) = model_names(&tags, cap);
+                    if left_out > 0 {
+                        tracing::warn!(node_id = %target.node, provider = %target.provider, kept = names.len(), left_out, "the provider lists models that are not valid names or more than limits.models_per_provider; those are left out");
+                    }
+                    held.insert(key, names);
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(node_id = %target.node, provider = %target.provider, %e, "cannot list the provider's models; keeping what it held")
@@ -307,17 +316,17 @@ impl Edge {
 }
 
 /// The model names of an Ollama `/api/tags` or `/api/ps` answer.
-fn model_names(answer: &Value) -> Vec<String> {
-    answer["models"]
-        .as_array()
-        .map(|models| {
-            models
-                .iter()
-                .filter_map(|m| m["name"].as_str().or_else(|| m["model"].as_str()))
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default()
+fn model_names(answer: &Value, cap: usize) -> (Vec<String>, usize) {
+    let models = answer["models"].as_array().map_or(&[][..], Vec::as_slice);
+    crate::local_models::listed_names(
+        models.iter().map(|m| {
+            m["name"]
+                .as_str()
+                .or_else(|| m["model"].as_str())
+                .unwrap_or("")
+        }),
+        cap,
+    )
 }
 
 /// Keeps the groups of the Ollama providers' own models current until shutdown: on

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod catalog;
 mod cli;
 mod ejection;
 mod http;

@@ -26,8 +26,6 @@ pub const MAX_LINE_BYTES: usize = 64 * 1024;
 /// The longest silence between two lines of a management stream: Ollama is quiet while it
 /// verifies a large download's digest, so this is generous.
 pub const LINE_IDLE: Duration = Duration::from_secs(10 * 60);
-/// The longest model name accepted.
-pub const MAX_MODEL_NAME: usize = 256;
 
 /// Where a pull (or create) is: one progress line of Ollama's.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -41,61 +39,9 @@ pub struct Progress {
     pub completed: Option<u64>,
 }
 
-/// A model name as Ollama takes it: `[host[:port]/][namespace/]model[:tag]` — letters,
-/// digits and `._-` in each part, no empty part, no `..`, at most [`MAX_MODEL_NAME`]
-/// bytes.
+/// A model name as Ollama takes it (see [`iop_proto::model_name::check`]).
 pub fn check_model_name(name: &str) -> Result<(), AdapterError> {
-    let bad = |why: &str| {
-        Err(AdapterError::new(
-            ErrorCode::BadRequest,
-            format!("invalid model name {name:?}: {why}"),
-        ))
-    };
-    if name.is_empty() {
-        return bad("it is empty");
-    }
-    if name.len() > MAX_MODEL_NAME {
-        return bad(&format!("longer than {MAX_MODEL_NAME} bytes"));
-    }
-    if name.contains("..") {
-        return bad("`..` is not allowed");
-    }
-    let (path, tag) = match name.rsplit_once(':') {
-        // A colon after the last slash is the tag's; one before it is a registry port.
-        Some((path, tag)) if !tag.contains('/') => (path, Some(tag)),
-        _ => (name, None),
-    };
-    let part_ok = |part: &str| {
-        !part.is_empty()
-            && part
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-            && !part.starts_with(['.', '-'])
-    };
-    let mut parts = path.split('/').peekable();
-    let mut first = true;
-    while let Some(part) = parts.next() {
-        // The first of several parts may be a registry host with a port.
-        let part = match part.split_once(':') {
-            Some((host, port)) if first && parts.peek().is_some() => {
-                if port.is_empty() || !port.chars().all(|c| c.is_ascii_digit()) {
-                    return bad("a registry port must be digits");
-                }
-                host
-            }
-            _ => part,
-        };
-        if !part_ok(part) {
-            return bad("each part takes letters, digits, `.`, `-` and `_`");
-        }
-        first = false;
-    }
-    if let Some(tag) = tag
-        && !part_ok(tag)
-    {
-        return bad("the tag takes letters, digits, `.`, `-` and `_`");
-    }
-    Ok(())
+    iop_proto::model_name::check(name).map_err(|why| AdapterError::new(ErrorCode::BadRequest, why))
 }
 
 impl OllamaAdapter {
