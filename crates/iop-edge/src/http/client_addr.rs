@@ -54,7 +54,7 @@ impl TrustedProxies {
             .map(str::trim)
             .collect::<Vec<_>>();
         for hop in hops.iter().rev() {
-            match hop.parse::<IpAddr>() {
+            match hop_address(hop) {
                 Ok(addr) if self.contains(addr) => continue,
                 Ok(addr) => return canonical(addr),
                 // A hop the edge cannot read: the chain before it cannot be trusted.
@@ -63,6 +63,21 @@ impl TrustedProxies {
         }
         peer
     }
+}
+
+/// The address of one `X-Forwarded-For` hop as proxies write it: `192.0.2.1`,
+/// `192.0.2.1:4711`, `2001:db8::1`, `[2001:db8::1]` or `[2001:db8::1]:4711`.
+fn hop_address(hop: &str) -> Result<IpAddr, std::net::AddrParseError> {
+    if let Ok(addr) = hop.parse::<IpAddr>() {
+        return Ok(addr);
+    }
+    if let Ok(socket) = hop.parse::<std::net::SocketAddr>() {
+        return Ok(socket.ip());
+    }
+    hop.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(hop)
+        .parse::<IpAddr>()
 }
 
 /// An IPv4-mapped IPv6 address as the IPv4 address it is.
@@ -156,6 +171,23 @@ mod tests {
             h.append("x-forwarded-for", v.parse().unwrap());
         }
         h
+    }
+
+    #[test]
+    fn forwarded_hops_with_ports_or_brackets_name_their_client() {
+        let trusted = proxies(&["10.0.0.0/8"]);
+        let proxy = ip("10.0.0.1");
+        for (hop, client) in [
+            ("203.0.113.9:4711", "203.0.113.9"),
+            ("[2001:db8::7]", "2001:db8::7"),
+            ("[2001:db8::7]:4711", "2001:db8::7"),
+            ("2001:db8::7", "2001:db8::7"),
+        ] {
+            let h = forwarded(&[&format!("{hop}, 10.1.2.3:80")]);
+            assert_eq!(trusted.client_of(proxy, &h), ip(client), "{hop}");
+        }
+        // What is no address at all still stops the chain at the proxy.
+        assert_eq!(trusted.client_of(proxy, &forwarded(&["unknown"])), proxy);
     }
 
     #[test]
