@@ -128,27 +128,26 @@ pub async fn count(
             &chat,
         )
         .await;
-        let learned = match &vllm {
+        match &vllm {
             Ok(answer) => match answer.get("count").and_then(Value::as_u64) {
                 Some(n) => {
                     *tokenizer.dialect.lock() = Dialect::Tokenize;
                     return Ok(json!({"input_tokens": n, "counted_by": "tokenizer"}));
                 }
                 // A `/tokenize` that takes no messages: llama-server's.
-                None => Dialect::Template,
+                None => *tokenizer.dialect.lock() = Dialect::Template,
             },
-            Err(e) if e.code == ErrorCode::UnknownTarget => Dialect::Missing {
-                until: Instant::now() + RETRY_MISSING_AFTER,
-            },
-            // Down, slow or refusing this prompt: nothing learned.
-            Err(_) => return vllm,
-        };
-        *tokenizer.dialect.lock() = learned;
-        if learned != Dialect::Template {
-            return Err(AdapterError::not_supported(&format!(
-                "token counts on provider {} (it has no /tokenize)",
-                provider.id
-            )));
+            Err(e) if e.code == ErrorCode::UnknownTarget => {
+                *tokenizer.dialect.lock() = Dialect::Missing {
+                    until: Instant::now() + RETRY_MISSING_AFTER,
+                };
+                return Err(AdapterError::not_supported(&format!(
+                    "token counts on provider {} (it has no /tokenize)",
+                    provider.id
+                )));
+            }
+            // Refused or failed: nothing learned, the template may still count.
+            Err(_) => {}
         }
     }
     let template = provider.root_request(Method::POST, "/apply-template");

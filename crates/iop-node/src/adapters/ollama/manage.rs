@@ -270,7 +270,7 @@ mod tests {
             "a//b",
             "model;rm",
             "host:port/model",
-            &"x".repeat(MAX_MODEL_NAME + 1),
+            &"x".repeat(iop_proto::model_name::MAX_MODEL_NAME + 1),
         ] {
             let err = check_model_name(bad).unwrap_err();
             assert_eq!(err.code, ErrorCode::BadRequest, "{bad}");
