@@ -66,9 +66,28 @@ pub struct HttpLimitsConfig {
     /// Large bodies one key may have decoding or waiting at once; more are answered 429.
     #[serde(default = "default_large_bodies_per_key")]
     pub large_bodies_per_key: usize,
-    /// Large bodies waiting for a worker, all keys together; more are answered 503.
+    /// Large bodies waiting for a worker, shared fairly between keys (a key holds at most
+    /// the list over the keys waiting; a key with none waiting always gets a place); more
+    /// are answered 503.
     #[serde(default = "default_large_bodies_waiting")]
     pub large_bodies_waiting: usize,
+    /// The network prefix (bits) IPv4 clients are grouped by when a full connection table
+    /// shares itself out (`http::connection_table`).
+    #[serde(default = "default_share_prefix_v4")]
+    pub share_prefix_v4: u8,
+    /// The same for IPv6 clients.
+    #[serde(default = "default_share_prefix_v6")]
+    pub share_prefix_v6: u8,
+}
+
+pub const DEFAULT_SHARE_PREFIX_V4: u8 = 24;
+pub const DEFAULT_SHARE_PREFIX_V6: u8 = 48;
+
+fn default_share_prefix_v4() -> u8 {
+    DEFAULT_SHARE_PREFIX_V4
+}
+fn default_share_prefix_v6() -> u8 {
+    DEFAULT_SHARE_PREFIX_V6
 }
 
 fn default_header_timeout() -> u64 {
@@ -117,6 +136,8 @@ impl Default for HttpLimitsConfig {
             large_body_workers: DEFAULT_LARGE_BODY_WORKERS,
             large_bodies_per_key: DEFAULT_LARGE_BODIES_PER_KEY,
             large_bodies_waiting: DEFAULT_LARGE_BODIES_WAITING,
+            share_prefix_v4: DEFAULT_SHARE_PREFIX_V4,
+            share_prefix_v6: DEFAULT_SHARE_PREFIX_V6,
         }
     }
 }
@@ -183,6 +204,17 @@ impl HttpLimitsConfig {
                 "max_response_bytes".into(),
                 "must be at least 1024".into(),
             ));
+        }
+        for (field, value, max) in [
+            ("share_prefix_v4", self.share_prefix_v4, 32),
+            ("share_prefix_v6", self.share_prefix_v6, 128),
+        ] {
+            if value > max {
+                return Err(FieldError::new(
+                    field.into(),
+                    format!("must be a prefix length from 0 to {max}"),
+                ));
+            }
         }
         Ok(())
     }

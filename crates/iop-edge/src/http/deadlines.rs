@@ -55,6 +55,8 @@ struct State {
 #[derive(Debug)]
 pub struct Activity {
     phase: AtomicU8,
+    /// Whether a request head was ever complete on the connection.
+    served: std::sync::atomic::AtomicBool,
     state: Mutex<State>,
     changed: Notify,
     header_timeout: Duration,
@@ -66,6 +68,7 @@ impl Activity {
     pub fn new(header_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             phase: AtomicU8::new(HEAD),
+            served: std::sync::atomic::AtomicBool::new(false),
             state: Mutex::new(State {
                 busy: 0,
                 since: Instant::now(),
@@ -93,6 +96,7 @@ impl Activity {
     pub fn request_started(self: &Arc<Self>) -> BusyGuard {
         let mut state = self.state.lock();
         state.busy += 1;
+        self.served.store(true, Ordering::Relaxed);
         self.phase.store(BUSY, Ordering::Relaxed);
         BusyGuard {
             activity: self.clone(),
@@ -107,6 +111,16 @@ impl Activity {
             self.phase.store(IDLE, Ordering::Relaxed);
             self.changed.notify_one();
         }
+    }
+
+    /// Whether a request is being handled or answered.
+    pub fn is_busy(&self) -> bool {
+        self.phase.load(Ordering::Relaxed) == BUSY
+    }
+
+    /// Whether a request head was ever complete on the connection.
+    pub fn has_served(&self) -> bool {
+        self.served.load(Ordering::Relaxed)
     }
 
     fn deadline(&self) -> Option<(Instant, Expired)> {

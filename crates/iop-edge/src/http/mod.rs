@@ -22,6 +22,7 @@ pub mod answer;
 pub mod auth;
 pub mod body;
 pub mod client_addr;
+pub mod connection_table;
 pub mod cors;
 pub mod count_tokens;
 pub mod deadlines;

@@ -1,5 +1,7 @@
 //! The HTTP listener: an accept loop over hyper's HTTP/1.1 server, so that every
-//! connection is bounded — at most `limits.http.max_connections` open, at most
+//! connection is bounded — at most `limits.http.max_connections` open (a full table
+//! closes a connection that sent no request head, or one of the prefix holding the most,
+//! to make room, else refuses: [`super::connection_table`]), at most
 //! `max_connections_per_address` from one address ([`super::client_addr`]; more are
 //! answered 503 and closed at once), and each one under the deadlines of
 //! [`super::deadlines`]. Every request carries its [`ClientAddr`].
@@ -21,12 +23,12 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::App;
 use super::client_addr::{AddressSlot, ClientAddr, ConnectionsPerAddress, TrustedProxies};
+use super::connection_table::{ConnectionTable, Entered, TableSlot};
 use super::deadlines::{Activity, DeadlineIo, Expired, Holding, TimedBody};
 use super::tls::HttpTls;
 use crate::config::HttpLimitsConfig;
@@ -111,8 +113,15 @@ pub async fn serve_http(
     let trusted = TrustedProxies::parse(&limits.trusted_proxies)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let mut gate = ConnectionGate {
-        slots: Arc::new(Semaphore::new(cap)),
+        table: ConnectionTable::new(
+            cap,
+            limits.share_prefix_v4,
+            limits.share_prefix_v6,
+            trusted.clone(),
+        ),
         cap,
+        header_timeout: limits.header_timeout(),
+        idle_timeout: limits.idle_timeout(),
         per_address: ConnectionsPerAddress::new(
             limits.max_connections_per_address,
             trusted.clone(),
@@ -122,6 +131,7 @@ pub async fn serve_http(
         tls: tls.is_some(),
         refused: RateLimitedLog::default(),
         refused_per_address: RateLimitedLog::default(),
+        evicted: RateLimitedLog::default(),
     };
     let app = App::new(edge.clone());
     let shutdown = edge.shutdown_token().clone();
@@ -160,6 +170,8 @@ pub async fn serve_http(
                     let handshake = tls.accept(tcp, limits.header_timeout());
                     let stream = tokio::select! {
                         _ = shutdown.cancelled() => return,
+                        // A full table gave its place to a newcomer.
+                        _ = source.evict.cancelled() => return,
                         stream = handshake => stream,
                     };
                     match stream {
@@ -188,7 +200,8 @@ pub async fn serve_connection<S>(
 {
     let peer = source.peer;
     let trusted = source.trusted.clone();
-    let activity = Activity::new(limits.header_timeout(), limits.idle_timeout());
+    let activity = source.activity.clone();
+    let evicted = source.evict.clone();
     let io = DeadlineIo::new(io, activity.clone(), limits.write_timeout(), peer);
     let body_timeout = limits.body_timeout();
     let requests = activity.clone();
@@ -226,6 +239,10 @@ pub async fn serve_connection<S>(
                 draining = true;
                 connection.as_mut().graceful_shutdown();
             }
+            _ = evicted.cancelled() => {
+                tracing::debug!(%peer, "HTTP connection closed to make room in a full connection table");
+                return;
+            }
             why = activity.expired() => {
                 match why {
                     Expired::Header => tracing::debug!(
@@ -241,10 +258,13 @@ pub async fn serve_connection<S>(
     }
 }
 
-/// The caps a new connection passes: the whole table, then its address's share.
+/// The caps a new connection passes: the whole table (which makes room when it can), then
+/// its address's share.
 struct ConnectionGate {
-    slots: Arc<Semaphore>,
+    table: Arc<ConnectionTable>,
     cap: usize,
+    header_timeout: Duration,
+    idle_timeout: Duration,
     per_address: Arc<ConnectionsPerAddress>,
     max_per_address: usize,
     trusted: TrustedProxies,
@@ -252,25 +272,14 @@ struct ConnectionGate {
     tls: bool,
     refused: RateLimitedLog,
     refused_per_address: RateLimitedLog,
+    evicted: RateLimitedLog,
 }
 
 impl ConnectionGate {
     /// The new connection's places under the caps, or `None` when it was refused (a 503
-    /// written to it, the refusal counted and now and then logged).
+    /// written to it, the refusal counted and now and then logged). Its address's cap
+    /// first, so that nobody's place is taken for a newcomer refused after all.
     fn admit(&mut self, tcp: &TcpStream, peer: SocketAddr) -> Option<Source> {
-        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            if !self.tls {
-                refuse(tcp);
-            }
-            if let Some(n) = accepted_log(&mut self.refused) {
-                tracing::warn!(
-                    refused = n,
-                    open = self.cap,
-                    "HTTP connection cap reached (limits.http.max_connections): refusing new connections"
-                );
-            }
-            return None;
-        };
         let Some(address_slot) = self.per_address.open(peer.ip()) else {
             if !self.tls {
                 refuse_address(tcp);
@@ -285,10 +294,42 @@ impl ConnectionGate {
             }
             return None;
         };
+        let activity = Activity::new(self.header_timeout, self.idle_timeout);
+        let evict = CancellationToken::new();
+        let admitted = self.table.admit(
+            peer.ip(),
+            activity.clone(),
+            evict.clone(),
+            std::time::Instant::now(),
+        );
+        let Some((slot, entered)) = admitted else {
+            if !self.tls {
+                refuse(tcp);
+            }
+            if let Some(n) = accepted_log(&mut self.refused) {
+                tracing::warn!(
+                    refused = n,
+                    open = self.cap,
+                    "HTTP connection cap reached (limits.http.max_connections): refusing new connections"
+                );
+            }
+            return None;
+        };
+        if entered != Entered::Room
+            && let Some(n) = accepted_log(&mut self.evicted)
+        {
+            tracing::warn!(
+                evicted = n,
+                open = self.cap,
+                "HTTP connection table full (limits.http.max_connections): closing connections that sent no request head, or of the prefixes holding the most, to make room"
+            );
+        }
         Some(Source {
             peer,
             trusted: self.trusted.clone(),
-            _slots: (permit, address_slot),
+            activity,
+            evict,
+            _slots: (slot, address_slot),
         })
     }
 }
@@ -298,7 +339,11 @@ impl ConnectionGate {
 pub struct Source {
     pub peer: SocketAddr,
     pub trusted: TrustedProxies,
-    _slots: (OwnedSemaphorePermit, AddressSlot),
+    /// The connection's phase, which the table reads to choose whom to close.
+    activity: Arc<Activity>,
+    /// Cancelled when a full table gives the connection's place to a newcomer.
+    evict: CancellationToken,
+    _slots: (TableSlot, AddressSlot),
 }
 
 /// Answers a connection over its address's cap without waiting on it: one non-blocking

@@ -304,13 +304,22 @@ async fn one_address_holding_thousands_of_connections_locks_no_one_else_out() {
 #[tokio::test]
 async fn a_full_connection_table_refuses_at_once_and_does_not_starve_nodes() {
     let dir = tempdir();
-    let limits = "{http: {max_connections: 20, header_timeout_sec: 60}}";
+    let limits = "{http: {max_connections: 20, header_timeout_sec: 60, body_timeout_sec: 60}}";
     let edge = start_edge(dir.path(), &mock_config(limits, "")).await;
     let addr: SocketAddr = edge.http.parse().unwrap();
+    // Twenty requests whose bodies never come: connections in the middle of a request,
+    // which a full table never closes to make room.
     let mut held = Vec::new();
     for _ in 0..20 {
-        held.push(TcpStream::connect(addr).await.unwrap());
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+            .await
+            .unwrap();
+        held.push(stream);
     }
+    // Each head is read as soon as it is accepted; give the edge a moment to parse them.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     // Connections are accepted in order: the 21st finds the table full.
     let mut extra = TcpStream::connect(addr).await.unwrap();
     let mut answer = String::new();
@@ -345,6 +354,113 @@ async fn a_full_connection_table_refuses_at_once_and_does_not_starve_nodes() {
         assert!(Instant::now() < deadline, "slots never returned");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// From `source`, keeps one connection open with half a request head, dripping a header
+/// line every 200 ms, opened again as soon as the edge closes it, until `stop`; counts
+/// the connections the edge closed.
+async fn hold_half_heads(
+    source: String,
+    addr: String,
+    stop: Arc<AtomicBool>,
+    closed: Arc<std::sync::atomic::AtomicU64>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut stream) = crate::common::node_wire::connect_from(&source, &addr).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        if stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n")
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        let mut buf = [0u8; 256];
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            tokio::select! {
+                read = stream.read(&mut buf) => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                    if stream.write_all(b"X-Slow: 1\r\n").await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        closed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_prefixes_holding_half_heads_leave_room_for_a_real_client() {
+    iop_edge::fdlimit::raise_open_files_limit().unwrap();
+    let dir = tempdir();
+    // A table of 3,000; 18 networks (/24s) × 300 sockets that sent half a request head
+    // and come back as soon as they are closed.
+    let limits = "{http: {max_connections: 3000}}";
+    let (edge, _node) = edge_with_node(dir.path(), &mock_config(limits, "")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let closed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut attackers = tokio::task::JoinSet::new();
+    for prefix in 1..=18 {
+        for _ in 0..300 {
+            attackers.spawn(hold_half_heads(
+                format!("127.0.{prefix}.1"),
+                edge.http.clone(),
+                stop.clone(),
+                closed.clone(),
+            ));
+        }
+    }
+    // The table is full once newcomers start taking the places of half heads.
+    edge.proc
+        .wait_line("HTTP connection table full", Duration::from_secs(120))
+        .await;
+    // A real client, a new connection for each request, is served.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let mut served = 0;
+    let tries = 40;
+    for i in 0..tries {
+        let request = if i % 2 == 0 {
+            fresh.get(edge.url("/healthz"))
+        } else {
+            fresh
+                .post(edge.url("/v1/chat/completions"))
+                .json(&chat_body("mock"))
+        };
+        if let Ok(response) = request.send().await
+            && response.status() == 200
+        {
+            served += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let drained = tokio::time::timeout(Duration::from_secs(60), async {
+        while attackers.join_next().await.is_some() {}
+    })
+    .await;
+    assert!(drained.is_ok(), "attackers still connected after the stop");
+    eprintln!(
+        "half heads from 18 networks: {served} of {tries} real requests served, {} attacking connections closed",
+        closed.load(Ordering::Relaxed)
+    );
+    assert!(
+        served * 100 >= tries * 95,
+        "{served} of {tries} served\n{}",
+        edge.proc.log()
+    );
 }
 
 /// The `/metrics` lines that are series (not comments).
