@@ -42,7 +42,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use iop_proto::trust::Pin;
-use tokio::net::TcpListener;
 
 pub use config::EdgeConfig;
 use config::NodeTlsMode;
@@ -206,7 +205,9 @@ impl EdgeServer {
             Some(tls) => Some(Arc::new(HttpTls::load(tls).map_err(StartError::Tls)?)),
             None => None,
         };
-        let nodes = TcpListener::bind(config.listen.nodes).await.map_err(|e| {
+        // A deep accept queue: a full pool of unauthenticated connections leaves newcomers
+        // waiting there, in arrival order (`transport::gate`).
+        let nodes = http::server::bind(config.listen.nodes).map_err(|e| {
             std::io::Error::new(
                 e.kind(),
                 format!("cannot listen for nodes on {}: {e}", config.listen.nodes),

@@ -38,7 +38,7 @@ use crate::service::{Edge, Rejection};
 use crate::session::{CommandReply, Delivery, NodeSession};
 use crate::trust::Link;
 use crate::trust::node_tls::{HandshakeError, NodeListenerTls};
-use gate::{NodeGate, Notice, UnauthenticatedSlot};
+use gate::{NodeGate, Notice, Room, UnauthenticatedSlot};
 
 const WINDOW_OVERRUN: &str = "stream window overrun";
 const BUDGET_OVERRUN: &str = "stream byte budget overrun (limits.nodes.stream_buffer_bytes)";
@@ -58,7 +58,29 @@ pub async fn serve_nodes(
     let period = edge.config().limits.nodes.summary_interval();
     let mut summary = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     summary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut take_one = false;
     loop {
+        // A full pool takes no connection from the accept queue until it can make room:
+        // the ones waiting there are taken in the order they came, a node among them.
+        // Once a full pool with nobody silent was asked again, the next connection is
+        // taken all the same: the heaviest-address rule may make room for it.
+        let room_at = match take_one {
+            true => None,
+            false => gate.room_at(&edge.config().limits.nodes, Instant::now()),
+        };
+        take_one = false;
+        let wait_for_room = async {
+            match room_at {
+                None => false,
+                Some(Room::When(at)) | Some(Room::Recheck(at)) => {
+                    let at = tokio::time::Instant::from_std(at);
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => matches!(room_at, Some(Room::Recheck(_))),
+                        _ = gate.freed() => false,
+                    }
+                }
+            }
+        };
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = summary.tick() => {
@@ -66,10 +88,11 @@ pub async fn serve_nodes(
                     tracing::warn!("{line}");
                 }
             }
-            accepted = listener.accept() => match accepted {
+            recheck = wait_for_room, if room_at.is_some() => take_one = recheck,
+            accepted = listener.accept(), if room_at.is_none() => match accepted {
                 Ok((stream, peer)) => {
                     let limits = &edge.config().limits.nodes;
-                    match gate.admit(peer.ip(), limits) {
+                    match gate.admit(peer.ip(), limits, Instant::now()) {
                         Ok(slot) => {
                             connections.spawn(accept_connection(
                                 edge.clone(),
@@ -111,14 +134,37 @@ async fn accept_connection(
     peer: SocketAddr,
     tls: Option<Arc<NodeListenerTls>>,
 ) {
+    let shutdown = edge.shutdown_token().clone();
+    let limits = edge.config().limits.nodes.clone();
+    // A node speaks at once (its ClientHello, or its registration); until a connection
+    // does, its place is the first a full pool gives to a newcomer.
+    let (patience, silent) = match tls {
+        Some(_) => (limits.tls_handshake_timeout(), Notice::TlsHandshakeTimeout),
+        None => (limits.register_timeout(), Notice::RegisterTimeout),
+    };
+    let mut first = [0u8; 1];
+    let spoke = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = slot.evicted() => {
+            edge.telemetry.metrics.count_node_refusal(Notice::Evicted.label());
+            return;
+        }
+        // A peek waits for a byte that is there (readiness alone may be spurious).
+        spoke = timeout(patience, stream.peek(&mut first)) => spoke,
+    };
+    if !matches!(spoke, Ok(Ok(n)) if n > 0) {
+        edge.telemetry.metrics.count_node_refusal(silent.label());
+        gate.note(silent);
+        return;
+    }
+    slot.spoke();
     let Some(tls) = tls else {
         return handle_connection(edge, gate, slot, stream, peer, Link::Plaintext).await;
     };
     if let Err(err) = stream.set_nodelay(true) {
         tracing::warn!(%err, "could not set TCP_NODELAY");
     }
-    let shutdown = edge.shutdown_token().clone();
-    let within = edge.config().limits.nodes.tls_handshake_timeout();
+    let within = limits.tls_handshake_timeout();
     let accepted = tokio::select! {
         _ = shutdown.cancelled() => return,
         _ = slot.evicted() => {

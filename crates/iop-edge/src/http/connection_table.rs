@@ -226,6 +226,7 @@ impl ConnectionTable {
     }
 
     /// Open connections.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.inner.lock().entries.len()
     }

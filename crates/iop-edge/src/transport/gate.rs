@@ -1,7 +1,8 @@
 //! The node listener's gate before authentication: caps on connections that have not
 //! authenticated yet (in total and per source address, TLS handshakes included; a full
-//! pool makes room for a newcomer from a lighter address by closing the oldest connection
-//! of the heaviest one), the
+//! pool makes room for a newcomer by closing the oldest connection that has sent nothing,
+//! else, for a newcomer from a lighter address, the oldest connection of the heaviest
+//! one), the
 //! bad-credential throttle, and the periodic summary that replaces a log line per refused
 //! connection, failed handshake or guessed credential.
 //!
@@ -29,6 +30,14 @@ pub const CREDENTIAL_THROTTLE: ThrottlePolicy = ThrottlePolicy {
     forgive_after: Duration::from_secs(600),
     max_tracked: 4096,
 };
+
+/// How long a connection may stay silent before a full pool gives its place to the next
+/// one waiting: a node speaks within a round trip of connecting.
+pub const SILENT_GRACE: Duration = Duration::from_millis(250);
+
+/// How often a full pool with nobody silent is asked again for room (a newcomer from a
+/// lighter address may displace the heaviest one's oldest).
+pub const FULL_RECHECK: Duration = Duration::from_millis(100);
 
 /// Something the gate refused or closed, counted per summary window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +122,7 @@ impl Notice {
             Notice::UndecodableFirstFrame => format!("{n} undecodable first frame{s}"),
             Notice::NotRegister => format!("{n} first frame{s} other than register"),
             Notice::Evicted => format!(
-                "{n} unauthenticated connection{s} closed to make room (oldest of the address holding the most)"
+                "{n} unauthenticated connection{s} closed to make room (silent ones first, else the oldest of the address holding the most)"
             ),
         }
     }
@@ -170,12 +179,15 @@ impl Notices {
 }
 
 /// Connections admitted and not registered yet, in total and per address group, each
-/// under an id in the order they were opened.
+/// under an id in the order they were opened, and which of them have sent nothing yet.
 ///
-/// Full, the pool makes room for a newcomer by closing the oldest connection of the
-/// address group that holds the most, as long as that group would still hold at least as
-/// many as the newcomer's: anonymous connections from many addresses then only displace
-/// each other, and a node from any other address always gets in. The per-address cap
+/// Full, the pool makes room for a newcomer by closing the oldest connection that has not
+/// sent a byte for [`SILENT_GRACE`] (a node sends its TLS ClientHello, or its
+/// registration, as soon as it is connected: a silent connection holds a place and
+/// nothing else), whatever its address; failing that, the oldest connection of the address group that holds the most, as long
+/// as that group would still hold at least as many as the newcomer's: anonymous
+/// connections from many addresses then only displace each other, and a node gets in
+/// however many addresses hold one silent connection each. The per-address cap
 /// binds only when the pool is full (a newcomer from an address holding that many is
 /// refused rather than displacing anyone), so many nodes behind one address (a NAT) all
 /// get in after an edge restart while the pool has room.
@@ -184,6 +196,20 @@ pub struct UnauthenticatedCounts {
     total: usize,
     next_id: u64,
     per_address: HashMap<IpAddr, BTreeSet<u64>>,
+    /// The address group of each connection, and when it was opened.
+    group_of: HashMap<u64, (IpAddr, Instant)>,
+    /// Connections that have sent nothing yet, oldest first.
+    silent: BTreeSet<u64>,
+}
+
+/// When a full pool can take a newcomer ([`UnauthenticatedCounts::room_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// When a silent connection will be past its grace (or sooner, when a place frees).
+    When(Instant),
+    /// Nobody is silent: take the next newcomer at this instant (or when a place frees)
+    /// and let the heaviest-address rule decide.
+    Recheck(Instant),
 }
 
 /// What [`UnauthenticatedCounts::try_open`] decided.
@@ -211,6 +237,7 @@ impl UnauthenticatedCounts {
         addr: IpAddr,
         max_total: usize,
         max_per_address: usize,
+        now: Instant,
     ) -> Result<Opened, Notice> {
         let key = address_group(addr);
         let here = self.per_address.get(&key).map_or(0, BTreeSet::len);
@@ -219,6 +246,12 @@ impl UnauthenticatedCounts {
             if here >= max_per_address {
                 return Err(Notice::OverAddressCap);
             }
+            if let Some(oldest) = self.aged_silent(now) {
+                self.remove(oldest);
+                evicted = Some(oldest);
+            }
+        }
+        if self.total >= max_total {
             let heaviest = self
                 .per_address
                 .iter()
@@ -226,12 +259,8 @@ impl UnauthenticatedCounts {
                 .map(|(group, ids)| (*group, ids.len()));
             match heaviest {
                 Some((group, held)) if held >= here + 2 => {
-                    let ids = self.per_address.get_mut(&group).expect("listed");
-                    let oldest = ids.pop_first().expect("not empty");
-                    if ids.is_empty() {
-                        self.per_address.remove(&group);
-                    }
-                    self.total -= 1;
+                    let oldest = *self.per_address[&group].first().expect("not empty");
+                    self.remove(oldest);
                     evicted = Some(oldest);
                 }
                 _ => return Err(Notice::OverTotalCap),
@@ -240,6 +269,8 @@ impl UnauthenticatedCounts {
         let id = self.next_id;
         self.next_id += 1;
         self.per_address.entry(key).or_default().insert(id);
+        self.group_of.insert(id, (key, now));
+        self.silent.insert(id);
         self.total += 1;
         Ok(match evicted {
             Some(evicted) => Opened::Evicting { id, evicted },
@@ -247,17 +278,49 @@ impl UnauthenticatedCounts {
         })
     }
 
-    /// The connection `id` from `addr` registered or ended (nothing if it was evicted).
-    pub fn close(&mut self, addr: IpAddr, id: u64) {
-        let key = address_group(addr);
-        if let Some(ids) = self.per_address.get_mut(&key)
-            && ids.remove(&id)
-        {
+    /// The connection `id` registered or ended (nothing if it was evicted).
+    pub fn close(&mut self, id: u64) {
+        self.remove(id);
+    }
+
+    /// The connection `id` sent its first bytes: it is no longer the first to go.
+    pub fn spoke(&mut self, id: u64) {
+        self.silent.remove(&id);
+    }
+
+    /// The oldest connection silent for [`SILENT_GRACE`] at `now`.
+    fn aged_silent(&self, now: Instant) -> Option<u64> {
+        let oldest = *self.silent.first()?;
+        let (_, opened) = self.group_of[&oldest];
+        (now.saturating_duration_since(opened) >= SILENT_GRACE).then_some(oldest)
+    }
+
+    /// When a newcomer can next be taken in without refusing it for the pool's size: now
+    /// (`None`) when there is room or a silent connection past its grace; else when the
+    /// oldest silent one will be past it, or a place frees; with nobody silent, at
+    /// `later` (the heaviest-address rule may make room for a newcomer then).
+    pub fn room_at(&self, max_total: usize, now: Instant, later: Instant) -> Option<Room> {
+        if self.total < max_total || self.aged_silent(now).is_some() {
+            return None;
+        }
+        Some(match self.silent.first() {
+            Some(oldest) => Room::When(self.group_of[oldest].1 + SILENT_GRACE),
+            None => Room::Recheck(later),
+        })
+    }
+
+    fn remove(&mut self, id: u64) {
+        let Some((key, _)) = self.group_of.remove(&id) else {
+            return;
+        };
+        self.silent.remove(&id);
+        if let Some(ids) = self.per_address.get_mut(&key) {
+            ids.remove(&id);
             if ids.is_empty() {
                 self.per_address.remove(&key);
             }
-            self.total -= 1;
         }
+        self.total -= 1;
     }
 
     pub fn total(&self) -> usize {
@@ -285,6 +348,7 @@ struct GateState {
 #[derive(Debug)]
 pub struct NodeGate {
     state: Mutex<GateState>,
+    freed: tokio::sync::Notify,
 }
 
 impl NodeGate {
@@ -297,6 +361,7 @@ impl NodeGate {
                 notices: Notices::default(),
                 window_started: now,
             }),
+            freed: tokio::sync::Notify::new(),
         })
     }
 
@@ -306,12 +371,14 @@ impl NodeGate {
         self: &Arc<Self>,
         addr: IpAddr,
         limits: &NodeLimitsConfig,
+        now: Instant,
     ) -> Result<UnauthenticatedSlot, (Notice, bool)> {
         let mut state = self.state.lock();
         match state.counts.try_open(
             addr,
             limits.max_unauthenticated,
             limits.max_unauthenticated_per_address,
+            now,
         ) {
             Ok(opened) => {
                 if let Opened::Evicting { evicted, .. } = opened {
@@ -324,7 +391,6 @@ impl NodeGate {
                 state.evict.insert(opened.id(), evicted.clone());
                 Ok(UnauthenticatedSlot {
                     gate: self.clone(),
-                    addr,
                     id: opened.id(),
                     evicted,
                     open: true,
@@ -374,15 +440,35 @@ impl NodeGate {
         state.notices.take(window, bad_credentials)
     }
 
+    /// When the listener should take the next connection from its accept queue: now
+    /// (`None`), or not before the instant given (or [`Self::freed`]).
+    pub fn room_at(&self, limits: &NodeLimitsConfig, now: Instant) -> Option<Room> {
+        self.state
+            .lock()
+            .counts
+            .room_at(limits.max_unauthenticated, now, now + FULL_RECHECK)
+    }
+
+    /// Resolves when a place in the pool frees.
+    pub async fn freed(&self) {
+        self.freed.notified().await
+    }
+
     /// Connections admitted and not registered yet.
     pub fn unauthenticated(&self) -> usize {
         self.state.lock().counts.total()
     }
 
-    fn release(&self, addr: IpAddr, id: u64) {
+    fn release(&self, id: u64) {
         let mut state = self.state.lock();
-        state.counts.close(addr, id);
+        state.counts.close(id);
         state.evict.remove(&id);
+        drop(state);
+        self.freed.notify_one();
+    }
+
+    fn spoke(&self, id: u64) {
+        self.state.lock().counts.spoke(id);
     }
 }
 
@@ -391,7 +477,6 @@ impl NodeGate {
 #[derive(Debug)]
 pub struct UnauthenticatedSlot {
     gate: Arc<NodeGate>,
-    addr: IpAddr,
     id: u64,
     evicted: CancellationToken,
     open: bool,
@@ -414,9 +499,16 @@ impl UnauthenticatedSlot {
         }
     }
 
+    /// The connection sent its first bytes (a node does at once).
+    pub fn spoke(&self) {
+        if self.open {
+            self.gate.spoke(self.id);
+        }
+    }
+
     fn release(&mut self) {
         if std::mem::take(&mut self.open) {
-            self.gate.release(self.addr, self.id);
+            self.gate.release(self.id);
         }
     }
 }
@@ -435,6 +527,12 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// One instant for tests where no connection outlives its grace.
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now)
+    }
+
     fn limits(total: usize, per_address: usize) -> NodeLimitsConfig {
         NodeLimitsConfig {
             max_unauthenticated: total,
@@ -448,16 +546,16 @@ mod tests {
         let mut c = UnauthenticatedCounts::default();
         // Room in the pool: one address may pass its cap of 1.
         for _ in 0..3 {
-            assert!(c.try_open(ip("10.0.0.1"), 4, 1).is_ok());
+            assert!(c.try_open(ip("10.0.0.1"), 4, 1, t0()).is_ok());
         }
-        assert!(c.try_open(ip("10.0.0.2"), 4, 1).is_ok());
+        assert!(c.try_open(ip("10.0.0.2"), 4, 1, t0()).is_ok());
         // Full: an address at its cap is refused, another displaces the heaviest.
         assert_eq!(
-            c.try_open(ip("10.0.0.2"), 4, 1),
+            c.try_open(ip("10.0.0.2"), 4, 1, t0()),
             Err(Notice::OverAddressCap)
         );
         assert!(matches!(
-            c.try_open(ip("10.0.0.3"), 4, 1),
+            c.try_open(ip("10.0.0.3"), 4, 1, t0()),
             Ok(Opened::Evicting { .. })
         ));
         assert_eq!(c.total(), 4);
@@ -466,24 +564,35 @@ mod tests {
     #[test]
     fn a_full_pool_evicts_the_oldest_of_the_heaviest_address_for_a_lighter_one() {
         let mut c = UnauthenticatedCounts::default();
+        // Connections that spoke (in their TLS handshakes).
         let a: Vec<u64> = (0..3)
-            .map(|_| c.try_open(ip("10.0.0.1"), 4, 4).unwrap().id())
+            .map(|_| c.try_open(ip("10.0.0.1"), 4, 4, t0()).unwrap().id())
             .collect();
-        c.try_open(ip("10.0.0.2"), 4, 4).unwrap();
+        let b = c.try_open(ip("10.0.0.2"), 4, 4, t0()).unwrap().id();
+        for id in a.iter().chain([&b]) {
+            c.spoke(*id);
+        }
         // Full. A newcomer from a third address displaces the oldest of 10.0.0.1.
         assert_eq!(
-            c.try_open(ip("10.0.0.3"), 4, 4),
+            c.try_open(ip("10.0.0.3"), 4, 4, t0()),
             Ok(Opened::Evicting {
                 id: 4,
                 evicted: a[0]
             })
         );
+        c.spoke(4);
         // 10.0.0.1 (2) against 10.0.0.2 (1): 2 < 1 + 2, nobody is displaced.
-        assert_eq!(c.try_open(ip("10.0.0.2"), 4, 4), Err(Notice::OverTotalCap));
+        assert_eq!(
+            c.try_open(ip("10.0.0.2"), 4, 4, t0()),
+            Err(Notice::OverTotalCap)
+        );
         // An address cannot displace its own connections.
-        assert_eq!(c.try_open(ip("10.0.0.1"), 4, 4), Err(Notice::OverTotalCap));
+        assert_eq!(
+            c.try_open(ip("10.0.0.1"), 4, 4, t0()),
+            Err(Notice::OverTotalCap)
+        );
         // The evicted connection's own close changes nothing.
-        c.close(ip("10.0.0.1"), a[0]);
+        c.close(a[0]);
         assert_eq!(c.total(), 4);
     }
 
@@ -499,7 +608,7 @@ mod tests {
         let mut node_id = None;
         for round in 0..2000 {
             let from = attackers[round % 20];
-            match c.try_open(from, 256, 16) {
+            match c.try_open(from, 256, 16, t0()) {
                 Ok(Opened::Evicting { id, evicted }) => {
                     assert_ne!(Some(evicted), node_id, "the node was displaced");
                     live.retain(|(_, i)| *i != evicted);
@@ -509,33 +618,89 @@ mod tests {
                 Err(_) => {}
             }
             if round == 1000 {
-                node_id = Some(c.try_open(node, 256, 16).expect("the node gets in").id());
+                let id = c
+                    .try_open(node, 256, 16, t0())
+                    .expect("the node gets in")
+                    .id();
+                c.spoke(id);
+                node_id = Some(id);
             }
         }
         assert_eq!(c.total(), 256);
-        c.close(node, node_id.unwrap());
+        c.close(node_id.unwrap());
         assert_eq!(c.total(), 255);
+    }
+
+    #[test]
+    fn silent_connections_go_first_once_past_their_grace_and_never_keep_a_node_out() {
+        // 256 addresses fill the pool with one connection each that never sends a byte.
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        let mut c = UnauthenticatedCounts::default();
+        let attacker = |i: usize| ip(&format!("10.2.{}.{}", i / 200, i % 200 + 1));
+        for i in 0..256 {
+            c.try_open(attacker(i), 256, 16, t0).unwrap();
+        }
+        // Within their grace, every newcomer waits (nobody holds more than another).
+        assert_eq!(
+            c.try_open(attacker(300), 256, 16, t0 + 100 * ms),
+            Err(Notice::OverTotalCap)
+        );
+        assert_eq!(
+            c.room_at(256, t0 + 100 * ms, t0 + 200 * ms),
+            Some(Room::When(t0 + SILENT_GRACE))
+        );
+        assert_eq!(c.room_at(256, t0 + SILENT_GRACE, t0 + 900 * ms), None);
+        // Past it, the next newcomer (a node, which speaks at once) takes the oldest's place.
+        let node = c
+            .try_open(ip("192.0.2.7"), 256, 16, t0 + SILENT_GRACE)
+            .unwrap();
+        assert!(matches!(node, Opened::Evicting { evicted: 0, .. }));
+        c.spoke(node.id());
+        // Silent newcomers churning for two seconds never displace it.
+        for k in 0..2000u32 {
+            let now = t0 + SILENT_GRACE + k * ms;
+            match c.try_open(attacker(300 + k as usize % 400), 256, 16, now) {
+                Ok(Opened::Evicting { evicted, .. }) => {
+                    assert_ne!(evicted, node.id(), "the node that spoke was displaced")
+                }
+                Ok(Opened::Admitted(_)) => panic!("the pool is full"),
+                Err(notice) => assert_eq!(notice, Notice::OverTotalCap),
+            }
+        }
+        assert_eq!(c.total(), 256);
+        // Connections that speak and stall are left to the other rules: a pool full of
+        // them from one address still makes room for another address.
+        let mut d = UnauthenticatedCounts::default();
+        for _ in 0..4 {
+            let id = d.try_open(ip("10.3.0.1"), 4, 8, t0).unwrap().id();
+            d.spoke(id);
+        }
+        assert!(matches!(
+            d.try_open(ip("10.3.0.2"), 4, 8, t0 + SILENT_GRACE),
+            Ok(Opened::Evicting { evicted: 0, .. })
+        ));
     }
 
     #[test]
     fn ipv6_hosts_of_one_64_share_a_cap() {
         let mut c = UnauthenticatedCounts::default();
-        assert!(c.try_open(ip("2001:db8::1"), 1, 1).is_ok());
+        assert!(c.try_open(ip("2001:db8::1"), 1, 1, t0()).is_ok());
         assert_eq!(
-            c.try_open(ip("2001:db8::2"), 1, 1),
+            c.try_open(ip("2001:db8::2"), 1, 1, t0()),
             Err(Notice::OverAddressCap)
         );
-        c.try_open(ip("2001:db8:0:1::1"), 2, 1).unwrap();
+        c.try_open(ip("2001:db8:0:1::1"), 2, 1, t0()).unwrap();
     }
 
     #[test]
     fn closing_frees_the_entry() {
         let mut c = UnauthenticatedCounts::default();
         let ids: Vec<u64> = (0..3)
-            .map(|_| c.try_open(ip("10.0.0.1"), 10, 5).unwrap().id())
+            .map(|_| c.try_open(ip("10.0.0.1"), 10, 5, t0()).unwrap().id())
             .collect();
         for id in ids {
-            c.close(ip("10.0.0.1"), id);
+            c.close(id);
         }
         assert_eq!((c.total(), c.addresses()), (0, 0));
     }
@@ -544,16 +709,19 @@ mod tests {
     async fn slots_release_on_drop_and_on_authentication_and_eviction_closes_one() {
         let gate = NodeGate::new(Instant::now());
         let l = limits(2, 2);
-        let a = gate.admit(ip("10.0.0.1"), &l).unwrap();
-        let mut b = gate.admit(ip("10.0.0.1"), &l).unwrap();
+        let a = gate.admit(ip("10.0.0.1"), &l, t0()).unwrap();
+        let mut b = gate.admit(ip("10.0.0.1"), &l, t0()).unwrap();
+        a.spoke();
+        b.spoke();
         // Full: a newcomer from another address displaces the oldest (a).
-        let c = gate.admit(ip("10.0.0.2"), &l).unwrap();
+        let c = gate.admit(ip("10.0.0.2"), &l, t0()).unwrap();
+        c.spoke();
         tokio::time::timeout(Duration::from_secs(1), a.evicted())
             .await
             .expect("the oldest is told to close");
-        let (notice, log) = gate.admit(ip("10.0.0.2"), &l).unwrap_err();
+        let (notice, log) = gate.admit(ip("10.0.0.2"), &l, t0()).unwrap_err();
         assert_eq!((notice, log), (Notice::OverTotalCap, true));
-        let (_, log) = gate.admit(ip("10.0.0.2"), &l).unwrap_err();
+        let (_, log) = gate.admit(ip("10.0.0.2"), &l, t0()).unwrap_err();
         assert!(!log, "only the first of a kind per window is logged");
         drop(a);
         b.authenticated();

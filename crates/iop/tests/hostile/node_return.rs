@@ -184,3 +184,36 @@ async fn idle_connections_from_twenty_addresses_keep_no_node_out() {
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_idle_connection_from_each_of_four_hundred_addresses_keeps_no_node_out() {
+    let dir = tempdir();
+    let edge = start_edge(dir.path(), &config(1)).await;
+    let mut attack = tokio::task::JoinSet::new();
+    // 400 addresses (more than the pool's 256 places), one connection each that never
+    // sends a byte, re-opened as soon as it is closed: no address holds more than another.
+    for a in 0..400 {
+        attack.spawn(hold_idle(
+            format!("127.1.{}.{}", a / 200, a % 200 + 1),
+            edge.nodes.clone(),
+        ));
+    }
+    // The pool is full within moments (400 connects on loopback).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for round in 0..2 {
+        let started = Instant::now();
+        let mut node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+        wait_ready(&edge, "n1").await;
+        let took = started.elapsed();
+        eprintln!("round {round}: node ready {took:?} among 400 idle addresses");
+        assert!(took < Duration::from_secs(5), "ready after {took:?}");
+        let (code, body) = chat_completion(&edge, "m", "hi", json!({})).await;
+        assert_eq!(code, 200, "{body}");
+        node.kill9();
+        wait_status(&edge, Duration::from_secs(20), "n1 gone", |s| {
+            node_status(s, "n1")["ready"] != true
+        })
+        .await;
+    }
+    attack.abort_all();
+}
