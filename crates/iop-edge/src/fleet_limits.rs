@@ -104,12 +104,15 @@ pub struct Released {
 pub trait KeyStore: Send + Sync + std::fmt::Debug {
     /// Decides a request of `key` under `limits` reserving `reserve` tokens and, when
     /// admitted, adds it to `edge`'s row: `None` admitted, else the refusal.
+    /// A request whose prompt alone (`input` tokens) is more than what is left of a
+    /// `tokens_per_day` budget is refused too.
     async fn admit(
         &self,
         key: &str,
         edge: &str,
         limits: &KeyLimitsConfig,
         reserve: u64,
+        input: u64,
     ) -> Result<Option<StoreRefusal>, StoreError>;
     /// Takes off `edge`'s row of `key` what `released` (running totals) holds beyond what
     /// was taken off already.
@@ -175,6 +178,7 @@ impl FleetLimits {
         key: &str,
         limits: &KeyLimitsConfig,
         reserve: u64,
+        input: u64,
         now: Instant,
     ) -> Shared {
         if !self.ready.load(std::sync::atomic::Ordering::Acquire) {
@@ -191,7 +195,7 @@ impl FleetLimits {
         }
         let decided = tokio::time::timeout(
             ADMIT_TIMEOUT,
-            self.store.admit(key, &self.edge_id, limits, reserve),
+            self.store.admit(key, &self.edge_id, limits, reserve, input),
         )
         .await
         .unwrap_or_else(|_| Err(StoreError(format!("the store took over {ADMIT_TIMEOUT:?}"))));

@@ -50,6 +50,7 @@ impl KeyStore for MemoryStore {
         edge: &str,
         limits: &KeyLimitsConfig,
         reserve: u64,
+        _input: u64,
     ) -> Result<Option<StoreRefusal>, StoreError> {
         self.check()?;
         if let Some(max) = limits.max_concurrent
@@ -118,11 +119,11 @@ async fn places_released_while_others_are_admitted_are_never_overwritten() {
     let max = limits(4);
     let now = Instant::now();
     for _ in 0..2 {
-        assert_eq!(a.admit("k", &max, 0, now).await, Shared::Admitted);
-        assert_eq!(b.admit("k", &max, 0, now).await, Shared::Admitted);
+        assert_eq!(a.admit("k", &max, 0, 0, now).await, Shared::Admitted);
+        assert_eq!(b.admit("k", &max, 0, 0, now).await, Shared::Admitted);
     }
     assert!(matches!(
-        a.admit("k", &max, 0, now).await,
+        a.admit("k", &max, 0, 0, now).await,
         Shared::Refused(LimitExceeded {
             limit: Limit::MaxConcurrent(4),
             ..
@@ -131,15 +132,15 @@ async fn places_released_while_others_are_admitted_are_never_overwritten() {
     a.release("k", true, 0);
     // Admitted on a before the release reached the store: still refused (4 in flight).
     assert!(matches!(
-        a.admit("k", &max, 0, now).await,
+        a.admit("k", &max, 0, 0, now).await,
         Shared::Refused(_)
     ));
     a.flush_released().await;
     assert_eq!(store.in_flight("k"), 3);
-    assert_eq!(a.admit("k", &max, 0, now).await, Shared::Admitted);
+    assert_eq!(a.admit("k", &max, 0, 0, now).await, Shared::Admitted);
     assert_eq!(store.in_flight("k"), 4);
     assert!(matches!(
-        b.admit("k", &max, 0, now).await,
+        b.admit("k", &max, 0, 0, now).await,
         Shared::Refused(_)
     ));
 }
@@ -150,7 +151,7 @@ async fn a_release_the_store_missed_or_answered_late_is_taken_off_exactly_once()
     let a = edge(&store, "a").await;
     let now = Instant::now();
     for _ in 0..3 {
-        assert_eq!(a.admit("k", &limits(3), 0, now).await, Shared::Admitted);
+        assert_eq!(a.admit("k", &limits(3), 0, 0, now).await, Shared::Admitted);
     }
     // The store is down: the release waits here.
     store.down.store(true, Ordering::Relaxed);
@@ -178,16 +179,16 @@ async fn a_store_that_fails_is_left_alone_for_the_back_off_and_asked_after() {
     let start = Instant::now();
     store.down.store(true, Ordering::Relaxed);
     assert!(matches!(
-        a.admit("k", &limits(1), 0, start).await,
+        a.admit("k", &limits(1), 0, 0, start).await,
         Shared::Unreachable(_)
     ));
     store.down.store(false, Ordering::Relaxed);
     assert!(matches!(
-        a.admit("k", &limits(1), 0, start + BACKOFF / 2).await,
+        a.admit("k", &limits(1), 0, 0, start + BACKOFF / 2).await,
         Shared::Unreachable(_)
     ));
     assert_eq!(
-        a.admit("k", &limits(1), 0, start + BACKOFF).await,
+        a.admit("k", &limits(1), 0, 0, start + BACKOFF).await,
         Shared::Admitted
     );
 }
@@ -197,7 +198,7 @@ async fn an_edge_that_starts_again_clears_its_earlier_places() {
     let store = Arc::new(MemoryStore::default());
     let a = edge(&store, "a").await;
     assert_eq!(
-        a.admit("k", &limits(1), 0, Instant::now()).await,
+        a.admit("k", &limits(1), 0, 0, Instant::now()).await,
         Shared::Admitted
     );
     // The edge died holding the place; its next run clears it and starts its totals anew.
@@ -205,7 +206,7 @@ async fn an_edge_that_starts_again_clears_its_earlier_places() {
     let a = edge(&store, "a").await;
     assert_eq!(store.in_flight("k"), 0);
     assert_eq!(
-        a.admit("k", &limits(1), 0, Instant::now()).await,
+        a.admit("k", &limits(1), 0, 0, Instant::now()).await,
         Shared::Admitted
     );
     a.release("k", true, 0);

@@ -161,6 +161,32 @@ impl KeyLimiter {
         Ok(self.count(key, limits, reserve, now))
     }
 
+    /// Whether a request of `key` whose prompt is estimated at `input` tokens fits what is
+    /// left of its `tokens_per_day` budget today (less what its requests in flight
+    /// reserved): a prompt larger than that is refused before it is sent anywhere.
+    pub fn input_fits(
+        &mut self,
+        key: &str,
+        limits: &KeyLimitsConfig,
+        input: u64,
+        now_ms: i64,
+    ) -> Result<(), LimitExceeded> {
+        let Some(budget) = limits.tokens_per_day else {
+            return Ok(());
+        };
+        let spent = self
+            .tokens
+            .used(key, now_ms)
+            .saturating_add(self.reserved(key));
+        if input > budget.saturating_sub(spent) {
+            return Err(LimitExceeded {
+                limit: Limit::TokensPerDay(budget),
+                retry_after: Duration::from_millis(until_next_day(now_ms).max(0) as u64),
+            });
+        }
+        Ok(())
+    }
+
     /// Counts a request of `key` admitted elsewhere (by the fleet's store): against the
     /// minute, with `max_concurrent` a place until released, with `tokens_per_day`
     /// `reserve` tokens until settled — the same as [`KeyLimiter::admit`] without the
@@ -279,6 +305,23 @@ mod tests {
     }
 
     const NOON: i64 = 20_000 * DAY_MS + DAY_MS / 2;
+
+    #[test]
+    fn a_prompt_larger_than_what_is_left_of_the_budget_is_refused() {
+        let mut l = KeyLimiter::default();
+        let budget = KeyLimitsConfig {
+            tokens_per_day: Some(100),
+            ..Default::default()
+        };
+        l.settle("a", 0, 17, NOON, NOON);
+        assert!(l.input_fits("a", &budget, 83, NOON).is_ok());
+        let refused = l.input_fits("a", &budget, 50_012, NOON).unwrap_err();
+        assert_eq!(refused.limit, Limit::TokensPerDay(100));
+        assert!(
+            l.input_fits("a", &KeyLimitsConfig::default(), 50_012, NOON)
+                .is_ok()
+        );
+    }
 
     #[test]
     fn the_eleventh_request_in_a_minute_waits_for_the_first_to_leave_the_window() {

@@ -98,7 +98,8 @@ impl Inner {
     /// The connection a newcomer from `prefix` takes the place of at `now`, if any.
     fn victim(&self, prefix: IpAddr, now: Instant) -> Option<u64> {
         let mut prefixes: Vec<(&IpAddr, &VecDeque<u64>)> = self.by_prefix.iter().collect();
-        prefixes.sort_by_key(|(_, ids)| std::cmp::Reverse(ids.len()));
+        // The most connections first; between equals, the one holding the oldest.
+        prefixes.sort_by_key(|(_, ids)| (std::cmp::Reverse(ids.len()), ids.front().copied()));
         let mut scanned = 0;
         // 1. Never completed a head, past the grace.
         for (_, ids) in &prefixes {

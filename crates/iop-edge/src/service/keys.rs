@@ -120,13 +120,17 @@ impl Keys {
         &self,
         caller: &Caller,
         reserve: u64,
+        input: u64,
     ) -> Result<Option<KeyPermit>, LimitExceeded> {
         let (Some(key), Some(limits)) = (caller.key_name(), caller.limits()) else {
             return Ok(None);
         };
         let mut fleet = self.fleet.get().filter(|_| limits.any()).cloned();
         let admitted = match &fleet {
-            Some(shared) => match shared.admit(key, limits, reserve, Instant::now()).await {
+            Some(shared) => match shared
+                .admit(key, limits, reserve, input, Instant::now())
+                .await
+            {
                 Shared::Admitted => self
                     .limiter
                     .lock()
@@ -134,22 +138,19 @@ impl Keys {
                 Shared::Refused(exceeded) => return Err(exceeded),
                 Shared::Unreachable(_) => {
                     let now = Instant::now();
-                    let admitted = self.limiter.lock().admit(
-                        key,
-                        &shared.share(limits, now),
-                        reserve,
-                        now,
-                        unix_ms_now(),
-                    )?;
+                    let share = shared.share(limits, now);
+                    let mut limiter = self.limiter.lock();
+                    limiter.input_fits(key, &share, input, unix_ms_now())?;
+                    let admitted = limiter.admit(key, &share, reserve, now, unix_ms_now())?;
                     // Counted here alone: nothing to give back in the store.
                     fleet = None;
                     admitted
                 }
             },
             None => {
-                self.limiter
-                    .lock()
-                    .admit(key, limits, reserve, Instant::now(), unix_ms_now())?
+                let mut limiter = self.limiter.lock();
+                limiter.input_fits(key, limits, input, unix_ms_now())?;
+                limiter.admit(key, limits, reserve, Instant::now(), unix_ms_now())?
             }
         };
         Ok((!admitted.is_free()).then(|| KeyPermit {
@@ -229,14 +230,17 @@ mod tests {
         );
         let a = caller(&keys);
         let permit = keys
-            .admit(&a, 0)
+            .admit(&a, 0, 0)
             .await
             .unwrap()
             .expect("a limited key gets a permit");
-        assert!(keys.admit(&a, 0).await.is_err(), "the one place is taken");
+        assert!(
+            keys.admit(&a, 0, 0).await.is_err(),
+            "the one place is taken"
+        );
         drop(permit);
         assert!(
-            keys.admit(&a, 0).await.unwrap().is_some(),
+            keys.admit(&a, 0, 0).await.unwrap().is_some(),
             "the place came back"
         );
     }
@@ -248,7 +252,7 @@ mod tests {
             DayTokens::default(),
         );
         let a = caller(&keys);
-        let permit = keys.admit(&a, 60).await.unwrap().unwrap();
+        let permit = keys.admit(&a, 60, 0).await.unwrap().unwrap();
         assert_eq!(permit.reserved_tokens(), 60);
         assert_eq!(keys.usage()[0].1.tokens_reserved, 60);
         keys.settle("a", 60, 7, unix_ms_now());
@@ -260,7 +264,12 @@ mod tests {
     #[tokio::test]
     async fn an_unlimited_key_needs_no_permit() {
         let keys = Keys::new(&config("").auth, DayTokens::default());
-        assert!(keys.admit(&caller(&keys), 1_000).await.unwrap().is_none());
+        assert!(
+            keys.admit(&caller(&keys), 1_000, 0)
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

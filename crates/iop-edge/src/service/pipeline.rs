@@ -137,7 +137,7 @@ impl Edge {
         });
         let permit = self
             .keys
-            .admit(caller, reserve)
+            .admit(caller, reserve, estimate.input)
             .await
             .map_err(|e| over_limit(caller, e))?;
         let reserved = permit.as_ref().map_or(0, |p| p.reserved_tokens());

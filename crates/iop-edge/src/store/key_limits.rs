@@ -20,17 +20,19 @@ impl KeyStore for Store {
         edge: &str,
         limits: &KeyLimitsConfig,
         reserve: u64,
+        input: u64,
     ) -> Result<Option<StoreRefusal>, StoreError> {
         let client = self.client().await.map_err(StoreError)?;
         let rpm = limits.requests_per_minute.map(|n| n as i32);
         let max = limits.max_concurrent.map(|n| n as i32);
         let budget = limits.tokens_per_day.map(|n| n.min(i64::MAX as u64) as i64);
         let reserve = reserve.min(i64::MAX as u64) as i64;
+        let input = input.min(i64::MAX as u64) as i64;
         let live = LIVE_WITHIN.as_secs_f64();
         let row = client
             .query_one(
-                "SELECT refused, retry_after_ms FROM iop_key_admit($1, $2, $3, $4, $5, $6, $7)",
-                &[&key, &edge, &rpm, &max, &budget, &reserve, &live],
+                "SELECT refused, retry_after_ms FROM iop_key_admit($1, $2, $3, $4, $5, $6, $7, $8)",
+                &[&key, &edge, &rpm, &max, &budget, &reserve, &live, &input],
             )
             .await
             .map_err(|e| failed("key limits", &e))?;

@@ -166,6 +166,68 @@ const MIGRATIONS: &[&str] = &[
                released_reserved = GREATEST(released_reserved, p_reserved)
          WHERE key = p_key AND edge_id = p_edge;
     END
+    $$ LANGUAGE plpgsql;
+    -- The admission again, also refusing a prompt (p_input tokens, estimated) larger than
+    -- what is left of the day's budget. The 7-argument one stays for edges not upgraded.
+    CREATE FUNCTION iop_key_admit(p_key TEXT, p_edge TEXT, p_rpm INTEGER, p_max INTEGER,
+                                  p_budget BIGINT, p_reserve BIGINT, p_live_secs DOUBLE PRECISION,
+                                  p_input BIGINT)
+    RETURNS TABLE (refused TEXT, retry_after_ms BIGINT) AS $$
+    DECLARE
+        t TIMESTAMPTZ;
+        n_recent INTEGER;
+        oldest TIMESTAMPTZ;
+        n_flight BIGINT := 0;
+        n_reserved BIGINT := 0;
+        used_today BIGINT := 0;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtext('iop_key:' || p_key));
+        t := clock_timestamp();
+        IF p_max IS NOT NULL OR p_budget IS NOT NULL THEN
+            SELECT COALESCE(sum(f.n), 0), COALESCE(sum(f.reserved), 0)
+              INTO n_flight, n_reserved
+              FROM iop_key_inflight f
+              JOIN iop_edges e ON e.id = f.edge_id
+                              AND e.seen > t - make_interval(secs => p_live_secs)
+             WHERE f.key = p_key;
+        END IF;
+        IF p_max IS NOT NULL AND n_flight >= p_max THEN
+            RETURN QUERY SELECT 'max_concurrent'::TEXT, 1000::BIGINT;
+            RETURN;
+        END IF;
+        IF p_budget IS NOT NULL THEN
+            SELECT COALESCE(max(used), 0) INTO used_today FROM iop_key_tokens
+             WHERE key = p_key AND day = (t AT TIME ZONE 'UTC')::date;
+            IF used_today + n_reserved >= p_budget
+               OR COALESCE(p_input, 0) > p_budget - used_today - n_reserved THEN
+                RETURN QUERY SELECT 'tokens_per_day'::TEXT,
+                    (EXTRACT(EPOCH FROM (date_trunc('day', t AT TIME ZONE 'UTC')
+                        + interval '1 day' - (t AT TIME ZONE 'UTC'))) * 1000)::BIGINT;
+                RETURN;
+            END IF;
+        END IF;
+        IF p_rpm IS NOT NULL THEN
+            DELETE FROM iop_key_requests WHERE key = p_key AND at <= t - interval '60 seconds';
+            SELECT count(*), min(r.at) INTO n_recent, oldest FROM (
+                SELECT at FROM iop_key_requests WHERE key = p_key ORDER BY at DESC LIMIT p_rpm
+            ) r;
+            IF n_recent >= p_rpm THEN
+                RETURN QUERY SELECT 'requests_per_minute'::TEXT,
+                    GREATEST(0, EXTRACT(EPOCH FROM (oldest + interval '60 seconds' - t)) * 1000)::BIGINT;
+                RETURN;
+            END IF;
+            INSERT INTO iop_key_requests (key, at) VALUES (p_key, t);
+        END IF;
+        IF p_max IS NOT NULL OR p_budget IS NOT NULL THEN
+            INSERT INTO iop_key_inflight (key, edge_id, n, reserved)
+            VALUES (p_key, p_edge, CASE WHEN p_max IS NULL THEN 0 ELSE 1 END,
+                    CASE WHEN p_budget IS NULL THEN 0 ELSE COALESCE(p_reserve, 0) END)
+            ON CONFLICT (key, edge_id) DO UPDATE
+                SET n = iop_key_inflight.n + EXCLUDED.n,
+                    reserved = iop_key_inflight.reserved + EXCLUDED.reserved;
+        END IF;
+        RETURN QUERY SELECT NULL::TEXT, 0::BIGINT;
+    END
     $$ LANGUAGE plpgsql",
 ];
 

@@ -348,3 +348,44 @@ model_groups:
         "{records:?}"
     );
 }
+
+#[tokio::test]
+async fn a_prompt_larger_than_what_is_left_of_a_day_s_budget_is_refused_before_dispatch() {
+    let dir = tempdir();
+    let mock = start_mock(&[]).await;
+    let base = mock.openai_base();
+    let config = format!(
+        r#"
+auth:
+  keys:
+    - {{name: ops, role: admin, key: {TEST_API_KEY}}}
+    - {{name: c, role: client, key: {KEY}, limits: {{tokens_per_day: 100}}}}
+nodes:
+  - {{id: n1, token: token-n1-0123456789, providers: [{{id: oa, kind: openai_compat, base_url: "{base}"}}]}}
+model_groups:
+  - {{name: m, members: [{{node: n1, provider: oa}}]}}
+"#
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    let chat = |content: String| {
+        client()
+            .post(edge.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&json!({"model": "m", "max_tokens": 4,
+                "messages": [{"role": "user", "content": content}]}))
+            .send()
+    };
+    let small = chat("hi".into()).await.unwrap();
+    assert_eq!(small.status(), 200);
+    // About 25,000 tokens of prompt against what is left of 100: refused, never sent.
+    let before = mock.stats().await["requests"].as_u64().unwrap();
+    let large = chat("word ".repeat(20_000)).await.unwrap();
+    assert_eq!(large.status(), 429);
+    let body: Value = large.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "tokens_per_day_exceeded", "{body}");
+    assert_eq!(mock.stats().await["requests"].as_u64().unwrap(), before);
+    // A small one still fits.
+    assert_eq!(chat("hi".into()).await.unwrap().status(), 200);
+}
