@@ -12,6 +12,7 @@ use crate::events::{EdgeEvent, EventBus, UsageEvent};
 use crate::ledger::live::{GroupLive, LiveWindow};
 use crate::ledger::record::ANONYMOUS_KEY;
 use crate::ledger::{Ledger, UsageRecord};
+use crate::metrics::UNKNOWN_LABEL;
 use crate::metrics::{Metrics, UsageSource};
 
 #[derive(Debug)]
@@ -64,8 +65,14 @@ impl Telemetry {
             self.reported_usage(&record, served_model);
         }
         if !record.group.is_empty() {
+            // Names no group has share one entry, as they share one metrics label: a client
+            // sending random names cannot fill the view.
+            let group = match record.group.starts_with(UNKNOWN_LABEL) {
+                true => UNKNOWN_LABEL,
+                false => record.group.as_str(),
+            };
             self.live.lock().record(
-                &record.group,
+                group,
                 !record.is_ok(),
                 record.ttft_ms,
                 record.latency_ms,
@@ -126,6 +133,18 @@ mod tests {
             &EdgeConfig::from_yaml("{}", "test").unwrap(),
             Ledger::disabled(),
         )
+    }
+
+    #[test]
+    fn names_no_group_has_share_one_live_entry() {
+        let t = telemetry();
+        for i in 0..50 {
+            let group = crate::ledger::record::unknown_model_label(&format!("nope-{i}"));
+            t.record(record(&group, "model_not_found", 0), None, None);
+        }
+        let live = t.live_usage();
+        assert_eq!(live.len(), 1, "{live:?}");
+        assert_eq!(live[0].group, UNKNOWN_LABEL);
     }
 
     #[test]
