@@ -7,7 +7,7 @@
 //! Errors take Ollama's shape.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::extract::{Extension, Query, State};
@@ -17,7 +17,6 @@ use axum::routing::{any, get, post};
 use iop_proto::ErrorCode;
 use serde_json::{Value, json};
 
-use super::body::OllamaBody;
 use super::error;
 use crate::auth::Caller;
 use crate::canonical::ApiError;
@@ -28,13 +27,48 @@ use crate::surfaces::ollama::{catalog, request};
 
 /// How long `/api/show` waits for an Ollama member's own details.
 pub const SHOW_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a group's `/api/show` answer is kept: a member is asked at most once per group
+/// in this time, however many clients ask.
+pub const SHOW_CACHE_FOR: Duration = Duration::from_secs(30);
+/// The largest `/api/show` body read (it names a model: a few bytes).
+pub const SHOW_MAX_BODY: usize = 64 * 1024;
+
+/// `/api/show` answers by group, with when they were made.
+#[derive(Debug, Default)]
+pub struct ShowCache(parking_lot::Mutex<std::collections::HashMap<String, (Instant, Value)>>);
+
+impl ShowCache {
+    fn get(&self, group: &str, now: Instant) -> Option<Value> {
+        let cached = self.0.lock();
+        let (at, answer) = cached.get(group)?;
+        (now.saturating_duration_since(*at) < SHOW_CACHE_FOR).then(|| answer.clone())
+    }
+
+    fn put(&self, group: &str, answer: &Value, now: Instant) {
+        let mut cached = self.0.lock();
+        // Only configured groups get here, so this stays as small as the config; stale
+        // entries of removed groups go when it is cleared.
+        cached.retain(|_, (at, _)| now.saturating_duration_since(*at) < SHOW_CACHE_FOR);
+        cached.insert(group.to_string(), (now, answer.clone()));
+    }
+}
 
 pub fn routes() -> Router<Arc<Edge>> {
+    let cache = Arc::new(ShowCache::default());
     Router::new()
         .route("/api/version", get(version))
         .route("/api/tags", get(tags))
         .route("/api/ps", get(ps))
-        .route("/api/show", post(show))
+        .route(
+            "/api/show",
+            post(
+                move |State(edge): State<Arc<Edge>>,
+                      Extension(caller): Extension<Caller>,
+                      request: axum::extract::Request| {
+                    show(edge, cache.clone(), caller, request)
+                },
+            ),
+        )
         .route("/api/push", post(not_supported))
         .route("/api/blobs/{digest}", any(not_supported))
 }
@@ -110,13 +144,34 @@ async fn not_supported(uri: Uri) -> Response {
     ))
 }
 
+/// Reads a small body (at most [`SHOW_MAX_BODY`]), whatever its `Content-Type`.
+async fn small_body(request: axum::extract::Request) -> Result<axum::body::Bytes, ApiError> {
+    let too_large = || {
+        ApiError::of(
+            ErrorCode::RequestTooLarge,
+            format!("an /api/show request names a model: at most {SHOW_MAX_BODY} bytes"),
+        )
+    };
+    let announced = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if announced.is_some_and(|n| n > SHOW_MAX_BODY) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(request.into_body(), SHOW_MAX_BODY)
+        .await
+        .map_err(|_| too_large())
+}
+
 async fn show(
-    State(edge): State<Arc<Edge>>,
-    Extension(caller): Extension<Caller>,
-    body: Result<OllamaBody, ApiError>,
+    edge: Arc<Edge>,
+    cache: Arc<ShowCache>,
+    caller: Caller,
+    request: axum::extract::Request,
 ) -> Response {
     let result = async {
-        let OllamaBody(body) = body?;
+        let body = small_body(request).await?;
         let request: request::ShowRequest = request::parse(&body)?;
         let name = request.model().ok_or_else(|| {
             ApiError::bad_request("missing_model", "you must provide a `model`").with_param("model")
@@ -124,7 +179,12 @@ async fn show(
         let config = edge.config();
         let group = catalog::resolve(&config, &caller, name)
             .ok_or_else(|| crate::surfaces::ollama::error::model_not_found(name))?;
-        Ok::<_, ApiError>(show_group(&edge, group).await)
+        if let Some(answer) = cache.get(&group.name, Instant::now()) {
+            return Ok(answer);
+        }
+        let answer = show_group(&edge, group).await;
+        cache.put(&group.name, &answer, Instant::now());
+        Ok::<_, ApiError>(answer)
     };
     match result.await {
         Ok(body) => axum::Json(body).into_response(),
@@ -164,5 +224,31 @@ async fn show_group(edge: &Edge, group: &ModelGroupConfig) -> Value {
             tracing::debug!(model_group = %group.name, node_id = %member.node, "{command} timed out: answering from the config");
             catalog::show_from_config(group)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_show_answer_is_kept_for_its_time_then_asked_again() {
+        let cache = ShowCache::default();
+        let t = Instant::now();
+        assert!(cache.get("g", t).is_none());
+        cache.put("g", &json!({"details": {}}), t);
+        assert!(cache.get("g", t + SHOW_CACHE_FOR / 2).is_some());
+        assert!(cache.get("g", t + SHOW_CACHE_FOR).is_none());
+        cache.put("h", &json!({}), t + SHOW_CACHE_FOR);
+        assert_eq!(cache.0.lock().len(), 1, "stale answers are dropped");
+    }
+
+    #[tokio::test]
+    async fn an_oversized_show_body_is_refused_unread() {
+        let request = axum::http::Request::builder()
+            .header("content-length", (SHOW_MAX_BODY + 1).to_string())
+            .body(axum::body::Body::from(vec![b' '; SHOW_MAX_BODY + 1]))
+            .unwrap();
+        assert_eq!(small_body(request).await.unwrap_err().status, 413);
     }
 }
