@@ -21,8 +21,9 @@
 //! rounded up — counted locally (and, since the store never counted them, never released
 //! there).
 //!
-//! The store's side is the [`KeyStore`] trait (PostgreSQL's in `crate::store::key_limits`),
-//! so the rules here are unit-tested against a store in memory.
+//! The store's side is the [`KeyStore`] trait (`crate::store::key_limits`, with
+//! PostgreSQL's implementation), so the rules here are unit-tested against a store in
+//! memory.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use parking_lot::Mutex;
 use crate::config::KeyLimitsConfig;
 use crate::key_limits::{Limit, LimitExceeded};
 use crate::store::edges::Fleet;
+pub use crate::store::key_limits::{KeyStore, Released, StoreError, StoreRefusal};
 
 /// How long an admission waits for the store before it falls back to this edge's share.
 pub const ADMIT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -41,86 +43,26 @@ pub const BACKOFF: Duration = Duration::from_secs(2);
 /// How often releases and tokens are written to the store (when there are any).
 pub const HOLD_FLUSH: Duration = Duration::from_millis(50);
 
-/// Which limit the store refused a request for, and when to retry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreRefusal {
-    RequestsPerMinute { retry_after_ms: i64 },
-    MaxConcurrent { retry_after_ms: i64 },
-    TokensPerDay { retry_after_ms: i64 },
-}
-
-impl StoreRefusal {
-    /// The refusal the store named `name`; an unknown name is an error (a store newer than
-    /// this edge), never taken for another limit.
-    pub fn parse(name: &str, retry_after_ms: i64) -> Result<Self, StoreError> {
-        match name {
-            "requests_per_minute" => Ok(Self::RequestsPerMinute { retry_after_ms }),
-            "max_concurrent" => Ok(Self::MaxConcurrent { retry_after_ms }),
-            "tokens_per_day" => Ok(Self::TokensPerDay { retry_after_ms }),
-            other => Err(StoreError(format!(
-                "the store refused for a limit this edge does not know: {other:?}"
-            ))),
-        }
+/// The store's refusal as the key's limits describe it.
+fn exceeded(refusal: StoreRefusal, limits: &KeyLimitsConfig) -> LimitExceeded {
+    let (limit, ms) = match refusal {
+        StoreRefusal::RequestsPerMinute { retry_after_ms } => (
+            Limit::RequestsPerMinute(limits.requests_per_minute.unwrap_or(0)),
+            retry_after_ms,
+        ),
+        StoreRefusal::MaxConcurrent { retry_after_ms } => (
+            Limit::MaxConcurrent(limits.max_concurrent.unwrap_or(0)),
+            retry_after_ms,
+        ),
+        StoreRefusal::TokensPerDay { retry_after_ms } => (
+            Limit::TokensPerDay(limits.tokens_per_day.unwrap_or(0)),
+            retry_after_ms,
+        ),
+    };
+    LimitExceeded {
+        limit,
+        retry_after: Duration::from_millis(ms.max(0) as u64),
     }
-
-    /// The refusal as the key's limits describe it.
-    fn exceeded(self, limits: &KeyLimitsConfig) -> LimitExceeded {
-        let (limit, ms) = match self {
-            Self::RequestsPerMinute { retry_after_ms } => (
-                Limit::RequestsPerMinute(limits.requests_per_minute.unwrap_or(0)),
-                retry_after_ms,
-            ),
-            Self::MaxConcurrent { retry_after_ms } => (
-                Limit::MaxConcurrent(limits.max_concurrent.unwrap_or(0)),
-                retry_after_ms,
-            ),
-            Self::TokensPerDay { retry_after_ms } => (
-                Limit::TokensPerDay(limits.tokens_per_day.unwrap_or(0)),
-                retry_after_ms,
-            ),
-        };
-        LimitExceeded {
-            limit,
-            retry_after: Duration::from_millis(ms.max(0) as u64),
-        }
-    }
-}
-
-/// The store did not do what was asked (unreachable, an error, a timeout).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct StoreError(pub String);
-
-/// What a released key holds back to the store: this edge's running totals of the places
-/// and tokens its requests of the key gave back since it started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Released {
-    pub places: i64,
-    pub reserved: i64,
-}
-
-/// The fleet's store, as the key limits use it.
-#[async_trait::async_trait]
-pub trait KeyStore: Send + Sync + std::fmt::Debug {
-    /// Decides a request of `key` under `limits` reserving `reserve` tokens and, when
-    /// admitted, adds it to `edge`'s row: `None` admitted, else the refusal.
-    /// A request whose prompt alone (`input` tokens) is more than what is left of a
-    /// `tokens_per_day` budget is refused too.
-    async fn admit(
-        &self,
-        key: &str,
-        edge: &str,
-        limits: &KeyLimitsConfig,
-        reserve: u64,
-        input: u64,
-    ) -> Result<Option<StoreRefusal>, StoreError>;
-    /// Takes off `edge`'s row of `key` what `released` (running totals) holds beyond what
-    /// was taken off already.
-    async fn release(&self, key: &str, edge: &str, released: Released) -> Result<(), StoreError>;
-    /// Adds `tokens` used by `key` on UTC day `day` (days since the epoch).
-    async fn add_tokens(&self, key: &str, day: i64, tokens: u64) -> Result<(), StoreError>;
-    /// Clears what an earlier run of `edge` held.
-    async fn clear_edge(&self, edge: &str) -> Result<(), StoreError>;
 }
 
 /// What the store decided.
@@ -208,7 +150,7 @@ impl FleetLimits {
                 }
                 match decision {
                     None => Shared::Admitted,
-                    Some(refusal) => Shared::Refused(refusal.exceeded(limits)),
+                    Some(refusal) => Shared::Refused(exceeded(refusal, limits)),
                 }
             }
             Err(StoreError(error)) => {

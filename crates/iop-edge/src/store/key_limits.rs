@@ -1,12 +1,72 @@
-//! The fleet's API key limits in the store ([`crate::fleet_limits::KeyStore`]):
+//! The fleet's API key limits in the store: what they need of it ([`KeyStore`], which
+//! `crate::fleet_limits` decides with) and PostgreSQL's implementation:
 //! admissions by `iop_key_admit`, releases by `iop_key_release` (both under the key's
 //! advisory lock, see [`super::migrations`]), the day's tokens by an upsert that adds, and
 //! an edge's rows cleared when it starts.
 
 use crate::config::KeyLimitsConfig;
-use crate::fleet_limits::{KeyStore, Released, StoreError, StoreRefusal};
 use crate::store::Store;
 use crate::store::edges::LIVE_WITHIN;
+
+/// Which limit the store refused a request for, and when to retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreRefusal {
+    RequestsPerMinute { retry_after_ms: i64 },
+    MaxConcurrent { retry_after_ms: i64 },
+    TokensPerDay { retry_after_ms: i64 },
+}
+
+impl StoreRefusal {
+    /// The refusal the store named `name`; an unknown name is an error (a store newer than
+    /// this edge), never taken for another limit.
+    pub fn parse(name: &str, retry_after_ms: i64) -> Result<Self, StoreError> {
+        match name {
+            "requests_per_minute" => Ok(Self::RequestsPerMinute { retry_after_ms }),
+            "max_concurrent" => Ok(Self::MaxConcurrent { retry_after_ms }),
+            "tokens_per_day" => Ok(Self::TokensPerDay { retry_after_ms }),
+            other => Err(StoreError(format!(
+                "the store refused for a limit this edge does not know: {other:?}"
+            ))),
+        }
+    }
+}
+
+/// The store did not do what was asked (unreachable, an error, a timeout).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreError(pub String);
+
+/// What a released key holds back to the store: this edge's running totals of the places
+/// and tokens its requests of the key gave back since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Released {
+    pub places: i64,
+    pub reserved: i64,
+}
+
+/// The fleet's store, as the key limits use it.
+#[async_trait::async_trait]
+pub trait KeyStore: Send + Sync + std::fmt::Debug {
+    /// Decides a request of `key` under `limits` reserving `reserve` tokens and, when
+    /// admitted, adds it to `edge`'s row: `None` admitted, else the refusal.
+    /// A request whose prompt alone (`input` tokens) is more than what is left of a
+    /// `tokens_per_day` budget is refused too.
+    async fn admit(
+        &self,
+        key: &str,
+        edge: &str,
+        limits: &KeyLimitsConfig,
+        reserve: u64,
+        input: u64,
+    ) -> Result<Option<StoreRefusal>, StoreError>;
+    /// Takes off `edge`'s row of `key` what `released` (running totals) holds beyond what
+    /// was taken off already.
+    async fn release(&self, key: &str, edge: &str, released: Released) -> Result<(), StoreError>;
+    /// Adds `tokens` used by `key` on UTC day `day` (days since the epoch).
+    async fn add_tokens(&self, key: &str, day: i64, tokens: u64) -> Result<(), StoreError>;
+    /// Clears what an earlier run of `edge` held.
+    async fn clear_edge(&self, edge: &str) -> Result<(), StoreError>;
+}
 
 fn failed(what: &str, e: &tokio_postgres::Error) -> StoreError {
     StoreError(format!("store ({what}): {}", super::reason(e)))

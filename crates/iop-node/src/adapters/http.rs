@@ -91,7 +91,7 @@ pub struct HttpProvider {
     /// Set for `http://` providers.
     plain: Option<PlainEndpoint>,
     /// Its token counts: places and the endpoints that count.
-    pub tokenizer: std::sync::Arc<super::token_count::Tokenizer>,
+    pub tokenizer: std::sync::Arc<super::tokenizer::Tokenizer>,
 }
 
 impl HttpProvider {

@@ -16,6 +16,7 @@ pub mod ollama;
 pub mod openai_compat;
 pub mod plain;
 pub mod token_count;
+pub mod tokenizer;
 
 use iop_proto::ErrorCode;
 use std::sync::Arc;

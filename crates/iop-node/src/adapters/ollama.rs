@@ -23,12 +23,16 @@ pub struct OllamaAdapter {
     pub provider: HttpProvider,
 }
 
+/// How long a query of the server's models may take.
+pub const QUERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl OllamaAdapter {
     pub fn new(provider: HttpProvider) -> Self {
         Self { provider }
     }
 
-    /// `GET /api/tags`, `GET /api/ps`, or `POST /api/show {model}`, as JSON.
+    /// `GET /api/tags`, `GET /api/ps`, or `POST /api/show {model}`, as JSON (at most
+    /// [`super::http::MAX_LOOKUP_BYTES`], within [`QUERY_TIMEOUT`]).
     pub async fn query(&self, what: &str, model: Option<&str>) -> Result<Value, AdapterError> {
         let request = match what {
             "tags" => self.provider.request(reqwest::Method::GET, "/api/tags"),
@@ -50,11 +54,10 @@ impl OllamaAdapter {
                 )));
             }
         };
-        let response = self.provider.accepted(request, HeadWait::Whole).await?;
-        response
-            .json::<Value>()
+        // At most `MAX_LOOKUP_BYTES` of answer: a server listing without end is refused.
+        self.provider
+            .json_lookup(request, QUERY_TIMEOUT, &format!("/api/{what}"))
             .await
-            .map_err(|e| self.provider.transport_error(&e))
     }
 }
 

@@ -8,7 +8,7 @@
 //!   them with the model's chat template and counts), else `POST /apply-template` and
 //!   `POST /tokenize` of the prompt it renders (llama-server).
 //!
-//! Each provider has a [`Tokenizer`]: at most [`TOKENIZER_PLACES`] counts at once (a
+//! Each provider has a [`super::tokenizer::Tokenizer`]: at most [`TOKENIZER_PLACES`] counts at once (a
 //! count waits for a place at most [`COUNT_TIMEOUT`], then is refused as
 //! `node_capacity`), and which of its endpoints counts a chat, learned by the first count
 //! and used alone afterwards: one request per count (vLLM, Messages), two for
@@ -19,53 +19,16 @@
 //! The answer is `{"input_tokens": N, "counted_by": "provider" | "tokenizer"}`; a provider
 //! with none of these endpoints is an error, and the edge estimates instead.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use iop_proto::ErrorCode;
-use parking_lot::Mutex;
 use reqwest::Method;
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
 
 use super::AdapterError;
 use super::http::HttpProvider;
 
-/// How long each counting request may take, and a count may wait for a place: counting
-/// is quick, and the client is waiting.
-pub const COUNT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Counts one provider serves at once, whatever the edges ask.
-pub const TOKENIZER_PLACES: usize = 4;
-/// How long a provider found without a tokenizer is not asked again.
-pub const RETRY_MISSING_AFTER: Duration = Duration::from_secs(300);
-
-/// Which endpoints count a chat on a provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Dialect {
-    /// Not learned yet.
-    Unknown,
-    /// `/tokenize` with `messages` answers a count (vLLM).
-    Tokenize,
-    /// `/apply-template`, then `/tokenize` of its prompt (llama-server).
-    Template,
-    /// `/tokenize` is missing; not asked again until then.
-    Missing { until: Instant },
-}
-
-/// One provider's counting: its places and what it was learned to speak.
-#[derive(Debug)]
-pub struct Tokenizer {
-    places: Semaphore,
-    dialect: Mutex<Dialect>,
-}
-
-impl Default for Tokenizer {
-    fn default() -> Self {
-        Self {
-            places: Semaphore::new(TOKENIZER_PLACES),
-            dialect: Mutex::new(Dialect::Unknown),
-        }
-    }
-}
+use super::tokenizer::{COUNT_TIMEOUT, Dialect, RETRY_MISSING_AFTER, TOKENIZER_PLACES};
 
 /// Counts the tokens of `body` (JSON text): a Messages request when `api` is `messages`,
 /// else a chat request.
