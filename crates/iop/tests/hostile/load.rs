@@ -389,3 +389,82 @@ model_groups:
     // A small one still fits.
     assert_eq!(chat("hi".into()).await.unwrap().status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_run_bodies_and_many_medium_bodies_from_one_key_stay_under_its_share() {
+    let dir = tempdir();
+    let mock = start_mock(&[]).await;
+    let edge = start_edge(dir.path(), &config(&mock)).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let health = tokio::spawn(slowest_health(edge.url("/healthz"), stop.clone()));
+    // 40 native runs of 3.6 MiB each at once: at most the key's share of large bodies is
+    // read and decoded at a time, the rest are refused at once.
+    let input = "a".repeat(3_600_000);
+    let run = bytes::Bytes::from(
+        serde_json::to_vec(&json!({"node": "n1", "adapter": "oa", "target": "m", "input": input}))
+            .unwrap(),
+    );
+    let mut refused = 0;
+    let mut runs = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let (url, run) = (edge.url("/v1/runs"), run.clone());
+        runs.spawn(async move {
+            let sent = client()
+                .post(url)
+                .bearer_auth(KEY)
+                .header("content-type", "application/json")
+                .body(run)
+                .timeout(Duration::from_secs(300))
+                .send()
+                .await;
+            match sent {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    (status, response.text().await.unwrap_or_default())
+                }
+                Err(e) => (0, e.to_string()),
+            }
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(done) = runs.join_next().await {
+        answers.push(done.unwrap());
+    }
+    for (status, body) in answers {
+        if status == 0 {
+            panic!("{body}\n{}", edge.proc.log());
+        }
+        match status {
+            200 => {}
+            429 => {
+                assert!(body.contains("large_bodies_per_key"), "{body}");
+                refused += 1;
+            }
+            _ => panic!("{status}: {body}"),
+        }
+    }
+    // A share of 8 at once (a run that ended early makes room for one more).
+    assert!(refused >= 20, "{refused} of 40 refused over a share of 8");
+    // Bodies just under the large-body size (decoded on a worker, not the event loop):
+    // 40 at once, 5 rounds.
+    let medium = messages_body(5_000, 22);
+    assert!(
+        medium.len() > 200 * 1024 && medium.len() < 256 * 1024,
+        "{}",
+        medium.len()
+    );
+    for _ in 0..5 {
+        for (status, body) in send_all(&edge, 40, medium.clone()).await {
+            assert!(status == 200 || status == 400, "{status}: {body}");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let slowest = health.await.unwrap();
+    eprintln!("large runs and medium bodies: slowest /healthz {slowest:?}");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "/healthz took {slowest:?}"
+    );
+}
