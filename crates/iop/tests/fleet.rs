@@ -186,8 +186,8 @@ async fn a_second_edge_with_another_secret_key_is_refused_and_says_so() {
     assert!(!log.contains(other_key), "the key is never printed");
 }
 
-/// Three edges of one store and the node `n1` that links to them all.
-struct ThreeEdges {
+/// Edges of one store and the node `n1` that links to them all.
+struct Edges {
     edges: Vec<EdgeProc>,
     _dirs: Vec<tempfile::TempDir>,
     _node: Proc,
@@ -195,10 +195,16 @@ struct ThreeEdges {
 
 /// Starts `edge-1`..`edge-3`, each with `config(id)`, and `n1` (static token, told of
 /// edge 1 only); returns once `n1` is ready on all three.
-async fn three_edges_and_n1(config: impl Fn(&str) -> String) -> ThreeEdges {
+async fn three_edges_and_n1(config: impl Fn(&str) -> String) -> Edges {
+    edges_and_n1(3, config).await
+}
+
+/// Starts `edge-1`..`edge-<n>`, each with `config(id)`, and `n1` (static token, told of
+/// edge 1 only); returns once `n1` is ready on all of them.
+async fn edges_and_n1(n: usize, config: impl Fn(&str) -> String) -> Edges {
     let mut dirs = Vec::new();
     let mut edges = Vec::new();
-    for i in 1..=3 {
+    for i in 1..=n {
         let dir = tempdir();
         edges.push(
             start_edge_full(
@@ -224,7 +230,7 @@ async fn three_edges_and_n1(config: impl Fn(&str) -> String) -> ThreeEdges {
     for edge in &edges {
         wait_ready(edge, "n1").await;
     }
-    ThreeEdges {
+    Edges {
         edges,
         _dirs: dirs,
         _node: node,
@@ -542,33 +548,8 @@ model_groups:
             url = pg.url()
         )
     };
-    let mut dirs = Vec::new();
-    let mut edges = Vec::new();
-    for i in 1..=2 {
-        let dir = tempdir();
-        edges.push(
-            start_edge_full(
-                dir.path(),
-                &config(&format!("edge-{i}")),
-                "127.0.0.1:0",
-                "127.0.0.1:0",
-                &[("IOP_STORE_SECRET_KEY", SECRET_KEY)],
-            )
-            .await,
-        );
-        dirs.push(dir);
-    }
-    let node_dir = tempdir();
-    let _node = start_node(
-        "n1",
-        node_dir.path(),
-        &edges[0].nodes,
-        "token-n1-0123456789",
-        "",
-    );
-    for edge in &edges {
-        wait_ready(edge, "n1").await;
-    }
+    let fleet = edges_and_n1(2, config).await;
+    let edges = &fleet.edges;
     // Twelve loops, six on each edge, for ten seconds (a refused one tries again at once).
     let mut loops = tokio::task::JoinSet::new();
     let end = Instant::now() + Duration::from_secs(10);

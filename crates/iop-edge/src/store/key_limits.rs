@@ -72,6 +72,23 @@ fn failed(what: &str, e: &tokio_postgres::Error) -> StoreError {
     StoreError(format!("store ({what}): {}", super::reason(e)))
 }
 
+impl Store {
+    /// Runs one statement of the key limits (`what` names it in errors).
+    async fn key_statement(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<(), StoreError> {
+        let client = self.client().await.map_err(StoreError)?;
+        client
+            .execute(sql, params)
+            .await
+            .map_err(|e| failed(what, &e))?;
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl KeyStore for Store {
     async fn admit(
@@ -104,37 +121,31 @@ impl KeyStore for Store {
     }
 
     async fn release(&self, key: &str, edge: &str, released: Released) -> Result<(), StoreError> {
-        let client = self.client().await.map_err(StoreError)?;
-        client
-            .execute(
-                "SELECT iop_key_release($1, $2, $3, $4)",
-                &[&key, &edge, &released.places, &released.reserved],
-            )
-            .await
-            .map_err(|e| failed("key release", &e))?;
-        Ok(())
+        self.key_statement(
+            "key release",
+            "SELECT iop_key_release($1, $2, $3, $4)",
+            &[&key, &edge, &released.places, &released.reserved],
+        )
+        .await
     }
 
     async fn add_tokens(&self, key: &str, day: i64, tokens: u64) -> Result<(), StoreError> {
-        let client = self.client().await.map_err(StoreError)?;
-        client
-            .execute(
-                "INSERT INTO iop_key_tokens (key, day, used)
-                 VALUES ($1, DATE '1970-01-01' + $2::INTEGER, $3)
-                 ON CONFLICT (key, day) DO UPDATE SET used = iop_key_tokens.used + $3",
-                &[&key, &(day as i32), &(tokens.min(i64::MAX as u64) as i64)],
-            )
-            .await
-            .map_err(|e| failed("key tokens", &e))?;
-        Ok(())
+        self.key_statement(
+            "key tokens",
+            "INSERT INTO iop_key_tokens (key, day, used)
+             VALUES ($1, DATE '1970-01-01' + $2::INTEGER, $3)
+             ON CONFLICT (key, day) DO UPDATE SET used = iop_key_tokens.used + $3",
+            &[&key, &(day as i32), &(tokens.min(i64::MAX as u64) as i64)],
+        )
+        .await
     }
 
     async fn clear_edge(&self, edge: &str) -> Result<(), StoreError> {
-        let client = self.client().await.map_err(StoreError)?;
-        client
-            .execute("DELETE FROM iop_key_inflight WHERE edge_id = $1", &[&edge])
-            .await
-            .map_err(|e| failed("key places", &e))?;
-        Ok(())
+        self.key_statement(
+            "key places",
+            "DELETE FROM iop_key_inflight WHERE edge_id = $1",
+            &[&edge],
+        )
+        .await
     }
 }

@@ -70,27 +70,35 @@ async fn slowest_health(url: String, stop: Arc<AtomicBool>) -> Duration {
     slowest
 }
 
+/// Starts nodes n1..n3 on `edge` and waits until they are ready.
+async fn three_nodes(edge: &EdgeProc, dir: &std::path::Path) -> Vec<Proc> {
+    let mut nodes = Vec::new();
+    for i in 1..=3 {
+        let token = format!("token-n{i}-0123456789");
+        nodes.push(start_node(&format!("n{i}"), dir, &edge.nodes, &token, ""));
+    }
+    for i in 1..=3 {
+        wait_ready(edge, &format!("n{i}")).await;
+    }
+    nodes
+}
+
+/// The generation of each of n1..n3 (a node that reconnected has a new one).
+async fn generations(edge: &EdgeProc) -> Vec<Value> {
+    let s = status(edge).await;
+    (1..=3)
+        .map(|i| node_status(&s, &format!("n{i}"))["generation"].clone())
+        .collect()
+}
+
 /// Starts three nodes, sends `n` costly bodies at once from one key while probing
 /// `/healthz`, and checks that no node was dropped.
 async fn costly_bodies_leave_the_control_plane_alone(n: usize, edge_args: &[&str]) {
     let dir = tempdir();
     let mock = start_mock(&[]).await;
     let edge = start_edge_with(dir.path(), &config(&mock), edge_args).await;
-    let mut nodes = Vec::new();
-    for i in 1..=3 {
-        let id = format!("n{i}");
-        let token = format!("token-n{i}-0123456789");
-        nodes.push(start_node(&id, dir.path(), &edge.nodes, &token, ""));
-    }
-    for i in 1..=3 {
-        wait_ready(&edge, &format!("n{i}")).await;
-    }
-    let generations = |s: &Value| {
-        (1..=3)
-            .map(|i| node_status(s, &format!("n{i}"))["generation"].clone())
-            .collect::<Vec<_>>()
-    };
-    let before = generations(&status(&edge).await);
+    let nodes = three_nodes(&edge, dir.path()).await;
+    let before = generations(&edge).await;
     let baseline = crate::common::node_wire::rss_bytes(edge.proc.pid());
     let peak = RssPeak::start(edge.proc.pid());
 
@@ -146,7 +154,7 @@ async fn costly_bodies_leave_the_control_plane_alone(n: usize, edge_args: &[&str
         "edge RSS grew by {} MiB for {n} bodies",
         grew / MIB
     );
-    let after = generations(&status(&edge).await);
+    let after = generations(&edge).await;
     assert_eq!(before, after, "a node reconnected:\n{}", edge.proc.log());
     assert!(
         !edge.proc.has_line("heartbeat timeout"),
@@ -210,26 +218,8 @@ async fn a_hundred_large_token_counts_from_one_key_drop_no_node() {
     let dir = tempdir();
     let mock = start_mock(&[]).await;
     let edge = start_edge(dir.path(), &config(&mock)).await;
-    let mut nodes = Vec::new();
-    for i in 1..=3 {
-        let token = format!("token-n{i}-0123456789");
-        nodes.push(start_node(
-            &format!("n{i}"),
-            dir.path(),
-            &edge.nodes,
-            &token,
-            "",
-        ));
-    }
-    for i in 1..=3 {
-        wait_ready(&edge, &format!("n{i}")).await;
-    }
-    let generations = |s: &Value| {
-        (1..=3)
-            .map(|i| node_status(s, &format!("n{i}"))["generation"].clone())
-            .collect::<Vec<_>>()
-    };
-    let before = generations(&status(&edge).await);
+    let nodes = three_nodes(&edge, dir.path()).await;
+    let before = generations(&edge).await;
     let stop = Arc::new(AtomicBool::new(false));
     let health = tokio::spawn(slowest_health(edge.url("/healthz"), stop.clone()));
     // 3.6 MiB of 40,000 blocks: each counted one is decoded, translated and sent on.
@@ -259,7 +249,7 @@ async fn a_hundred_large_token_counts_from_one_key_drop_no_node() {
         slowest < Duration::from_secs(1),
         "/healthz took {slowest:?} while the counts were decoded"
     );
-    let after = generations(&status(&edge).await);
+    let after = generations(&edge).await;
     assert_eq!(before, after, "a node reconnected:\n{}", edge.proc.log());
     for node in &nodes {
         assert!(!node.has_line("heartbeat timeout"), "{}", node.log());
