@@ -60,15 +60,15 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-pub mod agent_turn;
 mod apis;
 mod health;
 mod ollama;
 pub mod ollama_models;
 mod openai;
 pub mod prefix_cache;
-pub mod schema;
 mod tokenize;
+
+pub use iop_mock_model::{agent_turn, schema};
 
 pub use health::Faults;
 

@@ -16,7 +16,7 @@
 //! `response_format` other than `text`, and `n` above 1.
 //!
 //! Offered `tools`, it plays an agent's model, deterministically, so an agent can run a
-//! whole turn against it (`iop_mock::agent_turn`): one tool call per turn — the tool the
+//! whole turn against it (`iop_mock_model::agent_turn`): one tool call per turn — the tool the
 //! prompt names, else the first offered — with arguments that fit its schema (each
 //! required property: a string `"mock"`, a number `1`, `true`, `[]`, an object built the
 //! same way, or an enum's first value), finish reason `tool_calls`; once the turn holds a
@@ -70,7 +70,7 @@ fn refuse_unsupported(options: &pb::GenerationOptions) -> Result<(), AdapterErro
     Ok(())
 }
 
-/// The tool call the mock makes for `input` (one per turn, see `iop_mock::agent_turn`), or
+/// The tool call the mock makes for `input` (one per turn, see `iop_mock_model::agent_turn`), or
 /// `None` when it answers in text.
 fn tool_call(input: &RunInput) -> Option<pb::ToolCall> {
     let tools: Value = serde_json::from_str(&input.options.tools_json).ok()?;
@@ -83,11 +83,11 @@ fn tool_call(input: &RunInput) -> Option<pb::ToolCall> {
         })
         .collect();
     let conversation = json!({"tools": tools, "messages": messages});
-    let function = iop_mock::agent_turn::json_tool_call(&conversation)?;
+    let function = iop_mock_model::agent_turn::json_tool_call(&conversation)?;
     let name = function.get("name")?.as_str()?.to_string();
     let arguments = function
         .get("parameters")
-        .map_or_else(|| json!({}), iop_mock::schema::fitting_value);
+        .map_or_else(|| json!({}), iop_mock_model::schema::fitting_value);
     let id: String = input
         .run_id
         .chars()

@@ -1,6 +1,6 @@
 //! How the mocks play a model an agent drives, deterministically: whether a request is
-//! answered with a tool call or with text, and which tool is called. Shared by this
-//! crate's OpenAI and Ollama modes and by the node's mock adapter.
+//! answered with a tool call or with text, and which tool is called. Shared by the mock
+//! server's OpenAI and Ollama modes and by the node's mock adapter.
 //!
 //! One tool call per turn: a turn starts after the model's last text answer (or at the
 //! start of the conversation). If the turn already holds a tool result, the mock answers
