@@ -3,11 +3,15 @@
 //! transport feeds it connection events; the HTTP surfaces hand it decoded requests
 //! ([`pipeline`]: admission, then dispatch or a run; commands) and render what comes back.
 //!
-//! [`Edge`] holds the config and four parts, each with its own locks and its own tests:
-//! [`nodes`] (ownership, sessions, links, the config each node was sent), [`keys`] (the
-//! key table, the wrong-key throttle, per-key limits, run owners), [`dispatch_state`]
-//! (admission, the retry budget, ids) and [`telemetry`] (metrics, events, the ledger,
-//! the live window). The modules beside them are the edge's operations over those parts.
+//! [`Edge`] is a composition of parts, each with its own locks and its own tests:
+//! [`configs`] (the config served and the file's, and the lock that applies one at a
+//! time), [`nodes`] (ownership, sessions, links, the config each node was sent), [`keys`]
+//! (the key table, the wrong-key throttle, per-key limits, run owners), [`dispatch_state`]
+//! (admission, the retry budget, ids), [`telemetry`] (metrics, events, the ledger, the live
+//! window) and [`provider_models`] (the Ollama providers' own models and the fleet's model
+//! pulls); beside them the edge's lifetime (tasks, shutdown, drain), the fleet, trust and
+//! permit reports. New state goes into a part, not onto `Edge`. The modules beside them
+//! are the edge's operations over those parts.
 //!
 //! Node loss is handled here, on one path, not through the event bus: the registry fences
 //! the generation, the session's streams end with an error, the generation's leases are
@@ -17,6 +21,7 @@ pub mod accounting;
 pub mod admission;
 pub mod answer;
 pub mod command;
+pub mod configs;
 pub mod credentials;
 pub mod dispatch;
 pub mod dispatch_state;
@@ -30,6 +35,7 @@ pub mod nodes;
 pub mod permits;
 pub mod pipeline;
 pub mod plan;
+pub mod provider_models;
 pub mod reload;
 pub mod route;
 pub mod run;
@@ -45,7 +51,6 @@ use std::sync::Arc;
 
 use iop_proto::Outbound;
 use iop_proto::pb;
-use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -215,7 +220,8 @@ pub struct Registered {
 
 /// The edge service: the config, and the parts it owns — each behind its own locks.
 pub struct Edge {
-    config: RwLock<Arc<EdgeConfig>>,
+    /// The config served and the file's, and the lock that applies one at a time.
+    pub(crate) configs: configs::Configs,
     /// Node ownership, sessions, links and the config each node was sent.
     pub(crate) nodes: Nodes,
     /// API keys: the table, wrong-key throttle, limits, run owners.
@@ -234,17 +240,8 @@ pub struct Edge {
     trust: Option<Arc<TrustStore>>,
     /// What this edge last told each node granting it permits.
     permit_reports: permits::PermitReports,
-    /// The config as the file has it (what is served adds the Ollama providers' own
-    /// models, [`crate::local_models`]).
-    file_config: RwLock<Arc<EdgeConfig>>,
-    /// What each Ollama provider's server holds, as last asked.
-    held_models: parking_lot::Mutex<crate::local_models::Held>,
-    /// What each Ollama provider's server has loaded, as last asked.
-    loaded_models: parking_lot::Mutex<crate::local_models::Held>,
-    /// Asks the model refresher to look again (a node became ready).
-    pub(crate) models_stale: tokio::sync::Notify,
-    /// Model pulls across the fleet, running and recent.
-    pub(crate) model_jobs: model_jobs::FleetJobs,
+    /// The Ollama providers' own models: held, loaded, pulls across the fleet.
+    pub(crate) provider_models: provider_models::ProviderModels,
 }
 
 impl std::fmt::Debug for Edge {
@@ -276,12 +273,8 @@ impl Edge {
             keys: Keys::new(&config.auth, today),
             dispatcher: DispatchState::new(&config),
             telemetry: Telemetry::new(&config, ledger),
-            file_config: RwLock::new(Arc::new(config.clone())),
-            held_models: Default::default(),
-            loaded_models: Default::default(),
-            models_stale: tokio::sync::Notify::new(),
-            model_jobs: Default::default(),
-            config: RwLock::new(Arc::new(config)),
+            provider_models: Default::default(),
+            configs: configs::Configs::new(config),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             drain: Arc::default(),
@@ -298,7 +291,7 @@ impl Edge {
 
     /// The current config (replaced as a whole by a reload).
     pub fn config(&self) -> Arc<EdgeConfig> {
-        self.config.read().clone()
+        self.configs.served()
     }
 
     pub fn tasks(&self) -> &TaskTracker {
@@ -410,7 +403,7 @@ impl Edge {
             ReadyOutcome::Activated => {
                 self.refresh_if_stale(node_id, outbound);
                 self.dispatcher.admission.node_ready(node_id, generation);
-                self.models_stale.notify_one();
+                self.provider_models.mark_stale();
                 tracing::info!(node_id, %generation, peer, "node ready");
                 self.telemetry
                     .events

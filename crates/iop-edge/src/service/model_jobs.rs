@@ -146,7 +146,7 @@ impl Edge {
         };
         tracing::info!(job = %job.id, model, targets = targets.len(), "pulling a model onto the fleet");
         let (tx, rx) = watch::channel(job);
-        self.model_jobs.add(rx.clone());
+        self.provider_models.jobs.add(rx.clone());
         let tx = Arc::new(tx);
         let follows = targets.into_iter().enumerate().map(|(i, target)| {
             let tx = tx.clone();

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::Stream;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::Edge;
 use super::command::CommandError;
@@ -72,15 +72,15 @@ impl Edge {
             if let Ok(Ok(ps)) = ps {
                 let key = (t.node.clone(), t.provider.clone());
                 let cap = config.limits.models_per_provider;
-                self.loaded_models
-                    .lock()
-                    .insert(key, model_names(&ps, cap).0);
+                self.provider_models
+                    .set_loaded(key, model_names(&ps, cap).0);
             }
             (t, tags)
         });
         let answers = futures::future::join_all(asks).await;
-        let mut held = self.held_models.lock();
-        let before = held.clone();
+        // From here until the result is served, no reload applies a config of its own.
+        let _applying = self.configs.applying();
+        let mut updates = Vec::new();
         for (target, answer) in answers {
             let key = (target.node.clone(), target.provider.clone());
             match answer {
@@ -90,7 +90,7 @@ impl Edge {
                     if left_out > 0 {
                         tracing::warn!(node_id = %target.node, provider = %target.provider, kept = names.len(), left_out, "the provider lists models that are not valid names or more than limits.models_per_provider; those are left out");
                     }
-                    held.insert(key, names);
+                    updates.push((key, names));
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(node_id = %target.node, provider = %target.provider, %e, "cannot list the provider's models; keeping what it held")
@@ -100,9 +100,9 @@ impl Edge {
                 }
             }
         }
-        if *held == before {
+        let Some(held) = self.provider_models.update_held(updates) else {
             return;
-        }
+        };
         let file = self.file_config();
         let served = crate::local_models::with_local_groups(&file, &held);
         let local: Vec<&str> = served
@@ -120,9 +120,10 @@ impl Edge {
     /// running already.
     pub fn reconcile_models(self: &std::sync::Arc<Self>) {
         let config = self.file_config();
-        let held = self.held_models.lock().clone();
+        let held = self.provider_models.held();
         let running: Vec<_> = self
-            .model_jobs
+            .provider_models
+            .jobs
             .list()
             .into_iter()
             .filter(|j| !j.ended())
@@ -159,14 +160,7 @@ impl Edge {
 
     /// What each Ollama provider holds and has loaded, as last asked.
     pub fn ollama_models(&self) -> Vec<Value> {
-        let held = self.held_models.lock().clone();
-        let loaded = self.loaded_models.lock().clone();
-        held.into_iter()
-            .map(|((node, provider), models)| {
-                let loaded = loaded.get(&(node.clone(), provider.clone()));
-                json!({"node": node, "provider": provider, "models": models, "loaded": loaded})
-            })
-            .collect()
+        self.provider_models.view()
     }
 
     /// The enabled Ollama providers on connected nodes, narrowed to `node` and `provider`
@@ -224,7 +218,7 @@ impl Edge {
                 _ = edge.follow(&target, &model, &tx) => {}
                 _ = shutdown.cancelled() => return,
             }
-            edge.models_stale.notify_one();
+            edge.provider_models.mark_stale();
         });
         futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|update| (update, rx))
@@ -330,13 +324,13 @@ fn model_names(answer: &Value, cap: usize) -> (Vec<String>, usize) {
 }
 
 /// Keeps the groups of the Ollama providers' own models current until shutdown: on
-/// demand ([`Edge::models_stale`]) and every [`MODELS_REFRESH`].
+/// demand ([`super::provider_models::ProviderModels::mark_stale`]) and every [`MODELS_REFRESH`].
 pub async fn refresh_local_models(edge: std::sync::Arc<Edge>) {
     let shutdown = edge.shutdown_token().clone();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = edge.models_stale.notified() => {}
+            _ = edge.provider_models.stale() => {}
             _ = tokio::time::sleep(MODELS_REFRESH) => {}
         }
         edge.refresh_local_models(None).await;

@@ -47,8 +47,9 @@ impl Edge {
     /// Applies `new` (already validated, as the file has it) to the running edge, with
     /// the groups of the Ollama providers' own models added.
     pub fn reload(&self, new: EdgeConfig) -> ReloadReport {
-        let held = self.held_models.lock();
-        *self.file_config.write() = Arc::new(new.clone());
+        let _applying = self.configs.applying();
+        let held = self.provider_models.held();
+        self.configs.set_file(Arc::new(new.clone()));
         let report = self.apply_config(crate::local_models::with_local_groups(&new, &held));
         tracing::info!(
             refreshed = ?report.refreshed,
@@ -61,7 +62,7 @@ impl Edge {
 
     /// The config as the file has it.
     pub fn file_config(&self) -> Arc<EdgeConfig> {
-        self.file_config.read().clone()
+        self.configs.file()
     }
 
     /// Serves `new` from now on (a reload, or the Ollama providers' own models changed).
@@ -117,7 +118,7 @@ impl Edge {
         // The config first: a registration between the two finds either the old registry
         // and the new config (a removed node is refused as unknown) or both new.
         let new = Arc::new(new);
-        *self.config.write() = new.clone();
+        self.configs.serve(new.clone());
         self.nodes.update_tokens(token_records(&new));
         self.keys.replace(&new.auth);
         self.telemetry.configure(&new);
@@ -198,7 +199,7 @@ mod tests {
         ));
         // The reload has swapped the config (without n1) and not yet the registry, which
         // still knows n1's token: refused as an unknown node, and nothing is left claimed.
-        *edge.config.write() = Arc::new(config("[]"));
+        edge.configs.serve(Arc::new(config("[]")));
         assert!(matches!(
             register(&edge).await,
             Err(Rejection::UnknownNode { node_id }) if node_id == "n1"

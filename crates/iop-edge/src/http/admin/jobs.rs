@@ -63,7 +63,7 @@ async fn pull(
 }
 
 async fn list(State(edge): State<Arc<Edge>>) -> Response {
-    axum::Json(json!({"jobs": edge.model_jobs.list()})).into_response()
+    axum::Json(json!({"jobs": edge.provider_models.jobs.list()})).into_response()
 }
 
 fn unknown(id: &str) -> ApiError {
@@ -74,7 +74,11 @@ fn unknown(id: &str) -> ApiError {
 }
 
 async fn one(State(edge): State<Arc<Edge>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let job = edge.model_jobs.watch(&id).ok_or_else(|| unknown(&id))?;
+    let job = edge
+        .provider_models
+        .jobs
+        .watch(&id)
+        .ok_or_else(|| unknown(&id))?;
     let job = job.borrow().clone();
     Ok(axum::Json(json!({"job": job})).into_response())
 }
@@ -83,7 +87,11 @@ async fn events(
     State(edge): State<Arc<Edge>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = edge.model_jobs.watch(&id).ok_or_else(|| unknown(&id))?;
+    let job = edge
+        .provider_models
+        .jobs
+        .watch(&id)
+        .ok_or_else(|| unknown(&id))?;
     let body = job_lines(job).map(|line| {
         let name = if line.get("node").is_some() {
             "progress"

@@ -62,7 +62,7 @@ async fn status(State(edge): State<Arc<Edge>>) -> Response {
     });
     body["ollama"] = json!({
         "providers": edge.ollama_models(),
-        "jobs": edge.model_jobs.list(),
+        "jobs": edge.provider_models.jobs.list(),
     });
     body["keys"] = edge
         .keys
