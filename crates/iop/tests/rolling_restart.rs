@@ -134,7 +134,7 @@ async fn a_rolling_restart_behind_haproxy_fails_no_request() {
         wait_ready(&edge.proc, "n1").await;
     }
     // HAProxy takes an edge in after two good checks.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    lb.wait_up(&["edge-1", "edge-2", "edge-3"]).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
@@ -148,7 +148,10 @@ async fn a_rolling_restart_behind_haproxy_fails_no_request() {
             ))
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The clients are under way before the first edge goes.
+    while tally.answered.load(Ordering::Relaxed) < 20 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     for edge in &mut edges {
         let before = tally.answered.load(Ordering::Relaxed);
@@ -165,7 +168,7 @@ async fn a_rolling_restart_behind_haproxy_fails_no_request() {
         edge.proc = start(&pg, edge.dir.path(), &edge.id, &edge.nodes, &edge.http).await;
         wait_ready(&edge.proc, "n1").await;
         // Back in HAProxy's rotation (two good checks) before the next edge goes.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        lb.wait_up(&[edge.id.as_str()]).await;
         let during = tally.answered.load(Ordering::Relaxed) - before;
         eprintln!(
             "{} restarted; {during} requests answered meanwhile",

@@ -1,6 +1,7 @@
 //! A real HAProxy in front of test edges: TCP mode (the load balancer sees bytes, not
 //! requests), round robin, each edge health-checked on `/readyz` every 200 ms and taken
 //! out at its first failure; a connection an edge refuses is dispatched to another.
+//! Its statistics page tells a test when it has taken the edges in ([`Haproxy::wait_up`]).
 //! The binary comes from `IOP_HAPROXY`, else `haproxy` on the PATH or in /usr/sbin
 //! (Debian's `haproxy` package). Without it the test is skipped, unless
 //! `IOP_REQUIRE_HAPROXY=1` (as in CI).
@@ -15,6 +16,8 @@ pub struct Haproxy {
     pub proc: Proc,
     /// Where clients connect.
     pub addr: String,
+    /// Its statistics page, which says whether each edge is in the rotation.
+    stats: String,
     _dir: tempfile::TempDir,
 }
 
@@ -45,6 +48,7 @@ impl Haproxy {
         };
         let dir = super::tempdir();
         let addr = super::free_addr();
+        let stats = super::free_addr();
         let servers: String = backends
             .iter()
             .enumerate()
@@ -60,6 +64,11 @@ defaults
     timeout server 60s
     retries 3
     option redispatch
+frontend stats
+    mode http
+    bind {stats}
+    stats enable
+    stats uri /stats
 frontend api
     bind {addr}
     default_backend edges
@@ -87,11 +96,60 @@ backend edges
         Some(Haproxy {
             proc,
             addr,
+            stats,
             _dir: dir,
         })
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// The edges (`edge-1`…) HAProxy has in its rotation now, by its statistics page.
+    pub async fn up(&self) -> Vec<String> {
+        let Ok(response) = reqwest::get(format!("http://{}/stats;csv", self.stats)).await else {
+            return Vec::new();
+        };
+        let csv = response.text().await.unwrap_or_default();
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("# ")
+            .split(',')
+            .collect();
+        let column = |name: &str| header.iter().position(|h| *h == name);
+        let (Some(proxy), Some(server), Some(status)) =
+            (column("pxname"), column("svname"), column("status"))
+        else {
+            return Vec::new();
+        };
+        lines
+            .map(|line| line.split(',').collect::<Vec<_>>())
+            .filter(|row| {
+                row.get(proxy) == Some(&"edges")
+                    && row.get(server).is_some_and(|s| s.starts_with("edge-"))
+                    && row.get(status) == Some(&"UP")
+            })
+            .map(|row| row[server].to_string())
+            .collect()
+    }
+
+    /// Waits until HAProxy has every edge of `edges` (`edge-1`…) in its rotation (its
+    /// health checks passed), at most 60 s.
+    pub async fn wait_up(&self, edges: &[&str]) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let up = self.up().await;
+            if edges.iter().all(|e| up.iter().any(|u| u == e)) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "haproxy has {up:?} in its rotation, not all of {edges:?}:\n{}",
+                self.proc.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
