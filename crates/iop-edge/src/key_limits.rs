@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::config::KeyLimitsConfig;
-use crate::ledger::day_tokens::{DayTokens, until_next_day};
+use crate::day_tokens::{DayTokens, until_next_day};
 
 /// The sliding window of `requests_per_minute`.
 pub const MINUTE: Duration = Duration::from_secs(60);
@@ -292,7 +292,7 @@ impl KeyLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::day_tokens::DAY_MS;
+    use crate::day_tokens::DAY_MS;
     use proptest::prelude::*;
 
     fn limits(rpm: Option<u32>, tpd: Option<u64>, conc: Option<u32>) -> KeyLimitsConfig {

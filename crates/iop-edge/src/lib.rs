@@ -11,6 +11,7 @@ pub(crate) mod auth;
 pub(crate) mod canonical;
 pub(crate) mod codec;
 pub mod config;
+pub(crate) mod day_tokens;
 pub(crate) mod drain;
 pub(crate) mod ejection;
 pub(crate) mod events;

@@ -1,10 +1,11 @@
 //! The code's shape, checked on every test run: within each crate no two modules depend on
-//! each other (directly or around a loop of siblings), and no function on the request
-//! path is longer than a reader can hold (100 lines). Test code is left out of both.
+//! each other (directly or around a loop of siblings); the edge's pure layers name no
+//! layer with I/O; neither daemon links the mock server; and no function on the request
+//! path is longer than a reader can hold (100 lines). Test code is left out.
 //!
 //! A module depends on another when its code names a path into it (`crate::a::b`,
-//! `super::b`, a `use` of either); a dependency on a module's descendant counts as one on
-//! the sibling that contains it.
+//! `super::b`, a `use` of either, in code or in a macro's arguments); a dependency on a
+//! module's descendant counts as one on the sibling that contains it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -167,6 +168,13 @@ impl<'ast> Visit<'ast> for FileVisitor {
         syn::visit::visit_impl_item_fn(self, f);
     }
 
+    /// A macro's arguments are tokens to syn, not code: the paths in them are read from
+    /// the tokens (`crate::a::b` inside `format!`, `tracing::info!`, `json!`…).
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.paths.extend(token_paths(mac.tokens.clone()));
+        syn::visit::visit_macro(self, mac);
+    }
+
     fn visit_path(&mut self, path: &'ast syn::Path) {
         let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
         if segments
@@ -177,6 +185,49 @@ impl<'ast> Visit<'ast> for FileVisitor {
         }
         syn::visit::visit_path(self, path);
     }
+}
+
+/// The paths starting at `crate`, `super` or `self` in a token stream, groups included.
+fn token_paths(tokens: proc_macro2::TokenStream) -> Vec<Vec<String>> {
+    use proc_macro2::TokenTree;
+    let mut found = Vec::new();
+    let mut current: Vec<String> = Vec::new();
+    // Whether the last tokens were `::` after a segment of `current`.
+    let mut colons = 0;
+    let end = |current: &mut Vec<String>, found: &mut Vec<Vec<String>>| {
+        if current.len() > 1 {
+            found.push(std::mem::take(current));
+        }
+        current.clear();
+    };
+    for token in tokens {
+        match token {
+            TokenTree::Ident(ident) => {
+                let name = ident.to_string();
+                if !current.is_empty() && colons == 2 {
+                    current.push(name);
+                } else {
+                    end(&mut current, &mut found);
+                    if name == "crate" || name == "super" || name == "self" {
+                        current.push(name);
+                    }
+                }
+                colons = 0;
+            }
+            TokenTree::Punct(p) if p.as_char() == ':' && !current.is_empty() => colons += 1,
+            TokenTree::Group(group) => {
+                end(&mut current, &mut found);
+                found.extend(token_paths(group.stream()));
+                colons = 0;
+            }
+            _ => {
+                end(&mut current, &mut found);
+                colons = 0;
+            }
+        }
+    }
+    end(&mut current, &mut found);
+    found
 }
 
 fn visit(file: &Path) -> FileVisitor {
@@ -260,22 +311,100 @@ fn loops(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     found
 }
 
+/// Which modules of `krate` each of its modules names.
+fn dependencies(
+    krate: &str,
+) -> (
+    BTreeMap<String, PathBuf>,
+    BTreeMap<String, BTreeSet<String>>,
+) {
+    let src = crates_dir().join(krate).join("src");
+    let modules = modules(&src);
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, file) in &modules {
+        for path in visit(file).paths {
+            if let Some(target) = resolve(&modules, module, &path)
+                && &target != module
+            {
+                edges.entry(module.clone()).or_default().insert(target);
+            }
+        }
+    }
+    (modules, edges)
+}
+
+/// The edge's pure layers (the API codecs and the core state machines: no I/O, time taken
+/// as `now`), and the layers with I/O they must never name: what a pure layer needs of
+/// them belongs in a pure layer.
+const EDGE_PURE: &[&str] = &[
+    "canonical",
+    "codec",
+    "surfaces",
+    "registry",
+    "lease",
+    "queue",
+    "routing",
+    "health",
+    "ejection",
+    "retry_budget",
+    "throttle",
+    "key_limits",
+    "day_tokens",
+    "auth",
+];
+const EDGE_IO: &[&str] = &[
+    "service",
+    "http",
+    "transport",
+    "store",
+    "ledger",
+    "fleet_limits",
+    "session",
+    "trust",
+];
+
+/// Whether `module` is `top` or lies in it.
+fn within(module: &str, top: &str) -> bool {
+    module == top || module.starts_with(&format!("{top}::"))
+}
+
+/// The dependencies of `edges` from a module within `from` to one within `to`.
+fn crossings(
+    edges: &BTreeMap<String, BTreeSet<String>>,
+    from: &[&str],
+    to: &[&str],
+) -> Vec<String> {
+    let mut found = Vec::new();
+    for (module, targets) in edges {
+        if !from.iter().any(|f| within(module, f)) {
+            continue;
+        }
+        for target in targets {
+            if to.iter().any(|t| within(target, t)) {
+                found.push(format!("{module} -> {target}"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_pure_layers_name_no_layer_with_io() {
+    let (_, edges) = dependencies("iop-edge");
+    let found = crossings(&edges, EDGE_PURE, EDGE_IO);
+    assert!(
+        found.is_empty(),
+        "pure layers of the edge that name a layer with I/O (move what they need into a \
+         pure layer):\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn no_two_modules_of_a_crate_depend_on_each_other() {
     let mut problems = Vec::new();
     for krate in CRATES {
-        let src = crates_dir().join(krate).join("src");
-        let modules = modules(&src);
-        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (module, file) in &modules {
-            for path in visit(file).paths {
-                if let Some(target) = resolve(&modules, module, &path)
-                    && &target != module
-                {
-                    edges.entry(module.clone()).or_default().insert(target);
-                }
-            }
-        }
+        let (modules, edges) = dependencies(krate);
         for parent in std::iter::once(String::new()).chain(modules.keys().cloned()) {
             let mut siblings: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
             for (from, targets) in &edges {
@@ -380,4 +509,34 @@ fn the_daemons_do_not_link_the_test_backend() {
     let sample =
         "[dependencies]\niop-mock.workspace = true\nserde = \"1\"\n[dev-dependencies]\nx = 1\n";
     assert_eq!(normal_dependencies(sample), ["iop-mock", "serde"]);
+}
+
+#[test]
+fn the_checks_see_paths_in_macros_and_a_forbidden_direction() {
+    let file = syn::parse_file(
+        "fn f() { tracing::info!(x = %crate::a::b(1), \"{}\", super::super::c::D); let s = self.x; }",
+    )
+    .unwrap();
+    let mut visitor = FileVisitor::default();
+    visitor.visit_file(&file);
+    let want: Vec<Vec<String>> = [&["crate", "a", "b"][..], &["super", "super", "c", "D"][..]]
+        .iter()
+        .map(|p| p.iter().map(|s| s.to_string()).collect())
+        .collect();
+    // (`self.x` is the path `self`, the module itself: no dependency.)
+    let named: Vec<Vec<String>> = visitor.paths.into_iter().filter(|p| p.len() > 1).collect();
+    assert_eq!(named, want);
+
+    let edges: BTreeMap<String, BTreeSet<String>> = [
+        ("queue::tests", &["service::x"][..]),
+        ("queue", &["lease"][..]),
+        ("service", &["queue"][..]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
+    .collect();
+    assert_eq!(
+        crossings(&edges, &["queue"], &["service"]),
+        ["queue::tests -> service::x"]
+    );
 }

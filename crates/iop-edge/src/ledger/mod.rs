@@ -9,14 +9,13 @@
 //!   hands the finished record to [`crate::service::Edge::record_request`];
 //! - [`writer`]: the thread that commits records in batches; [`store`]: the file and its
 //!   schema; [`query`]: summaries and raw records;
-//! - [`live`]: the last minute per model group, in memory; [`day_tokens`]: each key's
-//!   tokens today, for `tokens_per_day` limits;
+//! - [`live`]: the last minute per model group, in memory (each key's tokens today, for
+//!   `tokens_per_day` limits, are [`crate::day_tokens`], loaded from here);
 //! - [`ship`]: in a fleet, the records copied into the store, the local file as the spool.
 //!
 //! [`Ledger`] owns the writer: [`Ledger::push`] never blocks (a full queue counts a drop),
 //! [`Ledger::close`] commits what is queued and stops.
 
-pub mod day_tokens;
 pub mod live;
 pub mod query;
 pub mod record;

@@ -3,41 +3,13 @@
 
 use serde::Serialize;
 
+pub use crate::surfaces::ClientApi;
+
 /// The name recorded for requests on an edge without API keys.
 pub const ANONYMOUS_KEY: &str = "anonymous";
 
 /// The outcome of a request that succeeded.
 pub const OUTCOME_OK: &str = "ok";
-
-/// The client API a request came in on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ClientApi {
-    /// `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
-    OpenAi,
-    /// `/v1/responses`.
-    Responses,
-    /// `/v1/messages` (Anthropic).
-    Messages,
-    /// `/api/*` (Ollama).
-    Ollama,
-    /// `/v1/runs` (the native runs API).
-    Runs,
-    /// `/v1/messages/count_tokens` (a token count: no tokens billed).
-    CountTokens,
-}
-
-impl ClientApi {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClientApi::OpenAi => "openai",
-            ClientApi::Responses => "responses",
-            ClientApi::Messages => "messages",
-            ClientApi::Ollama => "ollama",
-            ClientApi::Runs => "runs",
-            ClientApi::CountTokens => "count_tokens",
-        }
-    }
-}
 
 /// One finished request: who asked, what served it, what it cost and how it ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

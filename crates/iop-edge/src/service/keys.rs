@@ -11,9 +11,9 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::auth::{Caller, KeyTable};
 use crate::config::AuthConfig;
+use crate::day_tokens::DayTokens;
 use crate::fleet_limits::{FleetLimits, Shared};
 use crate::key_limits::{Admitted, KeyLimiter, KeyUsage, LimitExceeded};
-use crate::ledger::day_tokens::DayTokens;
 use crate::ledger::unix_ms_now;
 use crate::throttle::{FailureThrottle, ThrottlePolicy};
 

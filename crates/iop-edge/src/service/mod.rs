@@ -55,8 +55,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{EdgeConfig, ProviderConfig};
+use crate::day_tokens::{DAY_MS, DayTokens, day_of};
 use crate::events::NodeEventKind;
-use crate::ledger::day_tokens::{DAY_MS, DayTokens, day_of};
 use crate::ledger::{Ledger, unix_ms_now};
 use crate::payload::build_payload;
 use crate::registry::{ClaimError, Generation, ReadyOutcome};

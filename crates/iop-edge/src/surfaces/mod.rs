@@ -28,7 +28,6 @@ use http::HeaderMap;
 use serde_json::{Value, json};
 
 use crate::canonical::{AnswerEvent, ApiError, Decoded, Immediate, Operation};
-use crate::ledger::ClientApi;
 use messages::render::MessageWriter;
 use ollama::embed::{EmbedWriter, Embeddings};
 use ollama::render::{OllamaWriter, Timing};
@@ -47,6 +46,36 @@ pub enum Surface {
     Messages,
     /// `/api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings`.
     Ollama(ollama::Endpoint),
+}
+
+/// The client API a request came in on, as the usage ledger names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientApi {
+    /// `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
+    OpenAi,
+    /// `/v1/responses`.
+    Responses,
+    /// `/v1/messages` (Anthropic).
+    Messages,
+    /// `/api/*` (Ollama).
+    Ollama,
+    /// `/v1/runs` (the native runs API).
+    Runs,
+    /// `/v1/messages/count_tokens` (a token count: no tokens billed).
+    CountTokens,
+}
+
+impl ClientApi {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientApi::OpenAi => "openai",
+            ClientApi::Responses => "responses",
+            ClientApi::Messages => "messages",
+            ClientApi::Ollama => "ollama",
+            ClientApi::Runs => "runs",
+            ClientApi::CountTokens => "count_tokens",
+        }
+    }
 }
 
 /// How errors look in a client API.

@@ -18,6 +18,7 @@ use futures::StreamExt;
 use serde_json::json;
 
 use super::bench_cpu;
+use super::bench_percentile::percentile;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -117,14 +118,6 @@ struct Samples {
     requests: usize,
     /// What the target's `--cpu` processes used over its measured rounds.
     used: Option<bench_cpu::Usage>,
-}
-
-pub(super) fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)].as_secs_f64() * 1000.0
 }
 
 pub async fn run(args: Args) -> super::Result {

@@ -98,10 +98,10 @@ pub async fn run(
         "refused": o.refused,
         "failed": o.failed,
         "peak_open": open.peak.load(Ordering::Relaxed),
-        "first_byte_p50_ms": super::bench::percentile(&o.first_byte, 50.0),
-        "first_byte_p99_ms": super::bench::percentile(&o.first_byte, 99.0),
-        "done_p50_ms": super::bench::percentile(&o.done, 50.0),
-        "done_p99_ms": super::bench::percentile(&o.done, 99.0),
+        "first_byte_p50_ms": super::bench_percentile::percentile(&o.first_byte, 50.0),
+        "first_byte_p99_ms": super::bench_percentile::percentile(&o.first_byte, 99.0),
+        "done_p50_ms": super::bench_percentile::percentile(&o.done, 50.0),
+        "done_p99_ms": super::bench_percentile::percentile(&o.done, 99.0),
         "elapsed_ms": started.elapsed().as_secs_f64() * 1000.0,
     })
 }

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_cpu;
+pub mod bench_percentile;
 pub mod bench_sessions;
 pub mod bench_streams;
 pub mod demo;
