@@ -7,15 +7,23 @@
 //! with their fault / status / retry table.
 //!
 //! Nothing above this crate sees bytes: the edge and the node exchange [`pb::Envelope`]s.
+//!
+//! The codec, the connection, the heartbeat and the yield need an async runtime and come
+//! with the `io` feature (the daemons turn it on); without it the crate is the wire's types
+//! and facts alone, for pure layers such as `iop-api`.
 
+#[cfg(feature = "io")]
 pub mod codec;
+#[cfg(feature = "io")]
 pub mod connection;
 pub mod envelope;
 pub mod error_code;
+#[cfg(feature = "io")]
 pub mod heartbeat;
 pub mod model_name;
 pub mod run_event;
 pub mod trust;
+#[cfg(feature = "io")]
 pub mod yield_once;
 
 /// Generated protobuf types of package `iop.runtime.v1`.
@@ -24,11 +32,15 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/iop.runtime.v1.rs"));
 }
 
+#[cfg(feature = "io")]
 pub use codec::{DEFAULT_MAX_FRAME_BYTES, EnvelopeCodec, FrameError};
+#[cfg(feature = "io")]
 pub use connection::{ByteStream, FrameReader, Outbound, split_stream};
 pub use error_code::{Disposition, Fault};
+#[cfg(feature = "io")]
 pub use heartbeat::{HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat};
 pub use pb::ErrorCode;
+#[cfg(feature = "io")]
 pub use yield_once::yield_once;
 
 /// The wire contract id this crate implements.

@@ -18,9 +18,7 @@ const MAX_FUNCTION_LINES: usize = 100;
 /// The request path: every surface, codec and service module of the edge, and the node's
 /// run and tunnel execution.
 const REQUEST_PATH: &[&str] = &[
-    "iop-edge/src/canonical",
-    "iop-edge/src/codec",
-    "iop-edge/src/surfaces",
+    "iop-api/src",
     "iop-edge/src/service",
     "iop-edge/src/http",
     "iop-node/src/runs.rs",
@@ -32,6 +30,7 @@ const REQUEST_PATH: &[&str] = &[
 
 const CRATES: &[&str] = &[
     "iop-proto",
+    "iop-api",
     "iop-edge",
     "iop-node",
     "iop-mock-model",
@@ -333,13 +332,10 @@ fn dependencies(
     (modules, edges)
 }
 
-/// The edge's pure layers (the API codecs and the core state machines: no I/O, time taken
-/// as `now`), and the layers with I/O they must never name: what a pure layer needs of
-/// them belongs in a pure layer.
+/// The edge's pure layers (the core state machines: no I/O, time taken as `now`; the API
+/// codecs are a crate of their own, `iop-api`), and the layers with I/O they must never
+/// name: what a pure layer needs of them belongs in a pure layer.
 const EDGE_PURE: &[&str] = &[
-    "canonical",
-    "codec",
-    "surfaces",
     "registry",
     "lease",
     "queue",
@@ -539,4 +535,48 @@ fn the_checks_see_paths_in_macros_and_a_forbidden_direction() {
         crossings(&edges, &["queue"], &["service"]),
         ["queue::tests -> service::x"]
     );
+}
+
+/// The crates that are pure layers, and what they may never reach, directly or through
+/// another crate: an async runtime, an HTTP server, a database.
+const PURE_CRATES: &[&str] = &["iop-api", "iop-mock-model"];
+const NOT_IN_PURE_CRATES: &[&str] = &["tokio", "axum", "hyper", "rusqlite", "tokio-postgres"];
+
+#[test]
+fn the_pure_crates_reach_no_runtime_server_or_database() {
+    for krate in PURE_CRATES {
+        let output = std::process::Command::new(env!("CARGO"))
+            .args([
+                "tree",
+                "--offline",
+                "-e",
+                "normal",
+                "--prefix",
+                "none",
+                "-p",
+                krate,
+            ])
+            .current_dir(crates_dir())
+            .output()
+            .expect("cargo tree");
+        assert!(
+            output.status.success(),
+            "cargo tree -p {krate}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let tree = String::from_utf8_lossy(&output.stdout);
+        let reached: BTreeSet<&str> = tree
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .filter(|name| NOT_IN_PURE_CRATES.contains(name))
+            .collect();
+        assert!(
+            reached.is_empty(),
+            "{krate} reaches {reached:?} (cargo tree -p {krate} -e normal shows the path)"
+        );
+        assert!(
+            tree.lines().count() > 1,
+            "{krate}: no dependencies listed:\n{tree}"
+        );
+    }
 }

@@ -222,44 +222,7 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
     rest.len() >= last.len() && rest.ends_with(last)
 }
 
-/// An HTTP API a provider can serve itself (`apis:`), named by its endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ProviderApi {
-    /// `POST /chat/completions`
-    Chat,
-    /// `POST /completions`
-    Completions,
-    /// `POST /embeddings`
-    Embeddings,
-    /// `POST /responses` (the OpenAI Responses API)
-    Responses,
-    /// `POST /messages` (the Anthropic Messages API)
-    Messages,
-}
-
-impl ProviderApi {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderApi::Chat => "chat",
-            ProviderApi::Completions => "completions",
-            ProviderApi::Embeddings => "embeddings",
-            ProviderApi::Responses => "responses",
-            ProviderApi::Messages => "messages",
-        }
-    }
-
-    /// The path below the provider's API root.
-    pub fn provider_path(self) -> &'static str {
-        match self {
-            ProviderApi::Chat => "/chat/completions",
-            ProviderApi::Completions => "/completions",
-            ProviderApi::Embeddings => "/embeddings",
-            ProviderApi::Responses => "/responses",
-            ProviderApi::Messages => "/messages",
-        }
-    }
-}
+pub use iop_api::provider_api::ProviderApi;
 
 /// What openai_compat and vllm providers serve unless `apis` says otherwise.
 pub const DEFAULT_TUNNEL_APIS: &[ProviderApi] = &[

@@ -12,6 +12,7 @@ use iop_proto::ErrorCode;
 
 use super::deadlines;
 use crate::canonical::ApiError;
+use crate::http::error::HttpError;
 use crate::service::Edge;
 
 /// Refuses a body whose `Content-Type` is not JSON (`application/json` or `…+json`) with
@@ -80,7 +81,7 @@ fn find_cause<'a, E: std::error::Error + 'static>(
 }
 
 /// The body of a JSON request, read whole within the limits. As an extractor it is
-/// taken as `Result<JsonBody, ApiError>`, so that each endpoint answers a refusal in its
+/// taken as `Result<JsonBody, HttpError>`, so that each endpoint answers a refusal in its
 /// own API's error shape.
 #[derive(Debug)]
 pub struct JsonBody(pub Bytes);
@@ -105,10 +106,10 @@ impl JsonBody {
 }
 
 impl FromRequest<Arc<Edge>> for JsonBody {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
-    async fn from_request(request: Request, edge: &Arc<Edge>) -> Result<Self, ApiError> {
-        Self::read(request, edge, false).await
+    async fn from_request(request: Request, edge: &Arc<Edge>) -> Result<Self, HttpError> {
+        Ok(Self::read(request, edge, false).await?)
     }
 }
 
@@ -117,9 +118,9 @@ impl FromRequest<Arc<Edge>> for JsonBody {
 pub struct OllamaBody(pub Bytes);
 
 impl FromRequest<Arc<Edge>> for OllamaBody {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
-    async fn from_request(request: Request, edge: &Arc<Edge>) -> Result<Self, ApiError> {
+    async fn from_request(request: Request, edge: &Arc<Edge>) -> Result<Self, HttpError> {
         Ok(OllamaBody(JsonBody::read(request, edge, true).await?.0))
     }
 }

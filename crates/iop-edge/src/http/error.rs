@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::canonical::ApiError;
+use crate::service::command::CommandError;
 use crate::surfaces::ErrorShape;
 
 /// The response header naming an error's reason.
@@ -38,10 +39,27 @@ pub fn with_attempts(mut response: Response, attempts: u32) -> Response {
     response
 }
 
-impl IntoResponse for ApiError {
-    /// In OpenAI's shape (the OpenAI API, the runs API, admin endpoints).
+/// An error a handler or extractor answers with, in OpenAI's shape (the OpenAI API, the
+/// runs API, admin endpoints): [`ApiError`] lives in the pure API crate, which knows no
+/// HTTP server, so this is what makes it a response.
+#[derive(Debug)]
+pub struct HttpError(pub ApiError);
+
+impl From<ApiError> for HttpError {
+    fn from(error: ApiError) -> Self {
+        Self(error)
+    }
+}
+
+impl From<CommandError> for HttpError {
+    fn from(error: CommandError) -> Self {
+        Self(error.into())
+    }
+}
+
+impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        response(ErrorShape::OpenAi, self)
+        response(ErrorShape::OpenAi, self.0)
     }
 }
 
@@ -63,7 +81,7 @@ mod tests {
         assert!(r.headers().get(ATTEMPTS_HEADER).is_none());
         // Validation errors keep their exact code, under the `bad_request` reason.
         let e = ApiError::bad_request("missing_messages", "x").with_attempts(2);
-        let r = e.into_response();
+        let r = HttpError(e).into_response();
         assert_eq!(r.headers()[ERROR_HEADER], "bad_request");
         assert_eq!(r.headers()[ATTEMPTS_HEADER], "2");
         let r = response(

@@ -1,5 +1,5 @@
 //! `GET /v1/models` and `GET /v1/models/{id}` (the model groups as OpenAI models, see
-//! `surfaces::models`): a key with a model allowlist sees only its models; any other id
+//! `catalog::models`): a key with a model allowlist sees only its models; any other id
 //! is a 404 in OpenAI's shape, exactly like one that does not exist. Ids may hold `/`
 //! (`meta-llama/Llama-3.1-8B`): the rest of the path is the id.
 
@@ -12,8 +12,9 @@ use axum::routing::get;
 
 use crate::auth::Caller;
 use crate::canonical::ApiError;
+use crate::catalog::models;
+use crate::http::error::HttpError;
 use crate::service::Edge;
-use crate::surfaces::models;
 
 pub fn routes() -> Router<Arc<Edge>> {
     Router::new()
@@ -32,11 +33,13 @@ async fn retrieve(
 ) -> Response {
     match models::retrieve(&edge.config(), &caller, &id) {
         Some(model) => axum::Json(model).into_response(),
-        None => ApiError::model_not_found(format!(
-            "the model `{id}` does not exist or you do not have access to it; \
-             GET /v1/models lists the models you can use"
-        ))
-        .with_param("model")
+        None => HttpError(
+            ApiError::model_not_found(format!(
+                "the model `{id}` does not exist or you do not have access to it; \
+                 GET /v1/models lists the models you can use"
+            ))
+            .with_param("model"),
+        )
         .into_response(),
     }
 }
@@ -52,7 +55,7 @@ mod tests {
 
     use super::*;
     use crate::EdgeConfig;
-    use crate::surfaces::models::{DEFAULT_OWNER, created};
+    use crate::catalog::models::{DEFAULT_OWNER, created};
 
     const CONFIG: &str = r#"
 auth:

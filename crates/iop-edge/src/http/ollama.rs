@@ -1,5 +1,5 @@
 //! Ollama's catalog endpoints on the edge: `/api/version`, `/api/tags`, `/api/ps` and
-//! `/api/show` (the model groups as Ollama models, `surfaces::ollama::catalog`). Its
+//! `/api/show` (the model groups as Ollama models, `catalog::ollama`). Its
 //! model endpoints (chat, generate, embeddings) are served by the one model handler
 //! (`http::model`); those that manage the nodes' Ollama models (`/api/pull`,
 //! `/api/delete`, `/api/copy`, `/api/create`) by `http::ollama_models`, for admin keys.
@@ -20,10 +20,11 @@ use serde_json::{Value, json};
 use super::error;
 use crate::auth::Caller;
 use crate::canonical::ApiError;
+use crate::catalog::ollama as catalog;
 use crate::config::{ModelGroupConfig, ProviderKind};
 use crate::service::Edge;
 use crate::surfaces::ErrorShape;
-use crate::surfaces::ollama::{catalog, request};
+use crate::surfaces::ollama::request;
 
 /// How long `/api/show` waits for an Ollama member's own details.
 pub const SHOW_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);

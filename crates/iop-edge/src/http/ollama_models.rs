@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 
 use super::body::OllamaBody;
 use super::error;
+use super::error::HttpError;
 use crate::canonical::ApiError;
 use crate::service::Edge;
 use crate::service::command::CommandError;
@@ -101,8 +102,8 @@ fn field<'a>(body: &'a Value, names: &[&str]) -> Result<&'a str, ApiError> {
         })
 }
 
-fn parse(body: Result<OllamaBody, ApiError>) -> Result<Value, ApiError> {
-    let OllamaBody(bytes) = body?;
+fn parse(body: Result<OllamaBody, HttpError>) -> Result<Value, ApiError> {
+    let OllamaBody(bytes) = body.map_err(|e| e.0)?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid JSON: {e}")))
 }
@@ -121,7 +122,7 @@ async fn pull(
     State(edge): State<Arc<Edge>>,
     Query(selector): Query<Selector>,
     headers: HeaderMap,
-    body: Result<OllamaBody, ApiError>,
+    body: Result<OllamaBody, HttpError>,
 ) -> Response {
     let begun = (|| {
         let body = parse(body)?;
@@ -250,7 +251,7 @@ async fn on_the_fleet(
     edge: &Edge,
     selector: Selector,
     headers: &HeaderMap,
-    body: Result<OllamaBody, ApiError>,
+    body: Result<OllamaBody, HttpError>,
     name: &str,
     arguments: fn(&Value) -> Arguments,
 ) -> Response {
@@ -271,7 +272,7 @@ async fn remove(
     State(edge): State<Arc<Edge>>,
     Query(selector): Query<Selector>,
     headers: HeaderMap,
-    body: Result<OllamaBody, ApiError>,
+    body: Result<OllamaBody, HttpError>,
 ) -> Response {
     on_the_fleet(&edge, selector, &headers, body, "ollama.delete", |body| {
         let model = field(body, &["model", "name"])?.to_string();
@@ -284,7 +285,7 @@ async fn copy(
     State(edge): State<Arc<Edge>>,
     Query(selector): Query<Selector>,
     headers: HeaderMap,
-    body: Result<OllamaBody, ApiError>,
+    body: Result<OllamaBody, HttpError>,
 ) -> Response {
     on_the_fleet(&edge, selector, &headers, body, "ollama.copy", |body| {
         let source = field(body, &["source"])?.to_string();
@@ -302,7 +303,7 @@ async fn create(
     State(edge): State<Arc<Edge>>,
     Query(selector): Query<Selector>,
     headers: HeaderMap,
-    body: Result<OllamaBody, ApiError>,
+    body: Result<OllamaBody, HttpError>,
 ) -> Response {
     on_the_fleet(
         &edge,

@@ -25,6 +25,7 @@ use super::decode::LargeBodies;
 use super::{forward, request_id};
 use crate::auth::Caller;
 use crate::canonical::ApiError;
+use crate::http::error::HttpError;
 use crate::ledger::{ClientApi, RequestRecorder};
 use crate::service::Edge;
 use crate::service::dispatch::RequestContext;
@@ -69,7 +70,7 @@ async fn submit(
         }
         Err(e) => {
             recorder.failed(e.reason, e.status.as_u16());
-            e.into_response()
+            HttpError(e).into_response()
         }
     }
 }
@@ -141,7 +142,7 @@ async fn cancel(
     State(edge): State<Arc<Edge>>,
     Extension(caller): Extension<Caller>,
     Path(run_id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     edge.cancel_run(&run_id, &caller).await?;
     Ok(axum::Json(json!({"run_id": run_id, "cancelled": true})).into_response())
 }
@@ -150,7 +151,7 @@ async fn terminate_session(
     State(edge): State<Arc<Edge>>,
     Extension(caller): Extension<Caller>,
     Path((node, adapter, target, session_id)): Path<(String, String, String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let scoped = caller.scoped_session_id(&session_id);
     edge.terminate_session(&node, &adapter, &target, &scoped)
         .await?;

@@ -14,13 +14,14 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use crate::canonical::ApiError;
+use crate::http::error::HttpError;
 use crate::service::Edge;
 
 pub(super) async fn get_command(
     State(edge): State<Arc<Edge>>,
     Path((node, name)): Path<(String, String)>,
     Query(args): Query<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     run(&edge, &node, &name, args).await
 }
 
@@ -29,7 +30,7 @@ pub(super) async fn post_command(
     Path((node, name)): Path<(String, String)>,
     Query(mut args): Query<HashMap<String, String>>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let body = body.map_err(|r| crate::http::body::body_error(r, &edge))?;
     args.extend(body_args(&body)?);
     run(&edge, &node, &name, args).await
@@ -40,7 +41,7 @@ async fn run(
     node: &str,
     name: &str,
     mut args: HashMap<String, String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let adapter = args.remove("adapter").unwrap_or_default();
     let result = edge.node_command(node, name, &adapter, args).await?;
     Ok(axum::Json(result).into_response())

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::canonical::ApiError;
+use crate::http::error::HttpError;
 use crate::http::ollama_models::{Selector, targets};
 use crate::service::Edge;
 use crate::service::model_jobs::job_lines;
@@ -47,7 +48,7 @@ async fn pull(
     State(edge): State<Arc<Edge>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let body = body.map_err(|r| crate::http::body::body_error(r, &edge))?;
     let request: PullBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request("invalid_request", format!("invalid pull request: {e}"))
@@ -73,7 +74,7 @@ fn unknown(id: &str) -> ApiError {
     )
 }
 
-async fn one(State(edge): State<Arc<Edge>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn one(State(edge): State<Arc<Edge>>, Path(id): Path<String>) -> Result<Response, HttpError> {
     let job = edge
         .provider_models
         .jobs
@@ -86,7 +87,7 @@ async fn one(State(edge): State<Arc<Edge>>, Path(id): Path<String>) -> Result<Re
 async fn events(
     State(edge): State<Arc<Edge>>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let job = edge
         .provider_models
         .jobs

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::canonical::ApiError;
+use crate::http::error::HttpError;
 use crate::service::Edge;
 use crate::service::credentials::CredentialAdminError;
 use crate::trust::SaveError;
@@ -73,7 +74,7 @@ fn admin_error(e: CredentialAdminError) -> ApiError {
 async fn create(
     State(edge): State<Arc<Edge>>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let body = body.map_err(|r| crate::http::body::body_error(r, &edge))?;
     let request: CreateBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(
@@ -86,7 +87,8 @@ async fn create(
         return Err(ApiError::bad_request(
             "invalid_request",
             format!("ttl_sec may be at most {MAX_JOIN_TTL_SEC} (a year)"),
-        ));
+        )
+        .into());
     }
     let created = edge
         .create_join(
@@ -113,7 +115,7 @@ async fn create(
         .into_response())
 }
 
-async fn list(State(edge): State<Arc<Edge>>) -> Result<Response, ApiError> {
+async fn list(State(edge): State<Arc<Edge>>) -> Result<Response, HttpError> {
     let trust = edge
         .trust()
         .ok_or_else(|| admin_error(CredentialAdminError::NoState))?;
@@ -139,24 +141,23 @@ async fn list(State(edge): State<Arc<Edge>>) -> Result<Response, ApiError> {
 async fn remove(
     State(edge): State<Arc<Edge>>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let trust = edge
         .trust()
         .ok_or_else(|| admin_error(CredentialAdminError::NoState))?;
     match trust.delete_join_token(&id).await {
         Ok(true) => Ok(axum::Json(json!({"deleted": id})).into_response()),
-        Ok(false) => Err(ApiError::not_found(
-            "unknown_join_token",
-            format!("no join token {id:?}"),
-        )),
-        Err(e) => Err(admin_error(e.into())),
+        Ok(false) => {
+            Err(ApiError::not_found("unknown_join_token", format!("no join token {id:?}")).into())
+        }
+        Err(e) => Err(admin_error(e.into()).into()),
     }
 }
 
 async fn revoke(
     State(edge): State<Arc<Edge>>,
     Path(node): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let report = edge.revoke(&node).await.map_err(admin_error)?;
     Ok(axum::Json(report).into_response())
 }

@@ -16,6 +16,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::canonical::ApiError;
+use crate::http::error::HttpError;
 use crate::ledger::live::WINDOW;
 use crate::ledger::query::{self, Bucket, Filter, OutcomeFilter, Per, UsageRow};
 use crate::ledger::{UsageRecord, unix_ms_now};
@@ -175,7 +176,7 @@ fn read_failed(message: String) -> ApiError {
 async fn summary(State(edge): State<Arc<Edge>>, Query(params): Params) -> Response {
     match summarize(&edge, &params).await {
         Ok(body) => axum::Json(body).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => HttpError(e).into_response(),
     }
 }
 
@@ -303,7 +304,7 @@ fn row_json(row: &UsageRow, per: &[Per]) -> Value {
 async fn records(State(edge): State<Arc<Edge>>, Query(params): Params) -> Response {
     match list_records(&edge, &params).await {
         Ok(body) => axum::Json(body).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => HttpError(e).into_response(),
     }
 }
 
@@ -390,7 +391,7 @@ pub fn record_json(r: &UsageRecord) -> Value {
 
 async fn live(State(edge): State<Arc<Edge>>, Query(params): Params) -> Response {
     if let Err(e) = check_names(&params, &[]) {
-        return e.into_response();
+        return HttpError(e).into_response();
     }
     axum::Json(json!({
         "window_sec": WINDOW.as_secs(),

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::json::ClientRequest;
-use crate::config::ProviderApi;
+use crate::provider_api::ProviderApi;
 
 /// What a client asks a model group for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

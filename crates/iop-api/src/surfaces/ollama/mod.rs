@@ -10,7 +10,6 @@
 //!
 //! Pure: no I/O.
 
-pub mod catalog;
 pub mod embed;
 pub mod error;
 pub mod render;

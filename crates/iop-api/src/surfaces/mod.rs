@@ -14,7 +14,6 @@
 //! Pure: no I/O, no server, no edge state.
 
 pub mod messages;
-pub mod models;
 pub mod ollama;
 pub mod openai;
 pub mod responses;

@@ -22,7 +22,7 @@ use crate::canonical::fields::{
     unsupported,
 };
 use crate::canonical::{ApiError, ClientRequest, Decoded};
-use crate::config::ProviderApi;
+use crate::provider_api::ProviderApi;
 use crate::surfaces::openai::MAX_TOKENS_LIMIT;
 use crate::surfaces::translated::{self, Checked};
 

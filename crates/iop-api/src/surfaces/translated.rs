@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 
 use crate::canonical::fields::{invalid, opt_array, opt_bool, opt_number, opt_string, string};
 use crate::canonical::{ApiError, Canonical, ClientRequest, Decoded, Native, NativeApi, Operation};
-use crate::config::ProviderApi;
+use crate::provider_api::ProviderApi;
 use crate::surfaces::openai::requested_group;
 
 /// What the edge itself reads of a translatable request, checked for every member.

@@ -4,7 +4,7 @@
 //! OpenAI's shape, exactly like one that does not exist. Ids may hold `/`
 //! (`meta-llama/Llama-3.1-8B`): the rest of the path is the id.
 //!
-//! The metadata helpers ([`created`], [`digest`]) serve the Ollama surface too.
+//! The metadata helpers ([`created`], [`digest`]) serve Ollama's catalog too ([`super::ollama`]).
 //!
 //! Pure: the config and the caller in, OpenAI's JSON out (the handlers are
 //! `http::models`).

@@ -16,10 +16,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
 
-use super::render::timestamp;
+use super::models::{created, digest};
 use crate::auth::Caller;
 use crate::config::{EdgeConfig, ModelGroupConfig};
-use crate::surfaces::models::{created, digest};
+use crate::surfaces::ollama::render::timestamp;
 
 /// The Ollama API version whose surface this edge serves (`/api/version`).
 pub const OLLAMA_API_VERSION: &str = "0.12.0";
