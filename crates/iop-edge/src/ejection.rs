@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use iop_proto::{ErrorCode, Fault};
 
+use crate::config::health::EjectionConfig;
+
 /// When to eject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EjectionPolicy {
@@ -38,6 +40,20 @@ pub struct EjectionPolicy {
     pub distinct_callers: usize,
     /// The most of a group's members ejected at once, in percent (at least one member).
     pub max_ejected_percent: u32,
+}
+
+impl EjectionPolicy {
+    /// The policy `config` sets on an edge with `keys` API keys.
+    pub fn from_config(config: &EjectionConfig, keys: usize) -> Self {
+        let default_keys = if keys >= 2 { 2 } else { 1 };
+        EjectionPolicy {
+            consecutive_failures: config.consecutive_failures,
+            base: Duration::from_secs_f64(config.base_sec),
+            max: Duration::from_secs_f64(config.max_sec),
+            distinct_callers: config.distinct_keys.map_or(default_keys, |n| n as usize),
+            max_ejected_percent: config.max_ejected_percent,
+        }
+    }
 }
 
 impl Default for EjectionPolicy {

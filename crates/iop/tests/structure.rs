@@ -397,6 +397,27 @@ fn the_pure_layers_name_no_layer_with_io() {
 }
 
 #[test]
+fn the_edge_config_names_nothing_above_it() {
+    let (_, edges) = dependencies("iop-edge");
+    let found: Vec<String> = edges
+        .iter()
+        .filter(|(module, _)| within(module, "config"))
+        .flat_map(|(module, targets)| {
+            targets
+                .iter()
+                .filter(|t| !within(t, "config"))
+                .map(move |t| format!("{module} -> {t}"))
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "the edge's config is read by every layer and names none of them (build what a \
+         layer needs from the config in that layer):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
 fn no_two_modules_of_a_crate_depend_on_each_other() {
     let mut problems = Vec::new();
     for krate in CRATES {

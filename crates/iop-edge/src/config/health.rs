@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::ejection::EjectionPolicy;
-
 pub const DEFAULT_INTERVAL_SEC: f64 = 5.0;
 pub const DEFAULT_TIMEOUT_SEC: f64 = 2.0;
 pub const DEFAULT_UNHEALTHY_AFTER: u32 = 3;
@@ -117,20 +115,6 @@ impl Default for EjectionConfig {
             max_sec: DEFAULT_EJECT_MAX_SEC,
             distinct_keys: None,
             max_ejected_percent: DEFAULT_MAX_EJECTED_PERCENT,
-        }
-    }
-}
-
-impl EjectionConfig {
-    /// The policy on an edge with `keys` API keys.
-    pub fn policy(&self, keys: usize) -> EjectionPolicy {
-        let default_keys = if keys >= 2 { 2 } else { 1 };
-        EjectionPolicy {
-            consecutive_failures: self.consecutive_failures,
-            base: Duration::from_secs_f64(self.base_sec),
-            max: Duration::from_secs_f64(self.max_sec),
-            distinct_callers: self.distinct_keys.map_or(default_keys, |n| n as usize),
-            max_ejected_percent: self.max_ejected_percent,
         }
     }
 }

@@ -420,10 +420,7 @@ fn health_settings_have_defaults_and_per_provider_overrides() {
         c.health.probe_settings(None).interval,
         std::time::Duration::from_secs(2)
     );
-    assert_eq!(
-        c.health.ejection.policy(0).base,
-        std::time::Duration::from_secs(5)
-    );
+    assert_eq!(c.health.ejection.base_sec, 5.0);
     assert_eq!(c.model_groups[0].queue.wait_for_reconnect_sec, 10);
 }
 

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::config::{CapacityConfig, EdgeConfig, ProviderConfig};
+use crate::ejection::EjectionPolicy;
 use crate::lease::{AccountSpec, LaneCounts, ProviderKey};
 use crate::queue::{ApiSet, GroupSpec, MemberSpec, MemberTraits, ProviderSpec};
 
@@ -106,7 +107,7 @@ impl AdmissionPlan {
             providers,
             groups,
             policies,
-            ejection: config.health.ejection.policy(config.auth.keys.len()),
+            ejection: EjectionPolicy::from_config(&config.health.ejection, config.auth.keys.len()),
         }
     }
 }
