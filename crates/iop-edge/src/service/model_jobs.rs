@@ -27,13 +27,31 @@ fn now_ms() -> u64 {
 /// Ended jobs kept for `GET /admin/jobs`.
 pub const FINISHED_KEPT: usize = 32;
 
-/// Where one target of a job is.
+/// Where one target of a job is (as the admin API names it: `running`, `succeeded`,
+/// `failed`).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetState {
+    Running,
+    Succeeded,
+    /// With the reason in [`TargetJob::error`].
+    Failed,
+}
+
+/// What a fleet model job does.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum JobOp {
+    /// An Ollama pull on each target.
+    Pull,
+}
+
+/// One target of a job.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TargetJob {
     pub node: String,
     pub provider: String,
-    /// `running`, `succeeded` or `failed`.
-    pub state: &'static str,
+    pub state: TargetState,
     /// Ollama's latest progress line (`status`, `digest`, `total`, `completed`).
     pub progress: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -44,7 +62,7 @@ pub struct TargetJob {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct FleetJob {
     pub id: String,
-    pub op: &'static str,
+    pub op: JobOp,
     pub model: String,
     pub started_unix_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -62,7 +80,7 @@ impl FleetJob {
         let failed: Vec<String> = self
             .targets
             .iter()
-            .filter(|t| t.state == "failed")
+            .filter(|t| t.state == TargetState::Failed)
             .map(|t| {
                 format!(
                     "{}/{}: {}",
@@ -129,7 +147,7 @@ impl Edge {
     ) -> watch::Receiver<FleetJob> {
         let job = FleetJob {
             id: format!("job-{}", self.new_id()),
-            op: "pull",
+            op: JobOp::Pull,
             model: model.to_string(),
             started_unix_ms: now_ms(),
             ended_unix_ms: None,
@@ -138,7 +156,7 @@ impl Edge {
                 .map(|t| TargetJob {
                     node: t.node.clone(),
                     provider: t.provider.clone(),
-                    state: "running",
+                    state: TargetState::Running,
                     progress: Value::Null,
                     error: None,
                 })
@@ -184,9 +202,9 @@ impl Edge {
 fn apply(target: &mut TargetJob, update: JobUpdate) {
     match update {
         JobUpdate::Progress(progress) => target.progress = progress,
-        JobUpdate::Succeeded => target.state = "succeeded",
+        JobUpdate::Succeeded => target.state = TargetState::Succeeded,
         JobUpdate::Failed(error) => {
-            target.state = "failed";
+            target.state = TargetState::Failed;
             target.error = Some(error);
         }
     }
@@ -223,9 +241,9 @@ pub fn job_lines(job: watch::Receiver<FleetJob>) -> impl Stream<Item = Value> + 
                         pending.push_back(named(target, target.progress.clone()));
                     }
                     let end = match target.state {
-                        "succeeded" => Some(json!({"status": "success"})),
-                        "failed" => Some(json!({"error": target.error})),
-                        _ => None,
+                        TargetState::Succeeded => Some(json!({"status": "success"})),
+                        TargetState::Failed => Some(json!({"error": target.error})),
+                        TargetState::Running => None,
                     };
                     if let Some(end) = end {
                         told.ended = true;
@@ -257,10 +275,10 @@ fn named(target: &TargetJob, mut line: Value) -> Value {
 mod tests {
     use super::*;
 
-    fn job(states: &[(&'static str, Value)]) -> FleetJob {
+    fn job(states: &[(TargetState, Value)]) -> FleetJob {
         FleetJob {
             id: "job-1".into(),
-            op: "pull",
+            op: JobOp::Pull,
             model: "m".into(),
             started_unix_ms: 0,
             ended_unix_ms: None,
@@ -270,17 +288,36 @@ mod tests {
                 .map(|(i, (state, progress))| TargetJob {
                     node: format!("n{i}"),
                     provider: "ol".into(),
-                    state,
+                    state: *state,
                     progress: progress.clone(),
-                    error: (*state == "failed").then(|| "boom".to_string()),
+                    error: (*state == TargetState::Failed).then(|| "boom".to_string()),
                 })
                 .collect(),
         }
     }
 
+    #[test]
+    fn states_and_ops_keep_their_names_in_the_admin_api() {
+        let j = job(&[
+            (TargetState::Running, Value::Null),
+            (TargetState::Failed, Value::Null),
+        ]);
+        let v = serde_json::to_value(&j).unwrap();
+        assert_eq!(v["op"], "pull");
+        assert_eq!(v["targets"][0]["state"], "running");
+        assert_eq!(v["targets"][1]["state"], "failed");
+        assert_eq!(
+            serde_json::to_value(TargetState::Succeeded).unwrap(),
+            "succeeded"
+        );
+    }
+
     #[tokio::test]
     async fn lines_follow_the_latest_progress_then_the_outcome() {
-        let (tx, rx) = watch::channel(job(&[("running", Value::Null), ("running", Value::Null)]));
+        let (tx, rx) = watch::channel(job(&[
+            (TargetState::Running, Value::Null),
+            (TargetState::Running, Value::Null),
+        ]));
         let lines = job_lines(rx);
         let feeder = async {
             for completed in [10, 20, 30] {
@@ -291,8 +328,8 @@ mod tests {
                 tokio::task::yield_now().await;
             }
             tx.send_modify(|j| {
-                j.targets[0].state = "succeeded";
-                j.targets[1].state = "failed";
+                j.targets[0].state = TargetState::Succeeded;
+                j.targets[1].state = TargetState::Failed;
                 j.targets[1].error = Some("pull model manifest: file does not exist".into());
                 j.ended_unix_ms = Some(1);
             });
@@ -323,11 +360,11 @@ mod tests {
     #[test]
     fn ended_jobs_beyond_the_kept_are_dropped_oldest_first() {
         let jobs = FleetJobs::default();
-        let (_running, rx) = watch::channel(job(&[("running", Value::Null)]));
+        let (_running, rx) = watch::channel(job(&[(TargetState::Running, Value::Null)]));
         jobs.add(rx);
         let mut senders = Vec::new();
         for i in 0..FINISHED_KEPT + 5 {
-            let mut ended = job(&[("succeeded", Value::Null)]);
+            let mut ended = job(&[(TargetState::Succeeded, Value::Null)]);
             ended.id = format!("ended-{i}");
             ended.ended_unix_ms = Some(1);
             let (tx, rx) = watch::channel(ended);
