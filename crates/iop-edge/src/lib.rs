@@ -187,6 +187,81 @@ pub struct EdgeServer {
     tasks: tokio::task::JoinSet<()>,
 }
 
+/// Binds `addr` for `what` with a deep accept queue: a full pool of unauthenticated node
+/// connections leaves newcomers waiting there, in arrival order (`transport::gate`).
+fn listen(addr: SocketAddr, what: &str) -> std::io::Result<tokio::net::TcpListener> {
+    http::server::bind(addr).map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot listen for {what} on {addr}: {e}"))
+    })
+}
+
+/// The usage ledger in the state directory, or none (`ledger.enabled: false`, or no state
+/// directory).
+fn open_ledger(config: &EdgeConfig) -> Result<ledger::Ledger, StartError> {
+    match (&config.state_dir, config.ledger.enabled) {
+        (Some(dir), true) => {
+            let ledger = ledger::Ledger::open(dir, config.ledger.retention_days)?;
+            tracing::info!(path = %dir.join(ledger::store::FILE_NAME).display(), retention_days = config.ledger.retention_days, "usage ledger open");
+            Ok(ledger)
+        }
+        _ => {
+            tracing::info!("usage ledger off (ledger.enabled: false)");
+            Ok(ledger::Ledger::disabled())
+        }
+    }
+}
+
+/// Makes `edge` one of the fleet on `store`: its record and the fleet's live edges, the
+/// ledger's shipping, the key limits counted across edges, and revocations learnt from
+/// the others. `addrs`: its HTTP and node addresses.
+async fn join_fleet(
+    edge: &Arc<Edge>,
+    store: Arc<store::Store>,
+    trust: &Arc<TrustStore>,
+    (http_addr, node_addr): (SocketAddr, SocketAddr),
+    tasks: &mut tokio::task::JoinSet<()>,
+) {
+    let fleet = Arc::new(store::edges::Fleet::default());
+    let _ = edge.fleet.set(fleet.clone());
+    let me = store::edges::EdgeRecord::this_edge(
+        edge.config().store.edge_id.clone(),
+        edge.config().store.node_address.clone(),
+        http_addr,
+        node_addr,
+    );
+    if let Some(reader) = edge.telemetry.ledger().reader() {
+        tasks.spawn(ledger::ship::run(
+            reader,
+            store.clone(),
+            me.id.clone(),
+            edge.shutdown_token().clone(),
+        ));
+    }
+    let limits = fleet_limits::FleetLimits::new(store.clone(), me.id.clone(), fleet.clone());
+    // Normally at once; else the task keeps trying and each edge keeps its share.
+    let _ = limits.forget_earlier_run().await;
+    edge.keys.share_with(limits.clone());
+    tasks.spawn(limits.run(edge.shutdown_token().clone()));
+    let (linked_edge, announcing_edge) = (edge.clone(), edge.clone());
+    tasks.spawn(store::edges::run(
+        store.clone(),
+        me,
+        move || linked_edge.nodes.ready_node_ids(),
+        move |edges| announcing_edge.announce_fleet(edges),
+        fleet,
+        edge.shutdown_token().clone(),
+    ));
+    let (learning_edge, learning_trust) = (edge.clone(), trust.clone());
+    tasks.spawn(trust::shared::follow_revocations(
+        store,
+        move |records| {
+            let news = learning_trust.learn_revocations(records);
+            learning_edge.revoked_elsewhere(&news);
+        },
+        edge.shutdown_token().clone(),
+    ));
+}
+
 impl EdgeServer {
     /// Opens the state directory, sets up TLS, binds both listeners (from the config) and
     /// starts serving. Refuses a non-loopback HTTP address without API keys unless the
@@ -206,20 +281,8 @@ impl EdgeServer {
             Some(tls) => Some(Arc::new(HttpTls::load(tls).map_err(StartError::Tls)?)),
             None => None,
         };
-        // A deep accept queue: a full pool of unauthenticated connections leaves newcomers
-        // waiting there, in arrival order (`transport::gate`).
-        let nodes = http::server::bind(config.listen.nodes).map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("cannot listen for nodes on {}: {e}", config.listen.nodes),
-            )
-        })?;
-        let http = http::server::bind(config.listen.http).map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("cannot listen for HTTP on {}: {e}", config.listen.http),
-            )
-        })?;
+        let nodes = listen(config.listen.nodes, "nodes")?;
+        let http = listen(config.listen.http, "HTTP")?;
         let node_addr = nodes.local_addr()?;
         let http_addr = http.local_addr()?;
         let mode = config.node_tls.mode;
@@ -227,17 +290,7 @@ impl EdgeServer {
         if mode == NodeTlsMode::InsecurePlaintext && !node_addr.ip().is_loopback() {
             tracing::warn!(nodes = %node_addr, "node_tls.mode is insecure_plaintext on a non-loopback address: node tokens, prompts and answers cross the network unencrypted and anyone on the path can take a node's identity");
         }
-        let ledger = match (&config.state_dir, config.ledger.enabled) {
-            (Some(dir), true) => {
-                let ledger = ledger::Ledger::open(dir, config.ledger.retention_days)?;
-                tracing::info!(path = %dir.join(ledger::store::FILE_NAME).display(), retention_days = config.ledger.retention_days, "usage ledger open");
-                ledger
-            }
-            _ => {
-                tracing::info!("usage ledger off (ledger.enabled: false)");
-                ledger::Ledger::disabled()
-            }
-        };
+        let ledger = open_ledger(&config)?;
         let edge = Edge::with_ledger(config, Some(trust.clone()), ledger);
         let (written, dropped) = edge.telemetry.ledger().counters();
         edge.telemetry.metrics.register_ledger(written, dropped);
@@ -262,46 +315,7 @@ impl EdgeServer {
         edge.tasks()
             .spawn(service::models::refresh_local_models(edge.clone()));
         if let Some(store) = shared {
-            let fleet = Arc::new(store::edges::Fleet::default());
-            let _ = edge.fleet.set(fleet.clone());
-            let me = store::edges::EdgeRecord::this_edge(
-                edge.config().store.edge_id.clone(),
-                edge.config().store.node_address.clone(),
-                http_addr,
-                node_addr,
-            );
-            if let Some(reader) = edge.telemetry.ledger().reader() {
-                tasks.spawn(ledger::ship::run(
-                    reader,
-                    store.clone(),
-                    me.id.clone(),
-                    edge.shutdown_token().clone(),
-                ));
-            }
-            let limits =
-                fleet_limits::FleetLimits::new(store.clone(), me.id.clone(), fleet.clone());
-            // Normally at once; else the task keeps trying and each edge keeps its share.
-            let _ = limits.forget_earlier_run().await;
-            edge.keys.share_with(limits.clone());
-            tasks.spawn(limits.run(edge.shutdown_token().clone()));
-            let (linked_edge, announcing_edge) = (edge.clone(), edge.clone());
-            tasks.spawn(store::edges::run(
-                store.clone(),
-                me,
-                move || linked_edge.nodes.ready_node_ids(),
-                move |edges| announcing_edge.announce_fleet(edges),
-                fleet,
-                edge.shutdown_token().clone(),
-            ));
-            let (learning_edge, learning_trust) = (edge.clone(), trust.clone());
-            tasks.spawn(trust::shared::follow_revocations(
-                store,
-                move |records| {
-                    let news = learning_trust.learn_revocations(records);
-                    learning_edge.revoked_elsewhere(&news);
-                },
-                edge.shutdown_token().clone(),
-            ));
+            join_fleet(&edge, store, &trust, (http_addr, node_addr), &mut tasks).await;
         }
         tracing::info!(nodes = %node_addr, http = %http_addr, node_tls = mode.as_str(), pin = ?node_pin, https = http_tls.is_some(), "edge listening");
         Ok(Self {

@@ -304,6 +304,8 @@ impl<W> Scheduler<W> {
     /// the new capacity lets through at once. `online` gives the current generation of
     /// each dispatch-ready node, for providers added to it. Waiters left without a live
     /// candidate are stranded (they wait for a reconnect as their group allows).
+    // Over 100 lines: one transaction over providers, groups and waiters, whose steps read
+    // the old and new state together and must run in this order (the tests pin each step).
     pub fn reconfigure(
         &mut self,
         providers: impl IntoIterator<Item = ProviderSpec>,

@@ -32,9 +32,10 @@ use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::config::node_limits::NodeLimitsConfig;
 use crate::registry::{Generation, ReadyOutcome};
 use crate::service::nodes::ConnectionControl;
-use crate::service::{Edge, Rejection};
+use crate::service::{Edge, Registered, Rejection};
 use crate::session::{CommandReply, Delivery, NodeSession};
 use crate::trust::Link;
 use crate::trust::node_tls::{HandshakeError, NodeListenerTls};
@@ -255,101 +256,18 @@ impl Connection {
         self.gate.note(notice)
     }
 
+    /// A connection's life: its registration, then its session until it ends.
     async fn run(&mut self, mut slot: UnauthenticatedSlot) {
         let (limits, max_frame_bytes) = {
             let config = self.edge.config();
             (config.limits.nodes.clone(), config.max_frame_bytes)
         };
-        let first = tokio::select! {
-            _ = slot.evicted() => {
-                self.edge.telemetry.metrics.count_node_refusal(Notice::Evicted.label());
-                return;
-            }
-            first = timeout(limits.register_timeout(), self.reader.next()) => first,
-        };
-        let first = match first {
-            Err(_) => {
-                if self.notice(Notice::RegisterTimeout) {
-                    tracing::warn!(peer = %self.peer, "closing connection: no RegisterRequest within {}s (limits.nodes.register_timeout_sec; further ones are summarized)", limits.register_timeout_sec);
-                }
-                return;
-            }
-            Ok(None) => return,
-            Ok(Some(Err(err))) => {
-                let notice = match err {
-                    FrameError::TooLarge { .. } => Notice::OversizedFirstFrame,
-                    _ => Notice::UndecodableFirstFrame,
-                };
-                if self.notice(notice) {
-                    tracing::warn!(peer = %self.peer, %err, "closing connection: bad first frame (limits.nodes.first_frame_bytes; further ones are summarized)");
-                }
-                return;
-            }
-            Ok(Some(Ok(envelope))) => envelope,
-        };
-        let request = match first.message {
-            Some(Message::RegisterRequest(request)) => request,
-            _ => {
-                let rejection = Rejection::Protocol(format!(
-                    "the first frame must be a register_request, got {}",
-                    kind(&first)
-                ));
-                if self.notice(Notice::NotRegister) {
-                    self.edge.rejected(&rejection, &self.peer);
-                }
-                self.reject(&rejection).await;
-                return;
-            }
-        };
-        let now = Instant::now();
-        // A verified client certificate cannot be guessed: it is never held back by what
-        // others at its address sent.
-        let throttled = match self.link.client_cert() {
-            Some(_) => Ok(()),
-            None => self.gate.check_credential_attempt(self.ip, now),
-        };
-        if let Err((retry_after, log)) = throttled {
-            self.edge
-                .telemetry
-                .metrics
-                .count_node_refusal(Notice::Throttled.label());
-            let rejection = Rejection::Throttled { retry_after };
-            if log {
-                tracing::warn!(peer = %self.peer, reason = %rejection, "node registration refused (further ones are summarized)");
-            }
-            self.reject(&rejection).await;
+        let Some(request) = self.first_request(&mut slot, &limits).await else {
             return;
-        }
-        let generation = self.edge.nodes.next_generation();
-        let control = ConnectionControl {
-            outbound: self.outbound.clone(),
-            kick: self.kick.clone(),
         };
-        let registered = match self
-            .edge
-            .register(&request, &self.link, generation, &self.peer, control)
-            .await
-        {
-            Ok(registered) => registered,
-            Err(rejection) => {
-                if rejection.is_refused_credential() {
-                    self.edge
-                        .telemetry
-                        .metrics
-                        .count_node_refusal(Notice::BadCredential.label());
-                    // Guesses are logged once per summary window (the edge logged the rest).
-                    if self.gate.bad_credential(self.ip, now) && rejection.is_guess() {
-                        self.edge.rejected(&rejection, &self.peer);
-                    }
-                } else if rejection.credential_was_good() {
-                    // A duplicate, a config that cannot be built, state that cannot be saved.
-                    self.gate.good_credential(self.ip);
-                }
-                self.reject(&rejection).await;
-                return;
-            }
+        let Some((registered, generation)) = self.register(&request).await else {
+            return;
         };
-        self.gate.good_credential(self.ip);
         slot.authenticated();
         self.reader
             .decoder_mut()
@@ -383,6 +301,114 @@ impl Connection {
             .await
         };
         self.edge.connection_lost(&node_id, generation, &reason);
+    }
+
+    /// The connection's first frame, when it is a register request in time; otherwise the
+    /// connection is noted (and refused when it said something else) and `None`.
+    async fn first_request(
+        &mut self,
+        slot: &mut UnauthenticatedSlot,
+        limits: &NodeLimitsConfig,
+    ) -> Option<Box<pb::RegisterRequest>> {
+        let first = tokio::select! {
+            _ = slot.evicted() => {
+                self.edge.telemetry.metrics.count_node_refusal(Notice::Evicted.label());
+                return None;
+            }
+            first = timeout(limits.register_timeout(), self.reader.next()) => first,
+        };
+        let first = match first {
+            Err(_) => {
+                if self.notice(Notice::RegisterTimeout) {
+                    tracing::warn!(peer = %self.peer, "closing connection: no RegisterRequest within {}s (limits.nodes.register_timeout_sec; further ones are summarized)", limits.register_timeout_sec);
+                }
+                return None;
+            }
+            Ok(None) => return None,
+            Ok(Some(Err(err))) => {
+                let notice = match err {
+                    FrameError::TooLarge { .. } => Notice::OversizedFirstFrame,
+                    _ => Notice::UndecodableFirstFrame,
+                };
+                if self.notice(notice) {
+                    tracing::warn!(peer = %self.peer, %err, "closing connection: bad first frame (limits.nodes.first_frame_bytes; further ones are summarized)");
+                }
+                return None;
+            }
+            Ok(Some(Ok(envelope))) => envelope,
+        };
+        match first.message {
+            Some(Message::RegisterRequest(request)) => Some(request),
+            _ => {
+                let rejection = Rejection::Protocol(format!(
+                    "the first frame must be a register_request, got {}",
+                    kind(&first)
+                ));
+                if self.notice(Notice::NotRegister) {
+                    self.edge.rejected(&rejection, &self.peer);
+                }
+                self.reject(&rejection).await;
+                None
+            }
+        }
+    }
+
+    /// Registers the node `request` names, unless its address is held back for bad
+    /// credentials; a refusal is sent, noted and `None`.
+    async fn register(
+        &mut self,
+        request: &pb::RegisterRequest,
+    ) -> Option<(Registered, Generation)> {
+        let now = Instant::now();
+        // A verified client certificate cannot be guessed: it is never held back by what
+        // others at its address sent.
+        let throttled = match self.link.client_cert() {
+            Some(_) => Ok(()),
+            None => self.gate.check_credential_attempt(self.ip, now),
+        };
+        if let Err((retry_after, log)) = throttled {
+            self.edge
+                .telemetry
+                .metrics
+                .count_node_refusal(Notice::Throttled.label());
+            let rejection = Rejection::Throttled { retry_after };
+            if log {
+                tracing::warn!(peer = %self.peer, reason = %rejection, "node registration refused (further ones are summarized)");
+            }
+            self.reject(&rejection).await;
+            return None;
+        }
+        let generation = self.edge.nodes.next_generation();
+        let control = ConnectionControl {
+            outbound: self.outbound.clone(),
+            kick: self.kick.clone(),
+        };
+        let registered = match self
+            .edge
+            .register(request, &self.link, generation, &self.peer, control)
+            .await
+        {
+            Ok(registered) => registered,
+            Err(rejection) => {
+                if rejection.is_refused_credential() {
+                    self.edge
+                        .telemetry
+                        .metrics
+                        .count_node_refusal(Notice::BadCredential.label());
+                    // Guesses are logged once per summary window (the edge logged the rest).
+                    if self.gate.bad_credential(self.ip, now) && rejection.is_guess() {
+                        self.edge.rejected(&rejection, &self.peer);
+                    }
+                } else if rejection.credential_was_good() {
+                    // A duplicate, a config that cannot be built, state that cannot be saved.
+                    self.gate.good_credential(self.ip);
+                }
+                self.reject(&rejection).await;
+                return None;
+            }
+        };
+        self.gate.good_credential(self.ip);
+        Some((registered, generation))
     }
 
     async fn reject(&self, rejection: &Rejection) {

@@ -64,6 +64,8 @@ fn text_of(v: &Value) -> String {
     }
 }
 
+// Over 100 lines: the test backend's whole Responses/Messages answer, every mode of the
+// mock (tools, reasoning, faults, streaming) in the order a reader checks them against a test.
 async fn serve(mock: Mock, body: Bytes, api: Api) -> Response {
     let body = match parse(&body) {
         Ok(b) => b,

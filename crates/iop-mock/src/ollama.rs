@@ -37,6 +37,8 @@ async fn ollama(mock: Mock, body: Bytes, chat: bool) -> Response {
     }
 }
 
+// Over 100 lines: the test backend's whole Ollama answer, each mode of the mock (faults,
+// tools, embeddings, streaming) in turn, as a test reads it.
 async fn ollama_answer(mock: Mock, body: Bytes, chat: bool) -> Response {
     let (body, mut tracked, plan) = match mock.begin(&body).await {
         Ok(begun) => begun,

@@ -66,6 +66,8 @@ async fn openai(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
     }
 }
 
+// Over 100 lines: the test backend's whole OpenAI answer, each mode of the mock (faults,
+// tools, embeddings, completions, streaming) in turn, as a test reads it.
 async fn openai_answer(mock: Mock, body: Bytes, op: OpenAiOp) -> Response {
     let (body, mut tracked, plan) = match mock.begin(&body).await {
         Ok(begun) => begun,

@@ -305,6 +305,8 @@ impl Pool {
     /// Returns the links whose grant changed, each with the grant it may still use until
     /// it acknowledges when the change lowered it.
     /// Links that are only asked to report again come with `None` too.
+    // Over 100 lines: one pass over the pool's holders in its fixed phases (take back, hand
+    // out, report), sharing the same running totals; the property tests check it whole.
     fn rebalance(
         &mut self,
         links: &BTreeMap<LinkId, LinkSeq>,

@@ -449,27 +449,81 @@ fn no_two_modules_of_a_crate_depend_on_each_other() {
     );
 }
 
-#[test]
-fn no_function_on_the_request_path_is_over_100_lines() {
+/// What a function over [`MAX_FUNCTION_LINES`] off the request path says, in a comment
+/// right above it, followed by why it reads better whole.
+const LONG_REASON: &str = "Over 100 lines:";
+
+/// Whether the comments and attributes right above line `line` (1-based) of `text` give
+/// a [`LONG_REASON`].
+fn long_reason_above(text: &str, line: usize) -> bool {
+    text.lines()
+        .take(line.saturating_sub(1))
+        .collect::<Vec<_>>()
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .take_while(|l| l.starts_with("//") || l.starts_with("#["))
+        .any(|l| l.contains(LONG_REASON))
+}
+
+/// Every function of every crate's non-test code over [`MAX_FUNCTION_LINES`]:
+/// (`crate/src/file:line name (n lines)`, on the request path, with a reason).
+fn long_functions() -> Vec<(String, bool, bool)> {
     let mut long = Vec::new();
-    for krate in ["iop-edge", "iop-node"] {
+    for krate in CRATES {
         let src = crates_dir().join(krate).join("src");
         for file in modules(&src).values() {
             let rel = file.strip_prefix(crates_dir()).unwrap().to_string_lossy();
-            if !REQUEST_PATH.iter().any(|p| rel.starts_with(p)) {
-                continue;
-            }
+            let on_request_path = REQUEST_PATH.iter().any(|p| rel.starts_with(p));
+            let text = std::fs::read_to_string(file).unwrap();
             for (name, line, lines) in visit(file).functions {
                 if lines > MAX_FUNCTION_LINES {
-                    long.push(format!("{rel}:{line} {name} ({lines} lines)"));
+                    long.push((
+                        format!("{rel}:{line} {name} ({lines} lines)"),
+                        on_request_path,
+                        long_reason_above(&text, line),
+                    ));
                 }
             }
         }
     }
+    long
+}
+
+#[test]
+fn no_function_on_the_request_path_is_over_100_lines() {
+    let long: Vec<String> = long_functions()
+        .into_iter()
+        .filter(|(_, on_request_path, _)| *on_request_path)
+        .map(|(f, _, _)| f)
+        .collect();
     assert!(
         long.is_empty(),
         "functions on the request path over {MAX_FUNCTION_LINES} lines:\n{}",
         long.join("\n")
+    );
+}
+
+#[test]
+fn a_function_over_100_lines_elsewhere_says_why() {
+    let mut justified = Vec::new();
+    let mut unexplained = Vec::new();
+    for (function, on_request_path, reason) in long_functions() {
+        match (on_request_path, reason) {
+            (true, _) => {}
+            (false, true) => justified.push(function),
+            (false, false) => unexplained.push(function),
+        }
+    }
+    eprintln!(
+        "functions over {MAX_FUNCTION_LINES} lines, each with its reason:\n{}",
+        justified.join("\n")
+    );
+    assert!(
+        unexplained.is_empty(),
+        "functions over {MAX_FUNCTION_LINES} lines with no `// {LONG_REASON} <why>` above \
+         them (split them, or say why they read better whole):\n{}",
+        unexplained.join("\n")
     );
 }
 
@@ -540,6 +594,15 @@ fn the_checks_see_paths_in_macros_and_a_forbidden_direction() {
         .iter()
         .map(|p| p.iter().map(|s| s.to_string()).collect())
         .collect();
+    let text = "// Over 100 lines: a table\n/// Doc.\n#[inline]\nfn a() {}\n\n// Over 100 lines: x\n\nfn b() {}\n";
+    assert!(
+        long_reason_above(text, 4),
+        "a reason above the docs and attributes counts"
+    );
+    assert!(
+        !long_reason_above(text, 8),
+        "one a blank line away does not"
+    );
     // (`self.x` is the path `self`, the module itself: no dependency.)
     let named: Vec<Vec<String>> = visitor.paths.into_iter().filter(|p| p.len() > 1).collect();
     assert_eq!(named, want);

@@ -120,6 +120,8 @@ struct Samples {
     used: Option<bench_cpu::Usage>,
 }
 
+// Over 100 lines: the benchmark's script, read top to bottom: targets, warm-up, the
+// interleaved rounds, the tables; its measuring parts are functions of their own.
 pub async fn run(args: Args) -> super::Result {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let targets: Vec<Target> = args

@@ -36,6 +36,8 @@ pub struct Args {
     pub runtime: crate::runtime::ThreadsArg,
 }
 
+// Over 100 lines: the demo's script, read top to bottom: a backend, an edge, a node, the
+// requests it shows and what it prints between them.
 pub async fn run(args: Args) -> super::Result {
     let backend = MockServer::start(
         "127.0.0.1:0".parse().expect("valid address"),

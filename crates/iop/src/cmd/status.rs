@@ -13,6 +13,8 @@ pub struct Args {
     json: bool,
 }
 
+// Over 100 lines: the status page's sections in the order they print; each is a few
+// lines of one table.
 pub async fn run(args: Args) -> super::Result {
     let client = args.api.client()?;
     let body = args
