@@ -71,7 +71,7 @@ pub enum Shared {
     Admitted,
     Refused(LimitExceeded),
     /// The store did not answer (or not in time): fall back to this edge's share.
-    Unreachable(String),
+    Unreachable(StoreError),
 }
 
 #[derive(Debug)]
@@ -124,23 +124,29 @@ impl FleetLimits {
         now: Instant,
     ) -> Shared {
         if !self.ready.load(std::sync::atomic::Ordering::Acquire) {
-            return Shared::Unreachable(
+            return Shared::Unreachable(StoreError::Unavailable(
                 "the store has not answered since this edge started".into(),
-            );
+            ));
         }
         if self
             .failed_at
             .lock()
             .is_some_and(|at| now.saturating_duration_since(at) < BACKOFF)
         {
-            return Shared::Unreachable("the store failed moments ago".into());
+            return Shared::Unreachable(StoreError::Unavailable(
+                "the store failed moments ago".into(),
+            ));
         }
         let decided = tokio::time::timeout(
             ADMIT_TIMEOUT,
             self.store.admit(key, &self.edge_id, limits, reserve, input),
         )
         .await
-        .unwrap_or_else(|_| Err(StoreError(format!("the store took over {ADMIT_TIMEOUT:?}"))));
+        .unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(format!(
+                "the store took over {ADMIT_TIMEOUT:?}"
+            )))
+        });
         match decided {
             Ok(decision) => {
                 if self.failed_at.lock().take().is_some() {
@@ -153,7 +159,7 @@ impl FleetLimits {
                     Some(refusal) => Shared::Refused(exceeded(refusal, limits)),
                 }
             }
-            Err(StoreError(error)) => {
+            Err(error) => {
                 if self.failed_at.lock().replace(now).is_none() {
                     tracing::warn!(%error, "API key limits: the store does not answer; each edge enforces its share until it does");
                 }
@@ -210,7 +216,7 @@ impl FleetLimits {
                 self.store.release(&key, &self.edge_id, total),
             )
             .await
-            .unwrap_or_else(|_| Err(StoreError("timed out".into())));
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())));
             if let Err(error) = sent {
                 tracing::debug!(%error, key, "could not give the key's places back in the store; sent again with the next flush");
                 self.released.lock().unsent.insert(key);
@@ -226,7 +232,7 @@ impl FleetLimits {
         }
         tokio::time::timeout(ADMIT_TIMEOUT * 4, self.store.clear_edge(&self.edge_id))
             .await
-            .unwrap_or_else(|_| Err(StoreError("timed out".into())))?;
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())))?;
         self.ready.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
@@ -252,7 +258,7 @@ impl FleetLimits {
             let added =
                 tokio::time::timeout(ADMIT_TIMEOUT, self.store.add_tokens(&key, day, tokens))
                     .await
-                    .unwrap_or_else(|_| Err(StoreError("timed out".into())));
+                    .unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())));
             if added.is_err() {
                 *self.pending_tokens.lock().entry((key, day)).or_default() += tokens;
             }

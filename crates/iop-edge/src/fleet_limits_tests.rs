@@ -36,7 +36,7 @@ impl MemoryStore {
 
     fn check(&self) -> Result<(), StoreError> {
         if self.down.load(Ordering::Relaxed) {
-            return Err(StoreError("the store is down".into()));
+            return Err(StoreError::Unavailable("the store is down".into()));
         }
         Ok(())
     }
@@ -79,7 +79,7 @@ impl KeyStore for MemoryStore {
             row.released.reserved = row.released.reserved.max(released.reserved);
         }
         if self.lose_release_answers.load(Ordering::Relaxed) {
-            return Err(StoreError("the answer was lost".into()));
+            return Err(StoreError::Unavailable("the answer was lost".into()));
         }
         Ok(())
     }

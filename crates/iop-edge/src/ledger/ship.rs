@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::LedgerReader;
 use crate::store::Store;
+use crate::store::StoreError;
 
 /// How often new records are shipped.
 pub const EVERY: Duration = Duration::from_secs(1);
@@ -82,7 +83,7 @@ fn local_after(conn: &rusqlite::Connection, after: i64) -> rusqlite::Result<Colu
 }
 
 /// The highest local id the store holds for `edge_id` (0: none).
-async fn shipped(store: &Store, edge_id: &str) -> Result<i64, String> {
+async fn shipped(store: &Store, edge_id: &str) -> Result<i64, StoreError> {
     let client = store.client().await?;
     let row = client
         .query_one(
@@ -90,12 +91,12 @@ async fn shipped(store: &Store, edge_id: &str) -> Result<i64, String> {
             &[&edge_id],
         )
         .await
-        .map_err(|e| crate::store::reason(&e))?;
+        .map_err(|e| StoreError::statement("read shipped records", &e))?;
     Ok(row.get(0))
 }
 
 /// Inserts a batch; a record the store holds already is skipped.
-async fn insert(store: &Store, edge_id: &str, c: &Columns) -> Result<(), String> {
+async fn insert(store: &Store, edge_id: &str, c: &Columns) -> Result<(), StoreError> {
     let client = store.client().await?;
     client
         .execute(
@@ -133,7 +134,7 @@ async fn insert(store: &Store, edge_id: &str, c: &Columns) -> Result<(), String>
             ],
         )
         .await
-        .map_err(|e| crate::store::reason(&e))?;
+        .map_err(|e| StoreError::statement("ship records", &e))?;
     Ok(())
 }
 
@@ -214,7 +215,7 @@ pub async fn summarize_fleet(
     bucket: super::query::Bucket,
     per: &[super::query::Per],
     max_rows: usize,
-) -> Result<(Vec<super::query::UsageRow>, bool), String> {
+) -> Result<(Vec<super::query::UsageRow>, bool), StoreError> {
     use super::query::{Arg, Dialect, summary_row, summary_sql};
     let (sql, args) = summary_sql(
         "iop_usage",
@@ -243,7 +244,7 @@ pub async fn summarize_fleet(
                 .collect::<Vec<_>>(),
         )
         .await
-        .map_err(|e| crate::store::reason(&e))?;
+        .map_err(|e| StoreError::statement("sum the fleet's usage", &e))?;
     let mut out = Vec::new();
     for row in &rows {
         let summed = summary_row(
@@ -252,7 +253,7 @@ pub async fn summarize_fleet(
             |i| row.try_get::<_, Option<i64>>(i),
             |i| row.try_get::<_, String>(i),
         )
-        .map_err(|e| crate::store::reason(&e))?;
+        .map_err(|e| StoreError::statement("read the fleet's usage", &e))?;
         out.extend(summed);
     }
     let truncated = out.len() > max_rows;

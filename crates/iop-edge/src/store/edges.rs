@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::Store;
+use super::{Store, StoreError};
 
 /// How often an edge refreshes its row and reads the others.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -92,7 +92,7 @@ pub struct Fleet {
     live: parking_lot::Mutex<Vec<LiveEdge>>,
     /// How many edges each read of the last [`SHARING_MEMORY`] found live, and when.
     counts: parking_lot::Mutex<std::collections::VecDeque<(std::time::Instant, usize)>>,
-    last_error: parking_lot::Mutex<Option<String>>,
+    last_error: parking_lot::Mutex<Option<StoreError>>,
     /// Set when this edge drains: it leaves the fleet's list at once.
     retiring: tokio::sync::Notify,
     retired: std::sync::atomic::AtomicBool,
@@ -167,7 +167,7 @@ impl Fleet {
 
     /// The last failure to reach the store, while it lasts.
     pub fn store_error(&self) -> Option<String> {
-        self.last_error.lock().clone()
+        self.last_error.lock().as_ref().map(StoreError::to_string)
     }
 }
 
@@ -243,7 +243,7 @@ pub async fn run(
             }
             Err(error) => {
                 let mut last = fleet.last_error.lock();
-                if last.as_deref() != Some(error.as_str()) {
+                if last.as_ref() != Some(&error) {
                     tracing::warn!(%error, "store unreachable; serving on, retrying every {}s", HEARTBEAT.as_secs());
                 }
                 *last = Some(error);
@@ -263,9 +263,9 @@ async fn remove_row(store: &Store, id: &str) {
 }
 
 /// Writes this edge's row and reads the live ones.
-async fn refresh(store: &Store, me: &EdgeRecord) -> Result<Vec<LiveEdge>, String> {
+async fn refresh(store: &Store, me: &EdgeRecord) -> Result<Vec<LiveEdge>, StoreError> {
     let client = store.client().await?;
-    let fail = |e: tokio_postgres::Error| format!("store: {}", super::reason(&e));
+    let fail = |e: tokio_postgres::Error| StoreError::statement("edges", &e);
     let within = LIVE_WITHIN.as_secs_f64();
     // The row is this edge's, or one no live edge refreshes: two live edges never share
     // an id (their key limits and ledgers would mix).
@@ -292,13 +292,13 @@ async fn refresh(store: &Store, me: &EdgeRecord) -> Result<Vec<LiveEdge>, String
         .await
         .map_err(fail)?;
     if written == 0 {
-        return Err(format!(
+        return Err(StoreError::Unusable(format!(
             "the edge id {:?} is held by another live edge (one with the same store.edge_id, \
              or this edge's previous run if it died less than {}s ago): give each edge its \
              own store.edge_id",
             me.id,
             LIVE_WITHIN.as_secs()
-        ));
+        )));
     }
     let rows = client
         .query(

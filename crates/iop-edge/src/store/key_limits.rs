@@ -6,6 +6,7 @@
 
 use crate::config::KeyLimitsConfig;
 use crate::store::Store;
+pub use crate::store::StoreError;
 use crate::store::edges::LIVE_WITHIN;
 
 /// Which limit the store refused a request for, and when to retry.
@@ -24,17 +25,12 @@ impl StoreRefusal {
             "requests_per_minute" => Ok(Self::RequestsPerMinute { retry_after_ms }),
             "max_concurrent" => Ok(Self::MaxConcurrent { retry_after_ms }),
             "tokens_per_day" => Ok(Self::TokensPerDay { retry_after_ms }),
-            other => Err(StoreError(format!(
+            other => Err(StoreError::Unusable(format!(
                 "the store refused for a limit this edge does not know: {other:?}"
             ))),
         }
     }
 }
-
-/// The store did not do what was asked (unreachable, an error, a timeout).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct StoreError(pub String);
 
 /// What a released key holds back to the store: this edge's running totals of the places
 /// and tokens its requests of the key gave back since it started.
@@ -69,7 +65,7 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug {
 }
 
 fn failed(what: &str, e: &tokio_postgres::Error) -> StoreError {
-    StoreError(format!("store ({what}): {}", super::reason(e)))
+    StoreError::statement(what, e)
 }
 
 impl Store {
@@ -80,7 +76,7 @@ impl Store {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<(), StoreError> {
-        let client = self.client().await.map_err(StoreError)?;
+        let client = self.client().await?;
         client
             .execute(sql, params)
             .await
@@ -99,7 +95,7 @@ impl KeyStore for Store {
         reserve: u64,
         input: u64,
     ) -> Result<Option<StoreRefusal>, StoreError> {
-        let client = self.client().await.map_err(StoreError)?;
+        let client = self.client().await?;
         let rpm = limits.requests_per_minute.map(|n| n as i32);
         let max = limits.max_concurrent.map(|n| n as i32);
         let budget = limits.tokens_per_day.map(|n| n.min(i64::MAX as u64) as i64);

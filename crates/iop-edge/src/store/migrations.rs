@@ -4,6 +4,8 @@
 
 use tokio_postgres::Client;
 
+use super::StoreError;
+
 /// Serializes migrations across edges (`pg_advisory_xact_lock`).
 const LOCK: i64 = 0x696f_7073_746f_7265; // "iopstore"
 
@@ -232,18 +234,18 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// Brings the schema up to date; returns the version it is at.
-pub async fn apply(client: &Client) -> Result<usize, String> {
-    let fail = |what: &str, e: tokio_postgres::Error| format!("{what}: {}", super::reason(&e));
+pub async fn apply(client: &Client) -> Result<usize, StoreError> {
+    let fail = |what: &str, e: tokio_postgres::Error| StoreError::statement(what, &e);
     // One transaction: the lock, the version table, every migration and the new version.
     client
         .batch_execute("BEGIN")
         .await
-        .map_err(|e| fail("store migration", e))?;
+        .map_err(|e| fail("migration", e))?;
     let result = async {
         client
             .execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK])
             .await
-            .map_err(|e| fail("store migration lock", e))?;
+            .map_err(|e| fail("migration lock", e))?;
         client
             .batch_execute(
                 "CREATE TABLE IF NOT EXISTS iop_schema (version INTEGER NOT NULL);
@@ -251,24 +253,24 @@ pub async fn apply(client: &Client) -> Result<usize, String> {
                      SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM iop_schema)",
             )
             .await
-            .map_err(|e| fail("store schema table", e))?;
+            .map_err(|e| fail("schema table", e))?;
         let row = client
             .query_one("SELECT version FROM iop_schema", &[])
             .await
-            .map_err(|e| fail("store schema version", e))?;
+            .map_err(|e| fail("schema version", e))?;
         let at = row.get::<_, i32>(0).max(0) as usize;
         if at > MIGRATIONS.len() {
-            return Err(format!(
+            return Err(StoreError::Unusable(format!(
                 "the store's schema is at version {at}, newer than this edge knows ({}): \
                  upgrade this edge",
                 MIGRATIONS.len()
-            ));
+            )));
         }
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(at) {
             client
                 .batch_execute(sql)
                 .await
-                .map_err(|e| fail(&format!("store migration {}", i + 1), e))?;
+                .map_err(|e| fail(&format!("migration {}", i + 1), e))?;
         }
         client
             .execute(
@@ -276,7 +278,7 @@ pub async fn apply(client: &Client) -> Result<usize, String> {
                 &[&(MIGRATIONS.len() as i32)],
             )
             .await
-            .map_err(|e| fail("store schema version", e))?;
+            .map_err(|e| fail("schema version", e))?;
         Ok(MIGRATIONS.len())
     }
     .await;
@@ -284,6 +286,6 @@ pub async fn apply(client: &Client) -> Result<usize, String> {
     client
         .batch_execute(end)
         .await
-        .map_err(|e| fail("store migration", e))?;
+        .map_err(|e| fail("migration", e))?;
     result
 }

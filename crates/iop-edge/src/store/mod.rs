@@ -9,6 +9,7 @@
 //! counts in ([`key_limits`]).
 
 pub mod edges;
+pub mod error;
 pub mod key_limits;
 pub mod migrations;
 pub mod seal;
@@ -18,6 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+
+pub use error::StoreError;
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -83,7 +86,7 @@ impl Store {
     async fn connect(
         &self,
         notified: Option<mpsc::UnboundedSender<()>>,
-    ) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), String> {
+    ) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), StoreError> {
         let connected = async {
             match &self.tls {
                 Some(tls) => {
@@ -98,15 +101,19 @@ impl Store {
         };
         tokio::time::timeout(CONNECT_TIMEOUT, connected)
             .await
-            .map_err(|_| format!("no connection to the store within {CONNECT_TIMEOUT:?}"))?
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "no connection to the store within {CONNECT_TIMEOUT:?}"
+                ))
+            })?
             .map_err(|e: tokio_postgres::Error| {
-                format!("cannot connect to the store: {}", reason(&e))
+                StoreError::Unavailable(format!("cannot connect to the store: {}", reason(&e)))
             })
     }
 
     /// A connection of the pool (waiting up to [`CONNECT_TIMEOUT`] for one to be free or
     /// opened); the first one brings the schema up to date.
-    pub async fn client(&self) -> Result<Client, String> {
+    pub async fn client(&self) -> Result<Client, StoreError> {
         use std::sync::atomic::Ordering;
         let client = self.pool.get().await.map_err(|e| pool_error(&e))?;
         if !self.migrated.load(Ordering::Acquire) {
@@ -191,13 +198,13 @@ async fn drive<S, T>(
 }
 
 /// Why the pool gave no connection, in the words [`Store::client`] always used.
-fn pool_error(e: &deadpool_postgres::PoolError) -> String {
+fn pool_error(e: &deadpool_postgres::PoolError) -> StoreError {
     use deadpool_postgres::PoolError;
-    match e {
+    StoreError::Unavailable(match e {
         PoolError::Backend(e) => format!("cannot connect to the store: {}", reason(e)),
         PoolError::Timeout(_) => format!("no connection to the store within {CONNECT_TIMEOUT:?}"),
         other => format!("cannot connect to the store: {other}"),
-    }
+    })
 }
 
 /// What went wrong, as PostgreSQL or the connection said it (never the URL).
