@@ -2,40 +2,37 @@
 //! admits requests against per-provider capacity with a queue, and serves the
 //! OpenAI-compatible API, the native runs API and the admin endpoints over HTTP.
 //!
-//! Pure state machines (`registry`, `lease`, `queue`, `health`, `ejection`,
-//! `retry_budget`) hold no I/O; `service` is their async shell, the single authority over
+//! It composes the pure crates under the names it uses: the config (`iop-edge-config`,
+//! as `config`), the core state machines (`iop-core`: `registry`, `lease`, `queue`,
+//! `routing`, `health`, `ejection`, …) and the API codecs (`iop-api`: `canonical`,
+//! `surfaces`, `codec`). `service` is the core's async shell, the single authority over
 //! node lifecycle and the dispatcher of requests; `transport` and `http` only move bytes to
 //! and from it.
 
-pub(crate) mod auth;
 // The client APIs' codecs, walled off in their own crate, under the names the edge uses.
 pub(crate) use iop_api::{canonical, codec, surfaces};
+// The core state machines, walled off in their own crate, under the names the edge uses.
+pub use iop_core::routing;
+pub(crate) use iop_core::{
+    auth, day_tokens, ejection, health, key_limits, lease, queue, registry, retry_budget, throttle,
+};
 pub(crate) mod catalog;
-pub mod config;
-pub(crate) mod day_tokens;
+/// The config file's types and validation: a crate of their own, read by every layer.
+pub use iop_edge_config as config;
 pub(crate) mod drain;
-pub(crate) mod ejection;
 pub(crate) mod events;
 pub mod fdlimit;
 pub(crate) mod fleet_limits;
-pub(crate) mod health;
 pub(crate) mod http;
-pub(crate) mod key_limits;
-pub(crate) mod lease;
 pub(crate) mod ledger;
 pub(crate) mod local_models;
 pub(crate) mod metrics;
 pub(crate) mod payload;
 pub(crate) mod pem;
-pub(crate) mod queue;
-pub(crate) mod registry;
-pub(crate) mod retry_budget;
-pub mod routing;
 pub(crate) mod service;
 pub(crate) mod session;
 pub(crate) mod status;
 pub(crate) mod store;
-pub(crate) mod throttle;
 pub(crate) mod transport;
 pub(crate) mod trust;
 

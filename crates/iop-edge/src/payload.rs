@@ -127,6 +127,24 @@ nodes:
     }
 
     #[test]
+    fn cli_session_limits_travel_and_unset_ones_travel_as_zero() {
+        let yaml = |cli: &str| {
+            format!(
+                "nodes:\n  - id: n\n    token: node-token-0123456789\n    providers:\n      - {{id: c, kind: cli, cli: {{argv: [\"cat\"]{cli}}}}}\n"
+            )
+        };
+        for (cli, want) in [
+            (", max_sessions: 4, session_idle_sec: 30", (4, 30)),
+            ("", (0, 0)),
+        ] {
+            let c = EdgeConfig::from_yaml(&yaml(cli), "edge.yaml").unwrap();
+            let p = build_payload(&c.nodes[0], &c.health, 1 << 20).unwrap();
+            let spec = p.providers[0].cli.as_ref().unwrap();
+            assert_eq!((spec.max_sessions, spec.session_idle_sec), want, "{cli}");
+        }
+    }
+
+    #[test]
     fn version_changes_with_content() {
         let mut c = config();
         let a = build_payload(&c.nodes[0], &c.health, 1 << 20)

@@ -4,14 +4,12 @@
 //! before buffering it, so a peer cannot make us allocate more than the limit. Errors are
 //! typed so the connection owner can log why it closed the connection.
 
+pub use crate::DEFAULT_MAX_FRAME_BYTES;
 use bytes::{Buf, BufMut, BytesMut};
 use prost::Message;
 use tokio_util::codec::{Decoder, Encoder};
 
 use crate::pb::Envelope;
-
-/// Default largest frame either side accepts: 16 MiB.
-pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 
 const HEADER_LEN: usize = 4;
 /// Free room kept in the read buffer while a frame is incomplete, so one read takes in

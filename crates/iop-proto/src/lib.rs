@@ -33,7 +33,7 @@ pub mod pb {
 }
 
 #[cfg(feature = "io")]
-pub use codec::{DEFAULT_MAX_FRAME_BYTES, EnvelopeCodec, FrameError};
+pub use codec::{EnvelopeCodec, FrameError};
 #[cfg(feature = "io")]
 pub use connection::{ByteStream, FrameReader, Outbound, split_stream};
 pub use error_code::{Disposition, Fault};
@@ -42,6 +42,9 @@ pub use heartbeat::{HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat};
 pub use pb::ErrorCode;
 #[cfg(feature = "io")]
 pub use yield_once::yield_once;
+
+/// Default largest frame either side accepts: 16 MiB.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 
 /// The wire contract id this crate implements.
 pub const WIRE_CONTRACT: &str = "iop.edge-node-runtime-wire";

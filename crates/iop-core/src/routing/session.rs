@@ -9,7 +9,7 @@
 //!
 //! Only the key's hash is kept (it steers; it is never logged or stored). Pure.
 
-use axum::http::HeaderMap;
+use http::HeaderMap;
 use serde_json::Value;
 
 use crate::canonical::ClientRequest;
@@ -25,10 +25,7 @@ const MAX_KEY_BYTES: usize = 512;
 
 /// The session key of a request with these `headers` and `body` (the client's own
 /// request, in its own API), if it names one.
-pub(crate) fn session_key<'a>(
-    headers: &'a HeaderMap,
-    body: &'a ClientRequest<'a>,
-) -> Option<String> {
+pub fn session_key<'a>(headers: &'a HeaderMap, body: &'a ClientRequest<'a>) -> Option<String> {
     header(headers, SESSION_HEADER)
         .or_else(|| body_string(body, "session_id"))
         .or_else(|| body_string(body, "user"))
@@ -79,7 +76,7 @@ mod tests {
         let mut map = HeaderMap::new();
         for (n, v) in headers {
             map.insert(
-                axum::http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
                 v.parse().unwrap(),
             );
         }

@@ -54,10 +54,7 @@ impl Affinity {
 /// blocks whenever the policy routes by prefix (a request with a session key still notes
 /// its blocks, for the requests that come without one). Embeddings steer nothing: an
 /// embedding server keeps no cache of prompts.
-pub(crate) fn affinity(
-    policy: RoutingPolicy,
-    request: &crate::canonical::ModelRequest,
-) -> Affinity {
+pub fn affinity(policy: RoutingPolicy, request: &crate::canonical::ModelRequest) -> Affinity {
     if policy == RoutingPolicy::LeastInFlight || !request.op.generates() {
         return Affinity::none();
     }

@@ -284,7 +284,7 @@ impl ApiKeyConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{EdgeConfig, FieldError, Role};
+    use crate::{EdgeConfig, FieldError, Role};
 
     const GROUPS: &str = r#"
 nodes:
@@ -429,7 +429,7 @@ model_groups:
     #[test]
     fn http_limits_have_defaults_and_bounds() {
         let c = parse("").unwrap();
-        assert_eq!(c.limits.http, crate::config::HttpLimitsConfig::default());
+        assert_eq!(c.limits.http, crate::HttpLimitsConfig::default());
         assert_eq!(c.limits.http.header_timeout_sec, 10);
         let c = parse("limits: {http: {header_timeout_sec: 1, max_connections: 5000}}").unwrap();
         assert_eq!(

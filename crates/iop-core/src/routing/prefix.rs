@@ -36,7 +36,7 @@ const PROMPT_FIELDS: &[&str] = &[
 ];
 
 /// The chained block hashes of `request`'s prompt (only full blocks count).
-pub(crate) fn blocks(request: &ClientRequest) -> Arc<[u64]> {
+pub fn blocks(request: &ClientRequest) -> Arc<[u64]> {
     let mut chain = Chain::default();
     for field in PROMPT_FIELDS {
         if let Some(raw) = request.raw(field) {

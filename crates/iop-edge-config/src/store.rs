@@ -10,6 +10,7 @@
 //! once when the config is read. Every edge of a fleet gets the same key; the store never
 //! sees it.
 
+#[cfg(feature = "store-url")]
 use std::str::FromStr;
 
 use serde::Deserialize;
@@ -76,6 +77,7 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     /// The parsed URL, if a store is configured.
+    #[cfg(feature = "store-url")]
     pub fn connect_config(&self) -> Option<Result<tokio_postgres::Config, FieldError>> {
         let url = self.url.as_deref()?;
         Some(parse(url))
@@ -120,6 +122,7 @@ impl StoreConfig {
     }
 
     pub fn validate(&self) -> Result<(), FieldError> {
+        #[cfg(feature = "store-url")]
         if let Some(parsed) = self.connect_config() {
             parsed?;
         }
@@ -148,6 +151,7 @@ impl StoreConfig {
 }
 
 /// Parses a store URL; errors never repeat it (it may hold a password).
+#[cfg(feature = "store-url")]
 fn parse(url: &str) -> Result<tokio_postgres::Config, FieldError> {
     let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
         FieldError::new(
@@ -202,6 +206,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "store-url")]
     fn a_store_on_another_machine_is_always_reached_over_tls() {
         use tokio_postgres::config::SslMode;
         let remote = store("postgres://iop:secret@db.example.net/iop")
@@ -222,6 +227,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "store-url")]
     fn only_a_store_with_a_host_and_a_database_is_accepted() {
         assert!(
             store("postgres://iop:secret@127.0.0.1:5432/iop")
