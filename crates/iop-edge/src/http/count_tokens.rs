@@ -25,7 +25,7 @@ use axum::extract::{Extension, Request, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::decode::LargeBodies;
 use super::error;
@@ -126,19 +126,18 @@ async fn count(
 fn decode(body: Bytes) -> Result<Decoded, ApiError> {
     let request = ClientRequest::parse(&body)?;
     let model = requested_group(&request)?;
-    let chat = messages::request::to_chat(&request)?;
-    let chat = serde_json::to_vec(&Value::Object(chat)).expect("JSON values serialize");
-    let estimate = estimate_input_tokens(&ClientRequest::parse(&chat)?);
-    let without_model = |mut map: Map<String, Value>| {
-        map.remove("model");
-        Value::Object(map).to_string()
-    };
-    let chat: Map<String, Value> = serde_json::from_slice(&chat).expect("written above");
+    let mut chat = messages::request::to_chat(&request)?;
+    chat.remove("model");
+    let chat = Value::Object(chat).to_string();
+    // The estimate reads only the prompt's fields, so the chat without `model` serves.
+    let estimate = estimate_input_tokens(&ClientRequest::parse(chat.as_bytes())?);
+    let mut messages = request.to_map();
+    messages.remove("model");
     Ok(Decoded {
         model,
         bodies: CountBodies {
-            messages: without_model(request.to_map()),
-            chat: without_model(chat),
+            messages: Value::Object(messages).to_string(),
+            chat,
         },
         estimate,
     })
