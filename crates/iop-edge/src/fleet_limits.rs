@@ -65,6 +65,18 @@ fn exceeded(refusal: StoreRefusal, limits: &KeyLimitsConfig) -> LimitExceeded {
     }
 }
 
+/// `call` to the store, or the store unavailable when it takes over `limit`.
+async fn within<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(StoreError::Unavailable(format!(
+            "the store took over {limit:?}"
+        )))
+    })
+}
+
 /// What the store decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shared {
@@ -137,16 +149,11 @@ impl FleetLimits {
                 "the store failed moments ago".into(),
             ));
         }
-        let decided = tokio::time::timeout(
+        let decided = within(
             ADMIT_TIMEOUT,
             self.store.admit(key, &self.edge_id, limits, reserve, input),
         )
-        .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::Unavailable(format!(
-                "the store took over {ADMIT_TIMEOUT:?}"
-            )))
-        });
+        .await;
         match decided {
             Ok(decision) => {
                 if self.failed_at.lock().take().is_some() {
@@ -211,12 +218,11 @@ impl FleetLimits {
                 .collect()
         };
         for (key, total) in unsent {
-            let sent = tokio::time::timeout(
+            let sent = within(
                 ADMIT_TIMEOUT,
                 self.store.release(&key, &self.edge_id, total),
             )
-            .await
-            .unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())));
+            .await;
             if let Err(error) = sent {
                 tracing::debug!(%error, key, "could not give the key's places back in the store; sent again with the next flush");
                 self.released.lock().unsent.insert(key);
@@ -230,9 +236,7 @@ impl FleetLimits {
         if self.ready.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
         }
-        tokio::time::timeout(ADMIT_TIMEOUT * 4, self.store.clear_edge(&self.edge_id))
-            .await
-            .unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())))?;
+        within(ADMIT_TIMEOUT * 4, self.store.clear_edge(&self.edge_id)).await?;
         self.ready.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
@@ -255,10 +259,7 @@ impl FleetLimits {
     pub async fn flush(&self) {
         let pending: Vec<((String, i64), u64)> = self.pending_tokens.lock().drain().collect();
         for ((key, day), tokens) in pending {
-            let added =
-                tokio::time::timeout(ADMIT_TIMEOUT, self.store.add_tokens(&key, day, tokens))
-                    .await
-                    .unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())));
+            let added = within(ADMIT_TIMEOUT, self.store.add_tokens(&key, day, tokens)).await;
             if added.is_err() {
                 *self.pending_tokens.lock().entry((key, day)).or_default() += tokens;
             }

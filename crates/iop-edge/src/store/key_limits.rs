@@ -64,10 +64,6 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug {
     async fn clear_edge(&self, edge: &str) -> Result<(), StoreError>;
 }
 
-fn failed(what: &str, e: &tokio_postgres::Error) -> StoreError {
-    StoreError::statement(what, e)
-}
-
 impl Store {
     /// Runs one statement of the key limits (`what` names it in errors).
     async fn key_statement(
@@ -80,7 +76,7 @@ impl Store {
         client
             .execute(sql, params)
             .await
-            .map_err(|e| failed(what, &e))?;
+            .map_err(|e| StoreError::statement(what, &e))?;
         Ok(())
     }
 }
@@ -108,7 +104,7 @@ impl KeyStore for Store {
                 &[&key, &edge, &rpm, &max, &budget, &reserve, &live, &input],
             )
             .await
-            .map_err(|e| failed("key limits", &e))?;
+            .map_err(|e| StoreError::statement("key limits", &e))?;
         let refused: Option<String> = row.get(0);
         match refused {
             None => Ok(None),

@@ -27,8 +27,10 @@ pub const REVOCATION_POLL: Duration = Duration::from_secs(1);
 /// What the sealed CA key is bound to.
 const CA_KEY_LABEL: &str = "iop fleet CA private key";
 
+/// `what` failed, as the store's other errors say it (these are reported among the
+/// state directory's, as text).
 fn fail(what: &str) -> impl Fn(tokio_postgres::Error) -> String + '_ {
-    move |e| format!("store ({what}): {}", crate::store::reason(&e))
+    move |e| crate::store::StoreError::statement(what, &e).into()
 }
 
 /// The fleet's CA, mirrored into `dir`. The first edge to reach an empty store gives the
