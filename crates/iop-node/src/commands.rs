@@ -18,23 +18,30 @@ use crate::runtime::NodeRuntime;
 /// Rows the `runs` command returns at most (its `limit` is clamped to this).
 pub const MAX_RUNS_LISTED: usize = 1000;
 
+/// The answer to `request`: its result, or its error.
+fn response(
+    request: &pb::NodeCommandRequest,
+    result: Result<Value, AdapterError>,
+) -> pb::NodeCommandResponse {
+    match result {
+        Ok(value) => pb::NodeCommandResponse {
+            command_id: request.command_id.clone(),
+            ok: true,
+            result_json: value.to_string(),
+            error: None,
+        },
+        Err(e) => pb::NodeCommandResponse {
+            command_id: request.command_id.clone(),
+            ok: false,
+            result_json: String::new(),
+            error: Some(e.to_wire()),
+        },
+    }
+}
+
 impl NodeRuntime {
     pub async fn command(&self, request: &pb::NodeCommandRequest) -> pb::NodeCommandResponse {
-        let result = self.run_command(request).await;
-        match result {
-            Ok(value) => pb::NodeCommandResponse {
-                command_id: request.command_id.clone(),
-                ok: true,
-                result_json: value.to_string(),
-                error: None,
-            },
-            Err(e) => pb::NodeCommandResponse {
-                command_id: request.command_id.clone(),
-                ok: false,
-                result_json: String::new(),
-                error: Some(e.to_wire()),
-            },
-        }
+        response(request, self.run_command(request).await)
     }
 
     /// The answer to a command refused because the connection runs
@@ -47,12 +54,7 @@ impl NodeRuntime {
                 crate::runtime::MAX_COMMANDS_PER_LINK
             ),
         );
-        pb::NodeCommandResponse {
-            command_id: request.command_id.clone(),
-            ok: false,
-            result_json: String::new(),
-            error: Some(error.to_wire()),
-        }
+        response(request, Err(error))
     }
 
     async fn run_command(&self, request: &pb::NodeCommandRequest) -> Result<Value, AdapterError> {
