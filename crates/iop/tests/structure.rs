@@ -527,39 +527,6 @@ fn the_checks_see_a_loop_and_a_long_function() {
     );
 }
 
-/// The names a crate's manifest lists under `[dependencies]` (not dev- or build-).
-fn normal_dependencies(manifest: &str) -> Vec<String> {
-    let mut inside = false;
-    let mut names = Vec::new();
-    for line in manifest.lines().map(str::trim) {
-        if line.starts_with('[') {
-            inside = line == "[dependencies]";
-            continue;
-        }
-        if inside && let Some((name, _)) = line.split_once(['=', '.']) {
-            names.push(name.trim().to_string());
-        }
-    }
-    names
-}
-
-#[test]
-fn the_daemons_do_not_link_the_test_backend() {
-    for krate in ["iop-edge", "iop-node", "iop-proto", "iop-mock-model"] {
-        let manifest =
-            std::fs::read_to_string(crates_dir().join(krate).join("Cargo.toml")).unwrap();
-        let deps = normal_dependencies(&manifest);
-        assert!(
-            !deps.iter().any(|d| d == "iop-mock"),
-            "{krate} links iop-mock (the mock server is a test backend: what a daemon needs of \
-             it belongs in a crate both use, like iop-mock-model): {deps:?}"
-        );
-    }
-    let sample =
-        "[dependencies]\niop-mock.workspace = true\nserde = \"1\"\n[dev-dependencies]\nx = 1\n";
-    assert_eq!(normal_dependencies(sample), ["iop-mock", "serde"]);
-}
-
 #[test]
 fn the_checks_see_paths_in_macros_and_a_forbidden_direction() {
     let file = syn::parse_file(
