@@ -65,9 +65,10 @@ pub async fn serve_nodes(
         // the ones waiting there are taken in the order they came, a node among them.
         // Once a full pool with nobody silent was asked again, the next connection is
         // taken all the same: the heaviest-address rule may make room for it.
-        let room_at = match take_one {
-            true => None,
-            false => gate.room_at(&edge.config().limits.nodes, Instant::now()),
+        let room_at = if take_one {
+            None
+        } else {
+            gate.room_at(&edge.config().limits.nodes, Instant::now())
         };
         take_one = false;
         let wait_for_room = async {

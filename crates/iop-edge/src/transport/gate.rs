@@ -184,13 +184,13 @@ impl Notices {
 /// Full, the pool makes room for a newcomer by closing the oldest connection that has not
 /// sent a byte for [`SILENT_GRACE`] (a node sends its TLS ClientHello, or its
 /// registration, as soon as it is connected: a silent connection holds a place and
-/// nothing else), whatever its address; failing that, the oldest connection of the address group that holds the most, as long
-/// as that group would still hold at least as many as the newcomer's: anonymous
-/// connections from many addresses then only displace each other, and a node gets in
-/// however many addresses hold one silent connection each. The per-address cap
-/// binds only when the pool is full (a newcomer from an address holding that many is
-/// refused rather than displacing anyone), so many nodes behind one address (a NAT) all
-/// get in after an edge restart while the pool has room.
+/// nothing else), whatever its address; failing that, the oldest connection of the
+/// address group that holds the most, as long as that group would still hold at least as
+/// many as the newcomer's: anonymous connections from many addresses then only displace
+/// each other, and a node gets in however many addresses hold one silent connection each.
+/// The per-address cap binds only when the pool is full (a newcomer from an address
+/// holding that many is refused rather than displacing anyone), so many nodes behind one
+/// address (a NAT) all get in after an edge restart while the pool has room.
 #[derive(Debug, Default)]
 pub struct UnauthenticatedCounts {
     total: usize,
