@@ -33,240 +33,29 @@
 //! Every call that may grant takes `now` (ejections end with time).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::{ProviderApi, ProviderKind};
 use crate::ejection::EjectionPolicy;
-use crate::health::ProviderHealth;
-use crate::lease::{AccountId, AccountSpec, Lane, LaneCounts, LeaseId, Leases, ProviderKey};
+use crate::lease::{AccountId, Lane, LaneCounts, LeaseId, Leases, ProviderKey};
 use crate::registry::Generation;
-use crate::routing::{self, Affinity, Decision, RoutingPolicy};
+use crate::routing::{self, Affinity, RoutingPolicy};
 
 mod candidates;
 mod offline;
+mod spec;
+mod state;
 mod steer;
 
 pub use candidates::HealthView;
+pub use spec::{
+    Admission, ApiSet, Dispatch, Exclusion, Grant, GroupSpec, Lost, MemberSpec, MemberTraits,
+    ProviderSpec, WaiterId,
+};
+pub use state::Scheduler;
+use state::{Group, Member, Waiter, excluded};
 
 /// Requests pinned to one provider (native runs) that may wait for it at most.
 pub const DIRECT_MAX_WAITING: usize = 64;
-
-/// A set of provider APIs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ApiSet(u8);
-
-impl ApiSet {
-    pub fn of(apis: impl IntoIterator<Item = ProviderApi>) -> Self {
-        Self(apis.into_iter().fold(0, |set, api| set | Self::bit(api)))
-    }
-
-    fn bit(api: ProviderApi) -> u8 {
-        1 << (api as u8)
-    }
-
-    pub fn contains(self, api: ProviderApi) -> bool {
-        self.0 & Self::bit(api) != 0
-    }
-}
-
-/// What a grant needs to know of its provider to dispatch (and to route: the APIs it
-/// serves itself): carried in the grant so the dispatcher never re-reads the config.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemberTraits {
-    pub kind: ProviderKind,
-    /// The APIs a tunnelled provider serves itself (`apis`).
-    pub apis: ApiSet,
-    /// How long the provider's stream may stay silent once its response began.
-    pub idle_timeout: Duration,
-    /// A tunnelled stream asks the provider for usage the client did not ask for
-    /// (`tunnel_usage: inject`).
-    pub inject_stream_usage: bool,
-}
-
-impl Default for MemberTraits {
-    fn default() -> Self {
-        Self {
-            kind: ProviderKind::Mock,
-            apis: ApiSet::default(),
-            idle_timeout: Duration::from_secs(
-                crate::config::dispatch::DEFAULT_IDLE_TIMEOUT_SEC.into(),
-            ),
-            inject_stream_usage: false,
-        }
-    }
-}
-
-/// A configured provider: its account and what dispatch needs of it.
-#[derive(Debug, Clone)]
-pub struct ProviderSpec {
-    pub account: AccountSpec,
-    pub traits: MemberTraits,
-}
-
-/// A member (under one generation of its node) a retried request must not get again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Exclusion {
-    pub key: ProviderKey,
-    pub generation: Generation,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WaiterId(pub u64);
-
-/// A model group as admission sees it.
-#[derive(Debug, Clone)]
-pub struct GroupSpec {
-    pub name: String,
-    pub members: Vec<MemberSpec>,
-    pub max_waiting: usize,
-    /// How long a request waits for a member to reconnect when none is online; zero ends
-    /// it at once.
-    pub wait_for_reconnect: Duration,
-    /// How a request picks its member.
-    pub routing: RoutingPolicy,
-}
-
-#[derive(Debug, Clone)]
-pub struct MemberSpec {
-    pub key: ProviderKey,
-    pub upstream_model: String,
-    /// The provider's capacity and state, used only when it is not among the configured
-    /// providers (tests).
-    pub capacity: LaneCounts,
-    pub enabled: bool,
-    pub traits: MemberTraits,
-}
-
-/// A slot granted to one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Grant {
-    pub lease: LeaseId,
-    pub group: usize,
-    pub member: usize,
-    pub node: Arc<str>,
-    pub provider: Arc<str>,
-    pub upstream_model: Arc<str>,
-    pub lane: Lane,
-    pub generation: Generation,
-    pub traits: MemberTraits,
-    /// How the member was chosen.
-    pub decision: Decision,
-}
-
-impl Grant {
-    /// This grant's member under its generation, for a retry to exclude.
-    pub fn exclusion(&self) -> Exclusion {
-        Exclusion {
-            key: ProviderKey {
-                node: self.node.clone(),
-                provider: self.provider.clone(),
-            },
-            generation: self.generation,
-        }
-    }
-}
-
-#[derive(Debug)]
-pub enum Admission {
-    Granted(Grant),
-    Queued(WaiterId),
-    /// Every member that could serve the lane already failed this request.
-    Exhausted,
-    /// The group's queue holds `max_waiting` requests already.
-    QueueFull {
-        max_waiting: usize,
-    },
-    /// No member of the group is configured with capacity in this lane.
-    NoCapacityInLane,
-    /// No member that serves the lane is online (or none this request has not failed on
-    /// already), and the group does not wait for reconnects: the members (`node/provider`)
-    /// that are offline.
-    Offline {
-        members: Vec<String>,
-    },
-    UnknownGroup,
-}
-
-/// A waiter woken with its grant.
-#[derive(Debug)]
-pub struct Dispatch<W> {
-    pub waiter: W,
-    pub grant: Grant,
-}
-
-/// What losing a node's generation did.
-#[derive(Debug)]
-pub struct Lost<W> {
-    /// Leases returned by the fence (their guards' later releases are no-ops).
-    pub released: Vec<LeaseId>,
-    /// Waiters left without a live candidate: they end unavailable.
-    pub unavailable: Vec<W>,
-    /// Waiters left without a live candidate in groups that wait for reconnects: they stay
-    /// queued, stranded (see [`Scheduler::stranded_deadline`]).
-    pub stranded: usize,
-}
-
-#[derive(Debug)]
-struct Member {
-    account: AccountId,
-    /// Its identity for rendezvous hashing ([`routing::member_identity`]).
-    identity: u64,
-    upstream_model: Arc<str>,
-    traits: MemberTraits,
-}
-
-#[derive(Debug)]
-struct Waiter<W> {
-    id: WaiterId,
-    seq: u64,
-    lane: Lane,
-    /// Members (under a generation) this request already failed on.
-    exclude: Vec<(AccountId, Generation)>,
-    /// What steers it to a member.
-    affinity: Affinity,
-    payload: W,
-    /// Since when no member that serves its lane has been live for it.
-    stranded_since: Option<Instant>,
-    /// When it was queued.
-    queued_at: Instant,
-}
-
-#[derive(Debug)]
-struct Group<W> {
-    name: String,
-    /// A provider's own queue (native runs), not a configured model group.
-    direct: bool,
-    members: Vec<Member>,
-    max_waiting: usize,
-    wait_for_reconnect: Duration,
-    waiters: VecDeque<Waiter<W>>,
-    cursor: usize,
-    routing: RoutingPolicy,
-}
-
-#[derive(Debug)]
-pub struct Scheduler<W> {
-    leases: Leases,
-    groups: Vec<Group<W>>,
-    by_name: foldhash::HashMap<String, usize>,
-    /// Each provider's own queue.
-    by_provider: foldhash::HashMap<ProviderKey, usize>,
-    last_waiter: u64,
-    /// Probe health and ejection per provider.
-    health: foldhash::HashMap<AccountId, ProviderHealth>,
-    ejection: EjectionPolicy,
-    /// The prompt blocks recently routed to each provider (prefix affinity).
-    blocks: foldhash::HashMap<AccountId, routing::prefix::BlockIndex>,
-}
-
-/// Whether `account`, as it is online now, is one a waiter excluded.
-fn excluded(leases: &Leases, exclude: &[(AccountId, Generation)], account: AccountId) -> bool {
-    !exclude.is_empty()
-        && exclude.iter().any(|&(a, generation)| {
-            a == account && leases.online_generation(account) == Some(generation)
-        })
-}
 
 impl<W> Scheduler<W> {
     /// A scheduler over `providers` (every configured provider, so the snapshot lists them

@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use iop_proto::pb;
 
-use super::{Dispatch, Scheduler, excluded};
+use super::spec::Dispatch;
+use super::state::{Scheduler, excluded};
 use crate::ejection::{ProviderOutcome, Verdict};
 use crate::health::{ProbeChange, ProbeHealth};
 use crate::lease::{AccountId, Lane, ProviderKey};

@@ -3,7 +3,8 @@
 
 use std::time::Instant;
 
-use super::{Scheduler, WaiterId};
+use super::spec::WaiterId;
+use super::state::Scheduler;
 use crate::lease::Lane;
 
 impl<W> Scheduler<W> {

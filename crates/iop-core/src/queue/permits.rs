@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Dispatch, Scheduler, excluded};
+use super::spec::Dispatch;
+use super::state::{Scheduler, excluded};
 use crate::lease::{LeaseId, ProviderKey};
 use crate::registry::Generation;
 

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use super::{Scheduler, excluded};
+use super::state::{Scheduler, excluded};
 use crate::lease::{AccountId, Lane};
 use crate::registry::Generation;
 use crate::routing::{self, Affinity, Decision, Kind, Outcome, prefix};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::ejection::ProviderOutcome;
 use crate::lease::AccountSpec;
-use crate::routing::{Kind, Outcome, session};
+use crate::routing::{Decision, Kind, Outcome, session};
 
 const MEMBERS: [&str; 4] = ["a", "b", "c", "d"];
 

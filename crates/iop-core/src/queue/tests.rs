@@ -1,7 +1,7 @@
 //! Unit and property tests of admission, leases and waiters together.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use proptest::prelude::*;
 
