@@ -33,7 +33,7 @@ pub async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let shape = super::shape_of(request.uri().path());
+    let shape = super::error::shape_of(request.uri().path());
     let from = match shape {
         ErrorShape::Anthropic => KeyHeaders::BearerOrXApiKey,
         _ => KeyHeaders::Bearer,
@@ -112,7 +112,7 @@ pub async fn require_admin(request: Request, next: Next) -> Response {
             let e = ApiError::forbidden(format!(
                 "{path} needs an admin API key; this key's role is client"
             ));
-            super::error::response(super::shape_of(path), e)
+            super::error::response(super::error::shape_of(path), e)
         }
     }
 }

@@ -14,6 +14,17 @@ pub const ERROR_HEADER: &str = "x-iop-error";
 /// The response header saying how many attempts a request took.
 pub const ATTEMPTS_HEADER: &str = "x-iop-attempts";
 
+/// The error shape of the API a path belongs to.
+pub fn shape_of(path: &str) -> ErrorShape {
+    if crate::surfaces::ollama::error::is_ollama_path(path) {
+        ErrorShape::Ollama
+    } else if path.starts_with("/v1/messages") {
+        ErrorShape::Anthropic
+    } else {
+        ErrorShape::OpenAi
+    }
+}
+
 /// The response for `error` in `shape`.
 pub fn response(shape: ErrorShape, error: ApiError) -> Response {
     let mut response = (error.status, axum::Json(shape.body(&error))).into_response();

@@ -34,7 +34,7 @@ impl App {
     pub fn new(edge: Arc<Edge>) -> Self {
         let body_limit = DefaultBodyLimit::max(edge.config().limits.max_body_bytes);
         Self {
-            router: super::router(edge.clone()),
+            router: super::routes::router(edge.clone()),
             edge,
             body_limit,
         }
@@ -98,5 +98,5 @@ fn draining(path: &str) -> Response {
     )
     .with_detail("edge_draining")
     .with_retry_after(1);
-    super::error::response(super::shape_of(path), e)
+    super::error::response(super::error::shape_of(path), e)
 }

@@ -73,7 +73,7 @@ model_groups:
 
     async fn get(path: &str, key: &str) -> (StatusCode, Value) {
         let edge = Edge::new(EdgeConfig::from_yaml(CONFIG, "test").unwrap());
-        let mut router = crate::http::router(edge);
+        let mut router = crate::http::routes::router(edge);
         let request = Request::get(path)
             .header("authorization", format!("Bearer {key}"))
             .body(Body::empty())

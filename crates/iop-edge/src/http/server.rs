@@ -26,10 +26,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::App;
 use super::client_addr::{AddressSlot, ClientAddr, ConnectionsPerAddress, TrustedProxies};
 use super::connection_table::{ConnectionTable, Entered, TableSlot};
 use super::deadlines::{Activity, DeadlineIo, Expired, Holding, TimedBody};
+use super::front::App;
 use super::tls::HttpTls;
 use crate::config::HttpLimitsConfig;
 use crate::service::Edge;

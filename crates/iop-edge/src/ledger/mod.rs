@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use rusqlite::Connection;
 
-pub use record::{ClientApi, UsageRecord};
+pub use record::{ClientApi, UsageRecord, unix_ms_now};
 pub use recorder::RequestRecorder;
 use writer::{Message, Writer};
 
@@ -42,13 +42,6 @@ use writer::{Message, Writer};
 pub const QUEUE_RECORDS: usize = 65_536;
 /// At most one log line about dropped records per this period.
 pub const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
-
-/// Milliseconds since the Unix epoch now.
-pub fn unix_ms_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
 
 /// Why the ledger could not start.
 pub type LedgerError = store::StoreError;

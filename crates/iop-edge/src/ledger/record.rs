@@ -57,6 +57,13 @@ pub struct UsageRecord {
     pub routing: &'static str,
 }
 
+/// Milliseconds since the Unix epoch now.
+pub fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 #[cfg(test)]
 impl UsageRecord {
     /// A served request of `key` to `group` at `time_ms`, for tests: 3 input tokens,

@@ -107,7 +107,7 @@ impl RequestRecorder {
         Self(Arc::new(Draft {
             sink,
             started: Instant::now(),
-            time_ms: super::unix_ms_now(),
+            time_ms: super::record::unix_ms_now(),
             api,
             key: key.unwrap_or(super::record::ANONYMOUS_KEY).to_string(),
             state: Mutex::new(State {

@@ -134,7 +134,7 @@ impl Writer {
     }
 
     fn prune(&self) {
-        let cutoff = super::unix_ms_now() - i64::from(self.retention_days) * 86_400_000;
+        let cutoff = super::record::unix_ms_now() - i64::from(self.retention_days) * 86_400_000;
         match store::prune(&self.conn, cutoff) {
             Ok(0) => {}
             Ok(n) => tracing::info!(

@@ -22,7 +22,7 @@ impl StoreError {
     pub fn statement(what: impl Into<String>, e: &tokio_postgres::Error) -> Self {
         Self::Statement {
             what: what.into(),
-            reason: super::reason(e),
+            reason: reason(e),
         }
     }
 }
@@ -32,6 +32,25 @@ impl From<StoreError> for String {
     fn from(e: StoreError) -> Self {
         e.to_string()
     }
+}
+
+/// What went wrong, as PostgreSQL or the connection said it (never the URL).
+pub fn reason(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
+    }
+    // The causes too: "error performing TLS handshake" alone does not say which.
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(inner) = cause {
+        let said = inner.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = inner.source();
+    }
+    text
 }
 
 #[cfg(test)]

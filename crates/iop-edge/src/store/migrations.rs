@@ -4,7 +4,7 @@
 
 use tokio_postgres::Client;
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// Serializes migrations across edges (`pg_advisory_xact_lock`).
 const LOCK: i64 = 0x696f_7073_746f_7265; // "iopstore"

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-pub use error::StoreError;
+pub use error::{StoreError, reason};
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -205,23 +205,4 @@ fn pool_error(e: &deadpool_postgres::PoolError) -> StoreError {
         PoolError::Timeout(_) => format!("no connection to the store within {CONNECT_TIMEOUT:?}"),
         other => format!("cannot connect to the store: {other}"),
     })
-}
-
-/// What went wrong, as PostgreSQL or the connection said it (never the URL).
-pub fn reason(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return format!("{} ({})", db.message(), db.code().code());
-    }
-    // The causes too: "error performing TLS handshake" alone does not say which.
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(inner) = cause {
-        let said = inner.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = inner.source();
-    }
-    text
 }

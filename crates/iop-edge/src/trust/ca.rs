@@ -85,7 +85,7 @@ impl std::fmt::Debug for EdgeCa {
 /// Random certificate serial: 16 bytes, positive.
 fn serial() -> SerialNumber {
     let mut bytes = [0u8; 16];
-    super::random_bytes(&mut bytes);
+    super::random::random_bytes(&mut bytes);
     bytes[0] &= 0x7f;
     bytes[0] |= 0x01;
     SerialNumber::from_slice(&bytes)
@@ -217,7 +217,7 @@ impl EdgeCa {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
         let mut id = [0u8; 4];
-        super::random_bytes(&mut id);
+        super::random::random_bytes(&mut id);
         let mut name = DistinguishedName::new();
         name.push(DnType::OrganizationName, "iop");
         name.push(

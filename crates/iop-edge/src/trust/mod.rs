@@ -14,6 +14,7 @@ pub mod ca;
 pub mod files;
 pub mod join;
 pub mod node_tls;
+pub mod random;
 pub mod revocation;
 pub mod shared;
 
@@ -33,18 +34,11 @@ use crate::store::Store;
 use ca::{EdgeCa, IssuedCert, StateError};
 use files::{read_optional, write_private};
 use join::{JoinError, JoinTokenRecord, JoinTokens};
+pub use random::random_bytes;
 use revocation::{RevocationRecord, Revocations};
 
 pub const JOIN_TOKENS_FILE: &str = "join-tokens.json";
 pub const REVOCATIONS_FILE: &str = "revocations.json";
-
-/// Fills `buf` from the operating system's CSPRNG.
-pub fn random_bytes(buf: &mut [u8]) {
-    rustls::crypto::ring::default_provider()
-        .secure_random
-        .fill(buf)
-        .expect("the operating system's random number generator failed");
-}
 
 pub fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
