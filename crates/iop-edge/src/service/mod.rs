@@ -32,6 +32,7 @@ pub mod keys;
 pub mod model_jobs;
 pub mod models;
 pub mod nodes;
+pub mod permit_reports;
 pub mod permits;
 pub mod pipeline;
 pub mod plan;
@@ -239,7 +240,7 @@ pub struct Edge {
     /// The CA, join tokens and revocations (`None`: no state directory, e.g. unit tests).
     trust: Option<Arc<TrustStore>>,
     /// What this edge last told each node granting it permits.
-    permit_reports: permits::PermitReports,
+    permit_reports: permit_reports::PermitReports,
     /// The Ollama providers' own models: held, loaded, pulls across the fleet.
     pub(crate) provider_models: provider_models::ProviderModels,
 }
@@ -269,7 +270,7 @@ impl Edge {
         let now_ms = unix_ms_now();
         let today = DayTokens::loaded(now_ms, ledger.tokens_since(day_of(now_ms) * DAY_MS));
         Arc::new(Edge {
-            nodes: Nodes::new(reload::token_records(&config)),
+            nodes: Nodes::new(nodes::token_records(&config)),
             keys: Keys::new(&config.auth, today),
             dispatcher: DispatchState::new(&config),
             telemetry: Telemetry::new(&config, ledger),

@@ -11,7 +11,7 @@ use iop_proto::Outbound;
 use parking_lot::{Mutex, RwLock};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::TokenHash;
+use crate::config::{EdgeConfig, TokenHash, hash_token};
 use crate::registry::{
     ClaimError, DisconnectOutcome, Generation, OwnerState, ReadyOutcome, Registry,
 };
@@ -221,6 +221,22 @@ impl Nodes {
     pub fn listener(&self) -> Option<SocketAddr> {
         *self.listener.lock()
     }
+}
+
+/// `(node id, token hash)` of every configured node.
+pub fn token_records(config: &EdgeConfig) -> Vec<(String, TokenHash)> {
+    config
+        .nodes
+        .iter()
+        .map(|n| {
+            // A node without a static token (it registers by certificate) gets a hash no
+            // token matches.
+            let hash = n
+                .token_hash()
+                .unwrap_or_else(|| hash_token(&uuid::Uuid::new_v4().to_string()));
+            (n.id.clone(), hash)
+        })
+        .collect()
 }
 
 #[cfg(test)]

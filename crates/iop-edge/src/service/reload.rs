@@ -12,25 +12,9 @@ use std::sync::Arc;
 use iop_proto::pb;
 
 use super::Edge;
-use crate::config::{EdgeConfig, TokenHash, hash_token};
+use crate::config::EdgeConfig;
 use crate::payload::build_payload;
 use crate::registry::OwnerState;
-
-/// `(node id, token hash)` of every configured node.
-pub fn token_records(config: &EdgeConfig) -> Vec<(String, TokenHash)> {
-    config
-        .nodes
-        .iter()
-        .map(|n| {
-            // A node without a static token (it registers by certificate) gets a hash no
-            // token matches.
-            let hash = n
-                .token_hash()
-                .unwrap_or_else(|| hash_token(&uuid::Uuid::new_v4().to_string()));
-            (n.id.clone(), hash)
-        })
-        .collect()
-}
 
 /// What a reload did.
 #[derive(Debug, Default, Clone)]
@@ -119,7 +103,7 @@ impl Edge {
         // and the new config (a removed node is refused as unknown) or both new.
         let new = Arc::new(new);
         self.configs.serve(new.clone());
-        self.nodes.update_tokens(token_records(&new));
+        self.nodes.update_tokens(super::nodes::token_records(&new));
         self.keys.replace(&new.auth);
         self.telemetry.configure(&new);
         let online: HashMap<String, crate::registry::Generation> = self
