@@ -7,19 +7,21 @@
 //! Only what the provider reports is carried: reasoning and cached-input counts stay
 //! `None` unless the provider sent them. Nothing is estimated.
 
+mod fields;
+mod find;
 mod native;
 mod ollama;
 mod strip;
 
 use std::borrow::Cow;
-use std::sync::LazyLock;
 
 use bytes::Bytes;
 use iop_proto::pb;
-use memchr::memmem;
 use serde::Deserialize;
-use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+
+use fields::{count, element_count, lenient, text};
+use find::{usage_keys, value_start};
 
 /// Whose conventions a provider's `usage` follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,106 +80,6 @@ impl OpenAiUsage {
             cached_input_tokens: self.prompt_tokens_details.and_then(|d| d.cached_tokens),
         }
     }
-}
-
-/// `Some` for a value of the expected shape, `None` for `null` or anything else (a
-/// provider's odd field costs that field, not the whole observation).
-fn lenient<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Shape<T> {
-        Expected(T),
-        Other(IgnoredAny),
-    }
-    Ok(match Option::<Shape<T>>::deserialize(deserializer)? {
-        Some(Shape::Expected(value)) => Some(value),
-        _ => None,
-    })
-}
-
-/// One JSON value as the observer's fields read it: the shapes they take, and `Other`
-/// for the rest, which is skipped without being built (arrays are only counted).
-enum Skimmed<'de> {
-    /// A non-negative integer.
-    Count(u64),
-    /// A string, borrowed from the document when it holds no escapes.
-    Text(Cow<'de, str>),
-    /// An array of this many elements.
-    Elements(usize),
-    Other,
-}
-
-/// Reads one value as [`Skimmed`], in place: unlike [`lenient`] it never buffers the value
-/// first, so it suits what is read in every event.
-fn skim<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Skimmed<'de>, D::Error> {
-    struct Skim;
-    impl<'de> Visitor<'de> for Skim {
-        type Value = Skimmed<'de>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("any JSON value")
-        }
-        fn visit_u64<E>(self, n: u64) -> Result<Skimmed<'de>, E> {
-            Ok(Skimmed::Count(n))
-        }
-        fn visit_i64<E>(self, n: i64) -> Result<Skimmed<'de>, E> {
-            Ok(u64::try_from(n).map_or(Skimmed::Other, Skimmed::Count))
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Skimmed<'de>, E> {
-            Ok(Skimmed::Other)
-        }
-        fn visit_bool<E>(self, _: bool) -> Result<Skimmed<'de>, E> {
-            Ok(Skimmed::Other)
-        }
-        fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Skimmed<'de>, E> {
-            Ok(Skimmed::Text(Cow::Borrowed(s)))
-        }
-        fn visit_str<E>(self, s: &str) -> Result<Skimmed<'de>, E> {
-            Ok(Skimmed::Text(Cow::Owned(s.to_string())))
-        }
-        fn visit_unit<E>(self) -> Result<Skimmed<'de>, E> {
-            Ok(Skimmed::Other)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skimmed<'de>, A::Error> {
-            let mut n = 0;
-            while seq.next_element::<IgnoredAny>()?.is_some() {
-                n += 1;
-            }
-            Ok(Skimmed::Elements(n))
-        }
-        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Skimmed<'de>, A::Error> {
-            IgnoredAny.visit_map(map).map(|_| Skimmed::Other)
-        }
-    }
-    deserializer.deserialize_any(Skim)
-}
-
-/// A token count: `Some` for a non-negative integer, `None` for anything else.
-fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
-    Ok(match skim(deserializer)? {
-        Skimmed::Count(n) => Some(n),
-        _ => None,
-    })
-}
-
-/// A string: `Some`, `None` for anything else.
-fn text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Cow<'de, str>>, D::Error> {
-    Ok(match skim(deserializer)? {
-        Skimmed::Text(s) => Some(s),
-        _ => None,
-    })
-}
-
-/// An array's length: `Some` for an array, `None` for anything else.
-fn element_count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<usize>, D::Error> {
-    Ok(match skim(deserializer)? {
-        Skimmed::Elements(n) => Some(n),
-        _ => None,
-    })
 }
 
 /// Converts an OpenAI-style `usage` object; `None` if it is absent or null.
@@ -461,26 +363,6 @@ impl UsageObserver {
             None => self.model.as_deref(),
         }
     }
-}
-
-/// Where the key `"usage"` occurs. A `"usage"` inside a JSON string is escaped
-/// (`\"usage\"`) and never matches.
-fn usage_keys(text: &[u8]) -> memmem::FindIter<'_, 'static> {
-    static KEY: LazyLock<memmem::Finder<'static>> =
-        LazyLock::new(|| memmem::Finder::new(USAGE_KEY));
-    KEY.find_iter(text)
-}
-
-const USAGE_KEY: &[u8] = b"\"usage\"";
-
-/// Where the value of the key at `key` begins (after spaces and the colon); `text.len()`
-/// if the line ends first.
-fn value_start(text: &[u8], key: usize) -> usize {
-    let after = key + USAGE_KEY.len();
-    text[after..]
-        .iter()
-        .position(|b| !(b.is_ascii_whitespace() && *b != b'\n') && *b != b':')
-        .map_or(text.len(), |p| after + p)
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use http_body_util::Full;
 use iop_proto::pb;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 
-use super::AdapterError;
+use super::error::AdapterError;
 use super::plain::{PlainError, PlainPool};
 
 /// The node's HTTP client for adapters and HTTPS providers, shared by every provider (one

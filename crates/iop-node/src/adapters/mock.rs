@@ -29,7 +29,8 @@ use async_trait::async_trait;
 use iop_proto::pb;
 use serde_json::{Value, json};
 
-use super::{Adapter, AdapterError, RunInput};
+use super::adapter::{Adapter, RunInput};
+use super::error::AdapterError;
 use crate::sink::RunSink;
 
 pub const DEFAULT_TOKENS: u32 = 16;

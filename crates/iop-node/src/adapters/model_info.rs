@@ -10,7 +10,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::AdapterError;
+use super::error::AdapterError;
 use super::http::HttpProvider;
 
 /// How long the lookup may take: `/api/show` waits for it.

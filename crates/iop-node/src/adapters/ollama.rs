@@ -14,7 +14,9 @@ use iop_proto::ErrorCode;
 use iop_proto::pb;
 use serde_json::{Value, json};
 
-use super::{Adapter, AdapterError, HttpProvider, RunInput};
+use super::adapter::{Adapter, RunInput};
+use super::error::AdapterError;
+use super::http::HttpProvider;
 use crate::adapters::http::HeadWait;
 use crate::sink::RunSink;
 
@@ -105,10 +107,6 @@ impl Adapter for OllamaAdapter {
                 self.provider.id
             ),
         ))
-    }
-
-    fn ollama(&self) -> Option<&OllamaAdapter> {
-        Some(self)
     }
 }
 

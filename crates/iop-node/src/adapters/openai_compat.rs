@@ -9,7 +9,9 @@ use futures::StreamExt;
 use iop_proto::ErrorCode;
 use serde_json::{Value, json};
 
-use super::{Adapter, AdapterError, HttpProvider, RunInput};
+use super::adapter::{Adapter, RunInput};
+use super::error::AdapterError;
+use super::http::HttpProvider;
 use crate::adapters::http::HeadWait;
 use crate::sink::RunSink;
 use crate::usage::{UsageDialect, from_openai};
@@ -96,9 +98,5 @@ impl Adapter for OpenAiCompatAdapter {
         }
         sink.complete(usage, &finish).await?;
         Ok(())
-    }
-
-    fn tunnel(&self) -> Option<&OpenAiCompatAdapter> {
-        Some(self)
     }
 }

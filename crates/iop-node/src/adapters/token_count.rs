@@ -25,7 +25,7 @@ use iop_proto::ErrorCode;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::AdapterError;
+use super::error::AdapterError;
 use super::http::HttpProvider;
 
 use super::tokenizer::{COUNT_TIMEOUT, Dialect, RETRY_MISSING_AFTER, TOKENIZER_PLACES};

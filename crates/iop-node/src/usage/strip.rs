@@ -24,7 +24,7 @@
 
 use std::ops::Range;
 
-use super::{usage_keys, value_start};
+use super::find::{usage_keys, value_start};
 
 /// Longest incomplete line held back before the stripper gives up on a stream and relays
 /// the rest as it is.

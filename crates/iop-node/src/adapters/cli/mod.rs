@@ -38,7 +38,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Adapter, AdapterError, RunInput, SessionInfo};
+use super::adapter::{Adapter, RunInput, SessionInfo};
+use super::error::AdapterError;
 use crate::sink::{RunSink, SinkClosed};
 use end_marker::refuse_end_marker;
 use process::{GroupKill, SessionProcess, kill_group, tail};

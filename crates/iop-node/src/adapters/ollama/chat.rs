@@ -20,7 +20,8 @@
 use iop_proto::pb;
 use serde_json::{Map, Value, json};
 
-use super::super::{AdapterError, RunInput};
+use crate::adapters::adapter::RunInput;
+use crate::adapters::error::AdapterError;
 
 /// The `/api/chat` body for a run, or why the request cannot go to Ollama.
 pub fn request_body(input: &RunInput) -> Result<Value, AdapterError> {

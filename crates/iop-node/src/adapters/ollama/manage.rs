@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::OllamaAdapter;
-use crate::adapters::AdapterError;
+use crate::adapters::error::AdapterError;
 use crate::adapters::http::HeadWait;
 
 /// The longest NDJSON line read from a management stream (Ollama's are a few hundred
