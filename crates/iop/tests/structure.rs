@@ -1,13 +1,14 @@
 //! The code's shape, checked on every test run: within each crate no two modules depend on
-//! each other (directly or around a loop of siblings); no crate reaches what it must not
-//! (the pure crates no runtime, server or database; a daemon neither the other nor the
-//! mock server); the edge's layers below its service name none above it; and no function
-//! on the request path is longer than a reader can hold (100 lines), nor one elsewhere
-//! without saying why. Test code is left out.
+//! each other (directly or around a loop of siblings), nor a module and its child (the
+//! parent composes its children; what they share lives in a child); no crate reaches
+//! what it must not (the pure crates no runtime, server or database; a daemon neither the
+//! other nor the mock server); the edge's layers below its service name none above it;
+//! and no function on the request path is longer than a reader can hold (100 lines), nor
+//! one elsewhere without saying why. Test code is left out.
 //!
 //! A module depends on another when its code names a path into it (`crate::a::b`,
-//! `super::b`, a `use` of either, in code or in a macro's arguments); a dependency on a
-//! module's descendant counts as one on the sibling that contains it.
+//! `super::b`, a child's `b::c`, a `use` of any, in code or in a macro's arguments); a
+//! dependency on a module's descendant counts as one on the sibling that contains it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -98,7 +99,8 @@ fn is_test(attrs: &[syn::Attribute]) -> bool {
 /// What one file names and how long its functions are.
 #[derive(Default)]
 struct FileVisitor {
-    /// Paths starting at `crate`, `super` or `self`, as segments.
+    /// Paths starting at `crate`, `super` or `self`, and other paths of two segments or
+    /// more (which may start at a child module), as segments.
     paths: Vec<Vec<String>>,
     /// (function name, first line, lines) of every non-test function.
     functions: Vec<(String, usize, usize)>,
@@ -180,14 +182,20 @@ impl<'ast> Visit<'ast> for FileVisitor {
 
     fn visit_path(&mut self, path: &'ast syn::Path) {
         let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
-        if segments
-            .first()
-            .is_some_and(|s| s == "crate" || s == "super" || s == "self")
+        // `crate::…`, `super::…`, `self::…`, or a bare `child::…` (resolved later: only a
+        // child module of the file's own counts).
+        if segments.len() > 1
+            || segments
+                .first()
+                .is_some_and(|s| s == "crate" || s == "super" || s == "self")
         {
             self.paths.push(segments);
         }
         syn::visit::visit_path(self, path);
     }
+
+    /// `pub(super)` and `pub(in crate::a)` say who may see an item, not what it uses.
+    fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
 }
 
 /// The paths starting at `crate`, `super` or `self` in a token stream, groups included.
@@ -261,7 +269,19 @@ fn resolve(modules: &BTreeMap<String, PathBuf>, at: &str, path: &[String]) -> Op
                 rest = &rest[1..];
             }
         }
-        _ => return None,
+        Some(first) => {
+            // A bare path starts at a child of `at` (`mod dispatch;` then `dispatch::run`),
+            // or names something else in scope (a crate, a local item): not a module here.
+            let child = if at.is_empty() {
+                first.to_string()
+            } else {
+                format!("{at}::{first}")
+            };
+            if !modules.contains_key(&child) {
+                return None;
+            }
+        }
+        None => return None,
     }
     let full: Vec<&str> = base
         .into_iter()
@@ -400,14 +420,15 @@ fn no_two_modules_of_a_crate_depend_on_each_other() {
     let mut problems = Vec::new();
     for krate in CRATES {
         let (modules, edges) = dependencies(krate);
-        for parent in std::iter::once(String::new()).chain(modules.keys().cloned()) {
+        // Every module, the crate root ("") included.
+        for parent in modules.keys() {
             let mut siblings: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
             for (from, targets) in &edges {
-                let Some(a) = child_of(&parent, from) else {
+                let Some(a) = child_of(parent, from) else {
                     continue;
                 };
                 for to in targets {
-                    if let Some(b) = child_of(&parent, to)
+                    if let Some(b) = child_of(parent, to)
                         && a != b
                     {
                         siblings.entry(a.clone()).or_default().insert(b);
@@ -423,6 +444,43 @@ fn no_two_modules_of_a_crate_depend_on_each_other() {
         problems.is_empty(),
         "modules that depend on each other (move what both need into one of them, or into \
          a module of its own):\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The loops between a module and one of its children in `edges`: the parent's own file
+/// names the child (or something in it) and the child, or a module in it, names something
+/// the parent's own file defines or re-exports. A parent composes its children; what
+/// they share lives in a child of its own. (A crate root's items are not resolved: it
+/// holds the crate's names for other crates, which every module may use.)
+fn parent_child_loops(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut found = BTreeSet::new();
+    for (parent, named) in edges {
+        for (from, targets) in edges {
+            let Some(child) = child_of(parent, from) else {
+                continue;
+            };
+            if targets.contains(parent) && named.iter().any(|n| within(n, &child)) {
+                found.insert(format!("{parent} <-> {child} (from {from})"));
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
+#[test]
+fn no_module_and_its_child_depend_on_each_other() {
+    let mut problems = Vec::new();
+    for krate in CRATES {
+        let (_, edges) = dependencies(krate);
+        for found in parent_child_loops(&edges) {
+            problems.push(format!("{krate}: {found}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "a module and its child that name each other (move what the child needs from its \
+         parent into a child of its own):\n{}",
         problems.join("\n")
     );
 }
@@ -517,6 +575,44 @@ fn the_checks_see_a_loop_and_a_long_function() {
     .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
     .collect();
     assert_eq!(loops(&graph), vec![vec!["a", "b", "c"]]);
+    // A parent that names its child, which names the parent's own items back: a loop
+    // (also through a grandchild); a child naming its sibling, or its parent alone, not.
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("queue", &["queue::state", "lease"][..]),
+        ("queue::state", &["queue"][..]),
+        ("queue::spec", &["queue"][..]),
+        ("http", &["http::admin::usage"][..]),
+        ("http::admin::usage", &["http"][..]),
+        ("ledger", &["ledger::record"][..]),
+        ("ledger::record", &["ledger::writer"][..]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
+    .collect();
+    assert_eq!(
+        parent_child_loops(&graph),
+        [
+            "http <-> http::admin (from http::admin::usage)",
+            "queue <-> queue::state (from queue::state)",
+        ]
+    );
+    let modules: BTreeMap<String, PathBuf> = ["queue", "queue::state", "lease"]
+        .into_iter()
+        .map(|m| (m.to_string(), PathBuf::new()))
+        .collect();
+    let path = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        resolve(&modules, "queue", &path(&["state", "Scheduler"])).as_deref(),
+        Some("queue::state")
+    );
+    assert_eq!(
+        resolve(&modules, "queue", &path(&["tracing", "info"])),
+        None
+    );
+    assert_eq!(
+        resolve(&modules, "queue::state", &path(&["lease", "X"])),
+        None
+    );
     let body = "    let x = 1;\n".repeat(MAX_FUNCTION_LINES);
     let ast = syn::parse_file(&format!("fn long() {{\n{body}}}\n")).unwrap();
     let mut v = FileVisitor::default();
@@ -530,15 +626,23 @@ fn the_checks_see_a_loop_and_a_long_function() {
 #[test]
 fn the_checks_see_paths_in_macros_and_a_forbidden_direction() {
     let file = syn::parse_file(
-        "fn f() { tracing::info!(x = %crate::a::b(1), \"{}\", super::super::c::D); let s = self.x; }",
+        "pub(super) fn f() { tracing::info!(x = %crate::a::b(1), \"{}\", super::super::c::D); \
+         let s = self.x; child::g(s); }",
     )
     .unwrap();
     let mut visitor = FileVisitor::default();
     visitor.visit_file(&file);
-    let want: Vec<Vec<String>> = [&["crate", "a", "b"][..], &["super", "super", "c", "D"][..]]
-        .iter()
-        .map(|p| p.iter().map(|s| s.to_string()).collect())
-        .collect();
+    // `pub(super)` names no dependency; `tracing::info` and `child::g` are kept for
+    // `resolve`, which finds only the child module of the file's own.
+    let want: Vec<Vec<String>> = [
+        &["crate", "a", "b"][..],
+        &["super", "super", "c", "D"][..],
+        &["tracing", "info"][..],
+        &["child", "g"][..],
+    ]
+    .iter()
+    .map(|p| p.iter().map(|s| s.to_string()).collect())
+    .collect();
     let text = "// Over 100 lines: a table\n/// Doc.\n#[inline]\nfn a() {}\n\n// Over 100 lines: x\n\nfn b() {}\n";
     assert!(
         long_reason_above(text, 4),
