@@ -14,15 +14,16 @@ pub(crate) use iop_api::{canonical, codec, surfaces};
 // The core state machines, walled off in their own crate, under the names the edge uses.
 pub use iop_core::routing;
 pub(crate) use iop_core::{
-    auth, day_tokens, ejection, health, key_limits, lease, queue, registry, retry_budget, throttle,
+    auth, day_tokens, ejection, health, join, key_limits, lease, queue, registry, retry_budget,
+    revocation, throttle,
 };
 pub(crate) mod catalog;
 /// The config file's types and validation: a crate of their own, read by every layer.
 pub use iop_edge_config as config;
+pub(crate) use iop_fleet::{fleet_limits, store};
 pub(crate) mod drain;
 pub(crate) mod events;
 pub mod fdlimit;
-pub(crate) mod fleet_limits;
 pub(crate) mod http;
 pub(crate) mod ledger;
 pub(crate) mod local_models;
@@ -32,7 +33,6 @@ pub(crate) mod pem;
 pub(crate) mod service;
 pub(crate) mod session;
 pub(crate) mod status;
-pub(crate) mod store;
 pub(crate) mod transport;
 pub(crate) mod trust;
 
@@ -138,16 +138,27 @@ fn shared_store(config: &EdgeConfig) -> Result<Option<Arc<store::Store>>, StartE
         return Ok(None);
     };
     let tls = match pg.get_ssl_mode() {
-        tokio_postgres::config::SslMode::Require => Some(
-            store::tls::MakeRustls::new(config.store.ca_file.as_deref())
-                .map_err(StartError::Store)?,
-        ),
+        tokio_postgres::config::SslMode::Require => {
+            Some(store::tls::MakeRustls::new(store_ca(config)?).map_err(StartError::Store)?)
+        }
         _ => None,
     };
     Ok(Some(store::Store::new(pg, tls)))
 }
 
 /// Renews the node listener's server certificate while the edge runs (auto mode).
+/// The certificates of `store.ca_file`, if one is given.
+fn store_ca(
+    config: &EdgeConfig,
+) -> Result<Option<Vec<rustls_pki_types::CertificateDer<'static>>>, StartError> {
+    let Some(path) = config.store.ca_file.as_deref() else {
+        return Ok(None);
+    };
+    pem::load_pem_certs(path)
+        .map(Some)
+        .map_err(|e| StartError::Store(format!("store.ca_file {e}")))
+}
+
 async fn renew_server_certificate(
     tls: Arc<NodeListenerTls>,
     shutdown: tokio_util::sync::CancellationToken,
@@ -249,7 +260,7 @@ async fn join_fleet(
         edge.shutdown_token().clone(),
     ));
     let (learning_edge, learning_trust) = (edge.clone(), trust.clone());
-    tasks.spawn(trust::shared::follow_revocations(
+    tasks.spawn(store::trust::follow_revocations(
         store,
         move |records| {
             let news = learning_trust.learn_revocations(records);

@@ -36,6 +36,7 @@ const CRATES: &[&str] = &[
     "iop-api",
     "iop-edge-config",
     "iop-core",
+    "iop-fleet",
     "iop-edge",
     "iop-node",
     "iop-mock-model",
@@ -360,9 +361,9 @@ fn dependencies(
 /// what it renders for the APIs), and the layers above (the service that decides and
 /// dispatches, the HTTP and node transports that move bytes to and from it): a layer
 /// below never names one above, so each can be read and tested without them. (The core
-/// state machines, the codecs and the config are crates of their own below the edge.)
+/// state machines, the codecs, the config and the fleet's store are crates of their own
+/// below the edge.)
 const EDGE_BELOW: &[&str] = &[
-    "store",
     "ledger",
     "trust",
     "session",
@@ -373,7 +374,6 @@ const EDGE_BELOW: &[&str] = &[
     "local_models",
     "drain",
     "pem",
-    "fleet_limits",
     "status",
 ];
 const EDGE_ABOVE: &[&str] = &["service", "http", "transport"];
@@ -672,11 +672,18 @@ fn the_checks_see_paths_in_macros_and_a_forbidden_direction() {
 
 /// What each crate may never reach, directly or through another crate (normal
 /// dependencies, its default features): the pure layers no async runtime, HTTP server or
-/// database; a daemon neither the other daemon nor the mock server.
+/// database; the fleet's store no HTTP server, SQLite or daemon; a daemon neither the
+/// other daemon nor the mock server.
 const NEVER_REACHES: &[(&str, &[&str])] = &[
     ("iop-api", IO_CRATES),
     ("iop-core", IO_CRATES),
     ("iop-mock-model", IO_CRATES),
+    (
+        "iop-fleet",
+        &[
+            "iop-edge", "iop-node", "iop-mock", "axum", "hyper", "rusqlite",
+        ],
+    ),
     ("iop-edge", &["iop-node", "iop-mock"]),
     ("iop-node", &["iop-edge", "iop-mock"]),
     (

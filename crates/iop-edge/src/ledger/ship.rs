@@ -1,10 +1,10 @@
 //! The fleet's usage ledger: in a fleet (edges sharing a store) every edge copies its
 //! records into the store's `iop_usage` table, so one query sees the whole fleet's use.
 //! The local SQLite file is the spool: records are committed there first, as always, and
-//! shipped from it in order, [`BATCH`] at a time, every [`EVERY`]. A record is keyed by
-//! (edge, its local id) and inserted with `ON CONFLICT DO NOTHING`, and where to go on
-//! from is read back from the store (the highest id it holds for this edge) whenever the
-//! store was unreachable: a record is neither lost while the store is down nor counted
+//! shipped from it in order, [`BATCH`] at a time, every [`EVERY`], with the store's
+//! statements ([`crate::store::usage`]). A record is keyed by (edge, its local id) and
+//! inserted with `ON CONFLICT DO NOTHING`, and where to go on from is read back from the
+//! store (the highest id it holds for this edge) whenever the store was unreachable: a record is neither lost while the store is down nor counted
 //! twice when a batch is sent again. [`summarize_fleet`] sums the fleet's records (what
 //! `/admin/usage?scope=fleet` answers).
 
@@ -16,39 +16,15 @@ use tokio_util::sync::CancellationToken;
 use super::LedgerReader;
 use crate::store::Store;
 use crate::store::StoreError;
+use crate::store::usage::{UsageColumns, insert, shipped};
 
 /// How often new records are shipped.
 pub const EVERY: Duration = Duration::from_secs(1);
 /// The most records one insert carries.
 pub const BATCH: usize = 1000;
 
-/// One local record, as the store keeps it.
-#[derive(Debug, Default)]
-struct Columns {
-    id: Vec<i64>,
-    time_ms: Vec<i64>,
-    key: Vec<String>,
-    grp: Vec<String>,
-    node: Vec<String>,
-    provider: Vec<String>,
-    path: Vec<String>,
-    api: Vec<String>,
-    input_tokens: Vec<i64>,
-    output_tokens: Vec<i64>,
-    reasoning_tokens: Vec<i64>,
-    cached_tokens: Vec<i64>,
-    est_input_tokens: Vec<Option<i64>>,
-    est_output_tokens: Vec<Option<i64>>,
-    latency_ms: Vec<i64>,
-    ttft_ms: Vec<Option<i64>>,
-    outcome: Vec<String>,
-    status: Vec<i64>,
-    attempts: Vec<i64>,
-    routing: Vec<String>,
-}
-
 /// The local records after `after`, oldest first, at most [`BATCH`].
-fn local_after(conn: &rusqlite::Connection, after: i64) -> rusqlite::Result<Columns> {
+fn local_after(conn: &rusqlite::Connection, after: i64) -> rusqlite::Result<UsageColumns> {
     let mut statement = conn.prepare_cached(
         "SELECT id, time_ms, key, grp, node, provider, path, api, input_tokens,
                 output_tokens, reasoning_tokens, cached_tokens, est_input_tokens,
@@ -56,7 +32,7 @@ fn local_after(conn: &rusqlite::Connection, after: i64) -> rusqlite::Result<Colu
          FROM requests WHERE id > ?1 ORDER BY id LIMIT ?2",
     )?;
     let mut rows = statement.query(rusqlite::params![after, BATCH as i64])?;
-    let mut c = Columns::default();
+    let mut c = UsageColumns::default();
     while let Some(row) = rows.next()? {
         c.id.push(row.get(0)?);
         c.time_ms.push(row.get(1)?);
@@ -80,62 +56,6 @@ fn local_after(conn: &rusqlite::Connection, after: i64) -> rusqlite::Result<Colu
         c.routing.push(row.get(19)?);
     }
     Ok(c)
-}
-
-/// The highest local id the store holds for `edge_id` (0: none).
-async fn shipped(store: &Store, edge_id: &str) -> Result<i64, StoreError> {
-    let client = store.client().await?;
-    let row = client
-        .query_one(
-            "SELECT COALESCE(max(id), 0) FROM iop_usage WHERE edge_id = $1",
-            &[&edge_id],
-        )
-        .await
-        .map_err(|e| StoreError::statement("read shipped records", &e))?;
-    Ok(row.get(0))
-}
-
-/// Inserts a batch; a record the store holds already is skipped.
-async fn insert(store: &Store, edge_id: &str, c: &Columns) -> Result<(), StoreError> {
-    let client = store.client().await?;
-    client
-        .execute(
-            "INSERT INTO iop_usage (edge_id, id, time_ms, key, grp, node, provider, path, api,
-                 input_tokens, output_tokens, reasoning_tokens, cached_tokens,
-                 est_input_tokens, est_output_tokens, latency_ms, ttft_ms, outcome, status,
-                 attempts, routing)
-             SELECT $1, * FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[],
-                 $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::BIGINT[], $11::BIGINT[],
-                 $12::BIGINT[], $13::BIGINT[], $14::BIGINT[], $15::BIGINT[], $16::BIGINT[],
-                 $17::BIGINT[], $18::TEXT[], $19::BIGINT[], $20::BIGINT[], $21::TEXT[])
-             ON CONFLICT (edge_id, id) DO NOTHING",
-            &[
-                &edge_id,
-                &c.id,
-                &c.time_ms,
-                &c.key,
-                &c.grp,
-                &c.node,
-                &c.provider,
-                &c.path,
-                &c.api,
-                &c.input_tokens,
-                &c.output_tokens,
-                &c.reasoning_tokens,
-                &c.cached_tokens,
-                &c.est_input_tokens,
-                &c.est_output_tokens,
-                &c.latency_ms,
-                &c.ttft_ms,
-                &c.outcome,
-                &c.status,
-                &c.attempts,
-                &c.routing,
-            ],
-        )
-        .await
-        .map_err(|e| StoreError::statement("ship records", &e))?;
-    Ok(())
 }
 
 /// Ships this edge's records to the store until `shutdown` (and once more then).

@@ -18,9 +18,9 @@ use serde::Serialize;
 use super::nodes::{ConnectionControl, LinkEntry, LinkProof};
 use super::{Edge, Registered, Rejection};
 use crate::config::hash_token;
+use crate::join::{JoinError, JoinTokenRecord};
 use crate::registry::Generation;
 pub use crate::status::LinkStatus;
-use crate::trust::join::{JoinError, JoinTokenRecord};
 use crate::trust::{Link, RedeemError, SaveError, TrustStore, unix_ms};
 
 /// Longest node-sent label (version, host name) the status keeps.

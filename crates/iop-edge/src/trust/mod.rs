@@ -12,10 +12,8 @@
 
 pub mod ca;
 pub mod files;
-pub mod join;
 pub mod node_tls;
 pub mod random;
-pub mod revocation;
 pub mod shared;
 
 use std::path::{Path, PathBuf};
@@ -30,12 +28,13 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
+use crate::join::{JoinError, JoinTokenRecord, JoinTokens};
+use crate::revocation::{RevocationRecord, Revocations};
 use crate::store::Store;
+use crate::store::trust as store_trust;
 use ca::{EdgeCa, IssuedCert, StateError};
 use files::{read_optional, write_private};
-use join::{JoinError, JoinTokenRecord, JoinTokens};
 pub use random::random_bytes;
-use revocation::{RevocationRecord, Revocations};
 
 pub const JOIN_TOKENS_FILE: &str = "join-tokens.json";
 pub const REVOCATIONS_FILE: &str = "revocations.json";
@@ -115,8 +114,8 @@ pub struct PersistError {
 pub enum SaveError {
     #[error(transparent)]
     File(#[from] PersistError),
-    #[error("{0}")]
-    Store(String),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
 }
 
 /// Why a join token was not redeemed.
@@ -255,7 +254,7 @@ impl TrustStore {
             let record = JoinTokens::default()
                 .create(node_id, &token, ttl_ms, uses, unix_ms(now))
                 .clone();
-            shared::insert_join_token(store, &record)
+            store_trust::insert_join_token(store, &record)
                 .await
                 .map_err(SaveError::Store)?;
             return Ok((token, record));
@@ -274,14 +273,16 @@ impl TrustStore {
 
     pub async fn join_tokens(&self) -> Result<Vec<JoinTokenRecord>, SaveError> {
         match &self.shared {
-            Some(store) => shared::join_tokens(store).await.map_err(SaveError::Store),
+            Some(store) => store_trust::join_tokens(store)
+                .await
+                .map_err(SaveError::Store),
             None => Ok(self.join.lock().records().to_vec()),
         }
     }
 
     pub async fn delete_join_token(&self, id: &str) -> Result<bool, SaveError> {
         if let Some(store) = &self.shared {
-            return shared::delete_join_token(store, id)
+            return store_trust::delete_join_token(store, id)
                 .await
                 .map_err(SaveError::Store);
         }
@@ -296,7 +297,7 @@ impl TrustStore {
     /// Redeems one use of `token`; the use is saved before the node id is returned.
     pub async fn redeem(&self, token: &JoinToken, now: SystemTime) -> Result<String, RedeemError> {
         if let Some(store) = &self.shared {
-            return shared::redeem(store, token, unix_ms(now))
+            return store_trust::redeem(store, token, unix_ms(now))
                 .await
                 .map_err(|e| RedeemError::Save(SaveError::Store(e)))?
                 .map_err(RedeemError::Refused);
@@ -313,7 +314,7 @@ impl TrustStore {
     /// Gives back a use whose registration failed afterwards.
     pub async fn refund(&self, token: &JoinToken) {
         if let Some(store) = &self.shared {
-            if let Err(error) = shared::refund(store, &token.id).await {
+            if let Err(error) = store_trust::refund(store, &token.id).await {
                 tracing::warn!(%error, "could not give back a join token use");
             }
             return;
@@ -340,7 +341,7 @@ impl TrustStore {
             token_sha256: token_hash.map(hex::encode),
         };
         if let Some(store) = &self.shared {
-            let removed = shared::revoke(store, &record)
+            let removed = store_trust::revoke(store, &record)
                 .await
                 .map_err(SaveError::Store)?;
             self.learn_revocations(vec![record]);

@@ -1,77 +1,52 @@
-//! What the edges of a fleet share about node trust, kept in the store: the CA (its key
-//! sealed with the operator's secret key, [`crate::store::seal`]), the join tokens (a use is
-//! taken by one conditional update, so a token is good for its uses across all edges
-//! together) and the revocations (each edge follows them: a notification on
-//! [`REVOCATIONS_CHANNEL`] at once, and a poll every [`REVOCATION_POLL`] in case one is
-//! lost). The pure rules stay in [`super::join`] and [`super::revocation`]; this module
-//! only reads and writes.
+//! The fleet's CA as this edge takes it: the store's (its key sealed with the operator's
+//! secret key), mirrored into the state directory; the first edge to reach an empty store
+//! gives the fleet its own. The join tokens and revocations the edges share are the
+//! store's statements ([`crate::store::trust`]).
 
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
-
-use iop_proto::trust::JoinToken;
-use tokio_postgres::Row;
-use tokio_util::sync::CancellationToken;
 
 use super::ca::{CA_CERT, CA_KEY, EdgeCa};
-use super::join::{JoinError, JoinTokenRecord, JoinTokens, KEEP_AFTER_EXPIRY_MS};
-use super::revocation::RevocationRecord;
 use crate::store::Store;
 use crate::store::seal::Sealer;
+use crate::store::trust::{self, SealedCa};
 
-/// Where a new revocation is announced (`NOTIFY`).
-pub const REVOCATIONS_CHANNEL: &str = "iop_revocations";
-/// How often an edge reads the revocations it may have missed a notification of.
-pub const REVOCATION_POLL: Duration = Duration::from_secs(1);
 /// What the sealed CA key is bound to.
 const CA_KEY_LABEL: &str = "iop fleet CA private key";
-
-/// `what` failed, as the store's other errors say it (these are reported among the
-/// state directory's, as text).
-fn fail(what: &str) -> impl Fn(tokio_postgres::Error) -> String + '_ {
-    move |e| crate::store::StoreError::statement(what, &e).into()
-}
 
 /// The fleet's CA, mirrored into `dir`. The first edge to reach an empty store gives the
 /// fleet its CA: the one in `dir` when it has one (its nodes keep their pin), else a new
 /// one. Every other edge takes the store's; a different CA of its own is kept beside it
 /// as `ca.pem.before-fleet` / `ca.key.before-fleet` and its nodes must join again.
 pub async fn fleet_ca(store: &Store, sealer: &Sealer, dir: &Path) -> Result<EdgeCa, String> {
-    let client = store.client().await?;
-    let read = "SELECT cert_pem, key_sealed, key_check FROM iop_ca WHERE id = 1";
-    let mut row = client.query_opt(read, &[]).await.map_err(fail("read CA"))?;
     let local = local_ca(dir)?;
     let local_pin = local.as_ref().map(EdgeCa::pin);
-    if row.is_none() {
-        let offered = match local {
-            Some(ca) => ca,
-            None => EdgeCa::generate().map_err(|e| e.to_string())?,
-        };
-        let (cert_pem, key_pem) = offered.to_pem();
-        let sealed = sealer.seal(CA_KEY_LABEL, key_pem.as_bytes());
-        client
-            .execute(
-                "INSERT INTO iop_ca (id, cert_pem, key_sealed, key_check) VALUES (1, $1, $2, $3)
-                 ON CONFLICT (id) DO NOTHING",
-                &[&cert_pem, &sealed, &sealer.check()],
-            )
-            .await
-            .map_err(fail("write CA"))?;
-        row = client.query_opt(read, &[]).await.map_err(fail("read CA"))?;
-    }
-    let row = row.ok_or("store: the CA row vanished")?;
-    let (cert_pem, sealed, check): (String, Vec<u8>, String) = (row.get(0), row.get(1), row.get(2));
-    if check != sealer.check() {
+    let fleet = match trust::ca(store).await? {
+        Some(fleet) => fleet,
+        None => {
+            let offered = match local {
+                Some(ca) => ca,
+                None => EdgeCa::generate().map_err(|e| e.to_string())?,
+            };
+            let (cert_pem, key_pem) = offered.to_pem();
+            let sealed = SealedCa {
+                cert_pem,
+                key_sealed: sealer.seal(CA_KEY_LABEL, key_pem.as_bytes()),
+                key_check: sealer.check().to_string(),
+            };
+            trust::offer_ca(store, &sealed).await?
+        }
+    };
+    if fleet.key_check != sealer.check() {
         return Err(
             "the store's CA was sealed with another secret key: give this edge the same \
              store secret key as the others"
                 .into(),
         );
     }
-    let key_pem = String::from_utf8(sealer.open(CA_KEY_LABEL, &sealed)?)
+    let key_pem = String::from_utf8(sealer.open(CA_KEY_LABEL, &fleet.key_sealed)?)
         .map_err(|_| "the store's CA key is not PEM text".to_string())?;
-    let ca = EdgeCa::from_pem(&cert_pem, &key_pem).map_err(|e| format!("the store's CA: {e}"))?;
+    let ca =
+        EdgeCa::from_pem(&fleet.cert_pem, &key_pem).map_err(|e| format!("the store's CA: {e}"))?;
     match local_pin {
         Some(own) if own == ca.pin() => {}
         Some(own) => {
@@ -100,215 +75,4 @@ fn local_ca(dir: &Path) -> Result<Option<EdgeCa>, String> {
     EdgeCa::load_or_create(dir)
         .map(|(ca, _)| Some(ca))
         .map_err(|e| e.to_string())
-}
-
-fn join_record(row: &Row) -> JoinTokenRecord {
-    JoinTokenRecord {
-        id: row.get(0),
-        node_id: row.get(1),
-        secret_sha256: row.get(2),
-        created_unix_ms: row.get::<_, i64>(3).max(0) as u64,
-        expires_unix_ms: row.get::<_, i64>(4).max(0) as u64,
-        max_uses: row.get::<_, i32>(5).max(0) as u32,
-        uses_left: row.get::<_, i32>(6).max(0) as u32,
-    }
-}
-
-const JOIN_COLUMNS: &str =
-    "id, node_id, secret_sha256, created_unix_ms, expires_unix_ms, max_uses, uses_left";
-
-/// Stores a new join token (and drops those long expired).
-pub async fn insert_join_token(store: &Store, record: &JoinTokenRecord) -> Result<(), String> {
-    let client = store.client().await?;
-    let prune_before = record.created_unix_ms as i64 - KEEP_AFTER_EXPIRY_MS as i64;
-    client
-        .execute(
-            "DELETE FROM iop_join_tokens WHERE expires_unix_ms < $1",
-            &[&prune_before],
-        )
-        .await
-        .map_err(fail("prune join tokens"))?;
-    client
-        .execute(
-            &format!(
-                "INSERT INTO iop_join_tokens ({JOIN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
-            ),
-            &[
-                &record.id,
-                &record.node_id,
-                &record.secret_sha256,
-                &(record.created_unix_ms as i64),
-                &(record.expires_unix_ms as i64),
-                &(record.max_uses as i32),
-                &(record.uses_left as i32),
-            ],
-        )
-        .await
-        .map_err(fail("write join token"))?;
-    Ok(())
-}
-
-pub async fn join_tokens(store: &Store) -> Result<Vec<JoinTokenRecord>, String> {
-    let client = store.client().await?;
-    let rows = client
-        .query(
-            &format!("SELECT {JOIN_COLUMNS} FROM iop_join_tokens ORDER BY created_unix_ms, id"),
-            &[],
-        )
-        .await
-        .map_err(fail("read join tokens"))?;
-    Ok(rows.iter().map(join_record).collect())
-}
-
-pub async fn delete_join_token(store: &Store, id: &str) -> Result<bool, String> {
-    let client = store.client().await?;
-    let n = client
-        .execute("DELETE FROM iop_join_tokens WHERE id = $1", &[&id])
-        .await
-        .map_err(fail("delete join token"))?;
-    Ok(n > 0)
-}
-
-/// Checks `token` against the store's record and takes one use in one conditional
-/// update: two edges redeeming the last use at once cannot both get it.
-pub async fn redeem(
-    store: &Store,
-    token: &JoinToken,
-    now_ms: u64,
-) -> Result<Result<String, JoinError>, String> {
-    let client = store.client().await?;
-    let row = client
-        .query_opt(
-            &format!("SELECT {JOIN_COLUMNS} FROM iop_join_tokens WHERE id = $1"),
-            &[&token.id],
-        )
-        .await
-        .map_err(fail("read join token"))?;
-    let Some(row) = row else {
-        return Ok(Err(JoinError::Unknown));
-    };
-    // The pure rules (secret, expiry, uses) on the record as read.
-    let mut one = JoinTokens::from_records(vec![join_record(&row)]);
-    let node_id = match one.redeem(token, now_ms) {
-        Ok(node_id) => node_id,
-        Err(refused) => return Ok(Err(refused)),
-    };
-    let taken = client
-        .execute(
-            "UPDATE iop_join_tokens SET uses_left = uses_left - 1
-             WHERE id = $1 AND uses_left > 0 AND expires_unix_ms > $2",
-            &[&token.id, &(now_ms as i64)],
-        )
-        .await
-        .map_err(fail("take a join token use"))?;
-    if taken == 0 {
-        let max_uses = one.records()[0].max_uses;
-        return Ok(Err(JoinError::UsedUp { node_id, max_uses }));
-    }
-    Ok(Ok(node_id))
-}
-
-/// Gives back a use whose registration failed after it was taken.
-pub async fn refund(store: &Store, id: &str) -> Result<(), String> {
-    let client = store.client().await?;
-    client
-        .execute(
-            "UPDATE iop_join_tokens SET uses_left = LEAST(uses_left + 1, max_uses) WHERE id = $1",
-            &[&id],
-        )
-        .await
-        .map_err(fail("refund a join token use"))?;
-    Ok(())
-}
-
-/// Records a revocation, deletes the node's join tokens and tells every edge, in one
-/// transaction; returns how many join tokens went.
-pub async fn revoke(store: &Store, record: &RevocationRecord) -> Result<usize, String> {
-    let client = store.client().await?;
-    let statement = "WITH revoked AS (
-            INSERT INTO iop_revocations (node_id, revoked_unix_ms, token_sha256)
-            VALUES ($1, $2, $3) RETURNING 1
-        ), removed AS (
-            DELETE FROM iop_join_tokens WHERE node_id = $1 RETURNING 1
-        )
-        SELECT (SELECT count(*) FROM removed), pg_notify($4, $1), (SELECT count(*) FROM revoked)";
-    let row = client
-        .query_one(
-            statement,
-            &[
-                &record.node_id,
-                &(record.revoked_unix_ms as i64),
-                &record.token_sha256,
-                &REVOCATIONS_CHANNEL,
-            ],
-        )
-        .await
-        .map_err(fail("write revocation"))?;
-    Ok(row.get::<_, i64>(0).max(0) as usize)
-}
-
-/// The revocations recorded after `seq`, with their sequence numbers, oldest first.
-pub async fn revocations_after(
-    store: &Store,
-    seq: i64,
-) -> Result<Vec<(i64, RevocationRecord)>, String> {
-    let client = store.client().await?;
-    let rows = client
-        .query(
-            "SELECT seq, node_id, revoked_unix_ms, token_sha256 FROM iop_revocations
-             WHERE seq > $1 ORDER BY seq",
-            &[&seq],
-        )
-        .await
-        .map_err(fail("read revocations"))?;
-    Ok(rows
-        .iter()
-        .map(|row| {
-            (
-                row.get(0),
-                RevocationRecord {
-                    node_id: row.get(1),
-                    revoked_unix_ms: row.get::<_, i64>(2).max(0) as u64,
-                    token_sha256: row.get(3),
-                },
-            )
-        })
-        .collect())
-}
-
-/// Follows the fleet's revocations until `shutdown`: hands every one not seen yet to
-/// `learn` (all of them on the first read), when notified and at least every
-/// [`REVOCATION_POLL`]. While the store is unreachable it keeps trying; what it learnt
-/// stays in force.
-pub async fn follow_revocations(
-    store: Arc<Store>,
-    learn: impl Fn(Vec<RevocationRecord>) + Send + 'static,
-    shutdown: CancellationToken,
-) {
-    let mut seen: i64 = 0;
-    let mut notified = store.listen(REVOCATIONS_CHANNEL, shutdown.clone());
-    let mut poll = tokio::time::interval(REVOCATION_POLL);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failing = false;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = poll.tick() => {}
-            Some(()) = notified.recv() => {}
-        }
-        match revocations_after(&store, seen).await {
-            Ok(new) => {
-                failing = false;
-                if let Some((last, _)) = new.last() {
-                    seen = *last;
-                    learn(new.into_iter().map(|(_, r)| r).collect());
-                }
-            }
-            Err(error) if !failing => {
-                failing = true;
-                tracing::warn!(%error, "cannot read the fleet's revocations; those known stay in force, retrying");
-            }
-            Err(_) => {}
-        }
-    }
 }

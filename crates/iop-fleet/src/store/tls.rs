@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use rustls::ClientConfig;
-use rustls_pki_types::ServerName;
+use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
 
@@ -25,22 +25,18 @@ pub struct MakeRustls {
 }
 
 impl MakeRustls {
-    /// Verifies the server against the PEM certificates in `ca_file`, or the system's
-    /// roots when there is none.
-    pub fn new(ca_file: Option<&std::path::Path>) -> Result<Self, String> {
+    /// Verifies the server against `ca` (the certificates of `store.ca_file`), or the
+    /// system's roots when there is none.
+    pub fn new(ca: Option<Vec<CertificateDer<'static>>>) -> Result<Self, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS to the store: {e}"))?;
-        let config = match ca_file {
-            Some(path) => {
-                let certs =
-                    crate::pem::load_pem_certs(path).map_err(|e| format!("store.ca_file {e}"))?;
+        let config = match ca {
+            Some(certs) => {
                 let mut roots = rustls::RootCertStore::empty();
                 for cert in certs {
-                    roots
-                        .add(cert)
-                        .map_err(|e| format!("store.ca_file {}: {e}", path.display()))?;
+                    roots.add(cert).map_err(|e| format!("store.ca_file: {e}"))?;
                 }
                 builder.with_root_certificates(roots).with_no_client_auth()
             }

@@ -4,9 +4,9 @@
 //! A slow batch (the ledger shipping) therefore never holds up an admission behind it on
 //! one connection, and connecting after an outage happens once per connection, not under
 //! one lock every caller waits on. The store holds
-//! the fleet's live edges ([`edges`]) and its node trust (`crate::trust::shared`: the CA,
-//! its key sealed by [`seal`], join tokens, revocations) and the API key limits every edge
-//! counts in ([`key_limits`]).
+//! the fleet's live edges ([`edges`]), its node trust ([`trust`]: the CA, its key sealed
+//! by [`seal`], join tokens, revocations), the API key limits every edge counts in
+//! ([`key_limits`]) and the usage records every edge ships ([`usage`]).
 
 pub mod edges;
 pub mod error;
@@ -14,6 +14,8 @@ pub mod key_limits;
 pub mod migrations;
 pub mod seal;
 pub mod tls;
+pub mod trust;
+pub mod usage;
 
 use std::sync::Arc;
 use std::time::Duration;
