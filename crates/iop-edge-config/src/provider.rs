@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use iop_proto::pb;
 use serde::Deserialize;
 
 use super::{FieldError, MAX_CAPACITY, ProviderHealthConfig, dispatch};
@@ -19,13 +20,19 @@ pub enum ProviderKind {
 }
 
 impl ProviderKind {
+    /// The kind as configs spell it.
     pub fn as_str(self) -> &'static str {
+        self.wire().config_name()
+    }
+
+    /// The kind as the wire names it to a node.
+    pub fn wire(self) -> pb::ProviderKind {
         match self {
-            ProviderKind::Mock => "mock",
-            ProviderKind::OpenaiCompat => "openai_compat",
-            ProviderKind::Vllm => "vllm",
-            ProviderKind::Ollama => "ollama",
-            ProviderKind::Cli => "cli",
+            ProviderKind::Mock => pb::ProviderKind::Mock,
+            ProviderKind::OpenaiCompat => pb::ProviderKind::OpenaiCompat,
+            ProviderKind::Vllm => pb::ProviderKind::Vllm,
+            ProviderKind::Ollama => pb::ProviderKind::Ollama,
+            ProviderKind::Cli => pb::ProviderKind::Cli,
         }
     }
 

@@ -5,27 +5,17 @@ use iop_proto::pb;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::config::{HealthConfig, NodeConfig, ProviderConfig, ProviderKind};
+use crate::config::{HealthConfig, NodeConfig, ProviderConfig};
 
 /// Bytes kept free in a frame around the payload (the rest of the `RegisterResponse`).
 const FRAME_MARGIN: usize = 256;
-
-pub fn provider_kind(kind: ProviderKind) -> pb::ProviderKind {
-    match kind {
-        ProviderKind::Mock => pb::ProviderKind::Mock,
-        ProviderKind::OpenaiCompat => pb::ProviderKind::OpenaiCompat,
-        ProviderKind::Vllm => pb::ProviderKind::Vllm,
-        ProviderKind::Ollama => pb::ProviderKind::Ollama,
-        ProviderKind::Cli => pb::ProviderKind::Cli,
-    }
-}
 
 fn provider_spec(p: &ProviderConfig, health: &HealthConfig) -> pb::ProviderSpec {
     let probe = health.probe_settings(p.health.as_ref());
     let ms = |d: std::time::Duration| d.as_millis().clamp(1, u32::MAX as u128) as u32;
     pb::ProviderSpec {
         id: p.id.clone(),
-        kind: provider_kind(p.kind) as i32,
+        kind: p.kind.wire() as i32,
         capacity: Some(pb::Capacity {
             normal: p.capacity.normal,
             long: p.capacity.long,

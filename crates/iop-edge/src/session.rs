@@ -22,9 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::registry::Generation;
 
-/// Data frames (deltas, body chunks) a node may have in flight per stream before it waits
-/// for credit.
-pub const STREAM_WINDOW: u32 = 256;
+pub use iop_proto::STREAM_WINDOW;
 /// Room for the control frames of a stream (start, status, headers, usage, end ...).
 const CONTROL_SLACK: usize = 32;
 const STREAM_CHANNEL: usize = STREAM_WINDOW as usize + CONTROL_SLACK;

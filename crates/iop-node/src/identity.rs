@@ -4,7 +4,6 @@
 //! joined node needs nothing but the file.
 
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -98,22 +97,7 @@ fn prepare_dir(path: &Path) -> std::io::Result<()> {
 
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     prepare_dir(path)?;
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp-{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("state"),
-        std::process::id()
-    ));
-    let _ = fs::remove_file(&tmp);
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    if let Err(e) = file.write_all(bytes).and_then(|()| file.sync_all()) {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    fs::rename(&tmp, path)
+    iop_proto::private_file::write_private(path, bytes)
 }
 
 #[cfg(test)]

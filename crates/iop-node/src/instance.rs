@@ -11,7 +11,7 @@ use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::adapters::{self, Adapter};
+use crate::adapters::Adapter;
 use crate::health::ProbeTracker;
 
 /// How long a run or tunnel waits for a slot of its adapter's capacity gate before it is
@@ -51,7 +51,7 @@ impl AdapterInstance {
     }
 
     pub fn kind(&self) -> &'static str {
-        adapters::kind_name(self.spec.kind())
+        self.spec.kind().config_name()
     }
 
     /// Takes one slot of the capacity gate, waiting at most [`SLOT_GRACE`] for one to be

@@ -10,9 +10,6 @@ use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-/// Window used when a request does not say.
-pub const DEFAULT_WINDOW: u32 = 256;
-
 /// Credit windows of the streams open on one connection.
 #[derive(Debug, Default)]
 pub struct StreamCredits {
@@ -23,7 +20,7 @@ impl StreamCredits {
     /// Opens a stream's window; dropping the returned [`Credit`] closes it.
     pub fn open(self: &Arc<Self>, stream_id: &str, initial: u32) -> Credit {
         let window = if initial == 0 {
-            DEFAULT_WINDOW
+            iop_proto::STREAM_WINDOW
         } else {
             initial
         };

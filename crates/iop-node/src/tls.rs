@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use iop_proto::trust::Pin;
+use iop_proto::trust::{EDGE_CERT_NAME, Pin};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::server::ParsedCertificate;
@@ -19,10 +19,6 @@ use rustls::{
     SignatureScheme,
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-
-/// The DNS name the edge's own server certificates carry; the name a node sends when it
-/// verifies by pin (where names are not checked).
-pub const EDGE_CERT_NAME: &str = "iop-edge";
 
 /// How the node decides that it talks to its edge.
 #[derive(Debug, Clone)]
@@ -161,8 +157,7 @@ struct EdgeVerifier {
 }
 
 fn pin_of(cert: &CertificateDer<'_>) -> Option<Pin> {
-    let parsed = ParsedCertificate::try_from(cert).ok()?;
-    Some(Pin::of_spki(parsed.subject_public_key_info().as_ref()))
+    Pin::of_certificate(cert).ok()
 }
 
 impl ServerCertVerifier for EdgeVerifier {

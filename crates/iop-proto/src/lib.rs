@@ -8,8 +8,9 @@
 //!
 //! Nothing above this crate sees bytes: the edge and the node exchange [`pb::Envelope`]s.
 //!
-//! The codec, the connection, the heartbeat and the yield need an async runtime and come
-//! with the `io` feature (the daemons turn it on); without it the crate is the wire's types
+//! The codec, the connection, the heartbeat and the yield need an async runtime, a
+//! certificate's pin and the owner-only files of secrets ([`private_file`]) the daemons'
+//! TLS and files; they come with the `io` feature (the daemons turn it on); without it the crate is the wire's types
 //! and facts alone, for pure layers such as `iop-api`.
 
 #[cfg(feature = "io")]
@@ -21,10 +22,17 @@ pub mod error_code;
 #[cfg(feature = "io")]
 pub mod heartbeat;
 pub mod model_name;
+#[cfg(feature = "io")]
+pub mod private_file;
+pub mod provider_kind;
 pub mod run_event;
 pub mod trust;
 #[cfg(feature = "io")]
 pub mod yield_once;
+
+/// Data frames (deltas, body chunks) a node may have in flight per stream before it waits
+/// for credit from the edge, unless the stream's open says otherwise.
+pub const STREAM_WINDOW: u32 = 256;
 
 /// Generated protobuf types of package `iop.runtime.v1`.
 #[allow(clippy::all, missing_docs)]

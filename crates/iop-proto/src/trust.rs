@@ -13,6 +13,10 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 
+/// The name an edge's certificate for its node listener is issued for, whatever address
+/// the node dials (the node verifies the edge by its CA's pin and this name).
+pub const EDGE_CERT_NAME: &str = "iop-edge";
+
 /// The SHA-256 of a CA's SubjectPublicKeyInfo: what a node trusts an edge by.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Pin([u8; 32]);
@@ -38,6 +42,14 @@ impl Pin {
     /// The pin of a DER-encoded SubjectPublicKeyInfo.
     pub fn of_spki(spki_der: &[u8]) -> Self {
         Pin(Sha256::digest(spki_der).into())
+    }
+
+    /// The pin of a DER certificate's public key; an error says why it is not usable.
+    #[cfg(feature = "io")]
+    pub fn of_certificate(cert: &rustls_pki_types::CertificateDer<'_>) -> Result<Self, String> {
+        let parsed = rustls::server::ParsedCertificate::try_from(cert)
+            .map_err(|e| format!("not a usable certificate: {e}"))?;
+        Ok(Pin::of_spki(parsed.subject_public_key_info().as_ref()))
     }
 
     pub fn bytes(&self) -> &[u8; 32] {

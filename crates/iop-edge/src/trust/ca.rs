@@ -20,7 +20,11 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateSigningRequestDer, PrivateKeyDer};
 use time::OffsetDateTime;
 
-use super::files::{is_empty_dir, read_optional, write_private};
+use super::files::{is_empty_dir, read_optional};
+use iop_proto::private_file::write_private;
+// The DNS name every server certificate of the node listener carries, besides the
+// configured ones.
+use iop_proto::trust::EDGE_CERT_NAME;
 
 pub const CA_CERT: &str = "ca.pem";
 pub const CA_KEY: &str = "ca.key";
@@ -35,8 +39,6 @@ const SERVER_LIFETIME: Duration = Duration::from_secs(397 * 86_400);
 pub const SERVER_RENEW_BEFORE: Duration = Duration::from_secs(30 * 86_400);
 /// Certificates the node verifies start this much in the past, for nodes whose clock lags.
 const BACKDATE: Duration = Duration::from_secs(3600);
-/// The DNS name every auto server certificate carries besides the configured ones.
-pub const EDGE_CERT_NAME: &str = "iop-edge";
 
 /// Why the state directory's CA or server certificate cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -95,13 +97,6 @@ fn datetime(t: SystemTime) -> OffsetDateTime {
     OffsetDateTime::from(t)
 }
 
-/// The pin of a DER certificate's public key.
-pub fn pin_of(cert: &CertificateDer<'_>) -> Result<Pin, String> {
-    let parsed = rustls::server::ParsedCertificate::try_from(cert)
-        .map_err(|e| format!("not a usable certificate: {e}"))?;
-    Ok(Pin::of_spki(parsed.subject_public_key_info().as_ref()))
-}
-
 fn file_error(file: &Path, message: impl Into<String>) -> StateError {
     StateError::File {
         file: file.to_path_buf(),
@@ -157,7 +152,7 @@ impl EdgeCa {
                     .map_err(|_| file_error(&key_path, "not a PEM private key"))?;
                 let key = KeyPair::from_pem(&key_text)
                     .map_err(|e| file_error(&key_path, format!("not a usable private key: {e}")))?;
-                let pin = pin_of(&cert).map_err(|m| file_error(&cert_path, m))?;
+                let pin = Pin::of_certificate(&cert).map_err(|m| file_error(&cert_path, m))?;
                 if Pin::of_spki(&key.subject_public_key_info()) != pin {
                     return Err(file_error(
                         &key_path,
@@ -205,7 +200,7 @@ impl EdgeCa {
             .map_err(|e| format!("not a PEM certificate: {e}"))?;
         let key =
             KeyPair::from_pem(key_pem).map_err(|e| format!("not a usable private key: {e}"))?;
-        let pin = pin_of(&cert)?;
+        let pin = Pin::of_certificate(&cert)?;
         if Pin::of_spki(&key.subject_public_key_info()) != pin {
             return Err("the key does not belong to the certificate".into());
         }
@@ -237,7 +232,7 @@ impl EdgeCa {
         params.serial_number = Some(serial());
         let cert = params.self_signed(&key)?;
         let cert = cert.der().clone();
-        let pin = pin_of(&cert).map_err(|m| file_error(Path::new(CA_CERT), m))?;
+        let pin = Pin::of_certificate(&cert).map_err(|m| file_error(Path::new(CA_CERT), m))?;
         Ok(EdgeCa { cert, key, pin })
     }
 
@@ -446,7 +441,7 @@ mod tests {
         let now = SystemTime::now();
         let first = ca.server_identity(dir.path(), &[], now).unwrap();
         assert!(first.renewed);
-        assert_eq!(pin_of(&first.chain[1]).unwrap(), ca.pin());
+        assert_eq!(Pin::of_certificate(&first.chain[1]).unwrap(), ca.pin());
         let same = ca.server_identity(dir.path(), &[], now).unwrap();
         assert!(!same.renewed);
         assert_eq!(same.chain[0], first.chain[0]);

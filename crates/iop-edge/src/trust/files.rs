@@ -1,10 +1,10 @@
 //! The edge's state directory on disk: created `0700`, every file in it written `0600`
-//! through a temporary file and a rename, so a crash never leaves half a key or half a
-//! token list behind.
+//! through a temporary file and a rename (`iop_proto::private_file`, as the node writes
+//! its credential), so a crash never leaves half a key or half a token list behind.
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
 /// Creates `dir` (mode 0700) if it does not exist; an existing directory is tightened to
@@ -39,24 +39,6 @@ pub fn is_empty_dir(dir: &Path) -> io::Result<bool> {
     }
 }
 
-/// Writes `bytes` to `path` with mode 0600, atomically (temporary file, fsync, rename).
-pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state");
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    let written = file.write_all(bytes).and_then(|()| file.sync_all());
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    fs::rename(&tmp, path)
-}
-
 /// Reads a state file; `Ok(None)` when it does not exist.
 pub fn read_optional(path: &Path) -> io::Result<Option<Vec<u8>>> {
     match fs::read(path) {
@@ -72,6 +54,7 @@ mod tests {
 
     #[test]
     fn files_are_private_and_replaced_whole() {
+        use iop_proto::private_file::write_private;
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
         ensure_private_dir(&state).unwrap();

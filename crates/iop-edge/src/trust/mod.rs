@@ -33,7 +33,8 @@ use crate::revocation::{RevocationRecord, Revocations};
 use crate::store::Store;
 use crate::store::trust as store_trust;
 use ca::{EdgeCa, IssuedCert, StateError};
-use files::{read_optional, write_private};
+use files::read_optional;
+use iop_proto::private_file::write_private;
 pub use random::random_bytes;
 
 pub const JOIN_TOKENS_FILE: &str = "join-tokens.json";

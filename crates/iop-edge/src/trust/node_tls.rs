@@ -21,7 +21,6 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use super::ca::pin_of;
 use super::{ClientCert, Link, TrustStore, load_pem_identity};
 use crate::config::{NodeTlsConfig, NodeTlsMode};
 use crate::pem::load_pem_certs;
@@ -104,7 +103,7 @@ impl NodeListenerTls {
                 // The pin names the top of the chain the edge presents (its CA).
                 let pin = if chain.len() > 1 {
                     Some(
-                        pin_of(chain.last().expect("non-empty"))
+                        Pin::of_certificate(chain.last().expect("non-empty"))
                             .map_err(|e| format!("node_tls.cert: {e}"))?,
                     )
                 } else {

@@ -71,18 +71,6 @@ pub fn build(spec: &pb::ProviderSpec, client: &HttpClients) -> Result<Arc<dyn Ad
     Ok(adapter)
 }
 
-/// A kind's name as configs spell it.
-pub fn kind_name(kind: pb::ProviderKind) -> &'static str {
-    match kind {
-        pb::ProviderKind::Mock => "mock",
-        pb::ProviderKind::OpenaiCompat => "openai_compat",
-        pb::ProviderKind::Vllm => "vllm",
-        pb::ProviderKind::Ollama => "ollama",
-        pb::ProviderKind::Cli => "cli",
-        pb::ProviderKind::Unspecified => "unspecified",
-    }
-}
-
 /// Builds the HTTP clients all adapters share: pooled, `TCP_NODELAY`, no proxy from the
 /// environment (providers sit next to the node).
 pub fn http_clients() -> HttpClients {
