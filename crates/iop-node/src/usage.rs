@@ -1,5 +1,5 @@
 //! Provider-reported token usage: conversion from OpenAI-style `usage` objects (with vLLM's
-//! conventions), from the Responses and Messages APIs' own ([`native`]) and from Ollama's
+//! conventions; read as the edge reads them, `iop_proto::usage`), from the Responses and Messages APIs' own ([`native`]) and from Ollama's
 //! eval counts ([`ollama`]), and the side observer that reads usage out of a tunnelled
 //! response without touching its bytes — or, when the edge asked the provider for usage
 //! the client did not ask for, removes exactly what that added ([`strip`]).
@@ -7,7 +7,6 @@
 //! Only what the provider reports is carried: reasoning and cached-input counts stay
 //! `None` unless the provider sent them. Nothing is estimated.
 
-mod fields;
 mod find;
 mod native;
 mod ollama;
@@ -20,8 +19,9 @@ use iop_proto::pb;
 use serde::Deserialize;
 use serde_json::Value;
 
-use fields::{count, element_count, lenient, text};
 use find::{usage_keys, value_start};
+use iop_proto::usage::fields::{element_count, lenient, text};
+use iop_proto::usage::{OpenAiDialect, OpenAiUsage};
 
 /// Whose conventions a provider's `usage` follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,60 +36,19 @@ pub enum UsageDialect {
     Ollama,
 }
 
-/// An OpenAI-style `usage` object: only the fields read, each tolerated when it is not a
-/// count (it then counts as not reported), the rest skipped without being built.
-#[derive(Debug, Default, Deserialize)]
-struct OpenAiUsage {
-    #[serde(default, deserialize_with = "count")]
-    prompt_tokens: Option<u64>,
-    #[serde(default, deserialize_with = "count")]
-    completion_tokens: Option<u64>,
-    /// vLLM's older top-level field.
-    #[serde(default, deserialize_with = "count")]
-    reasoning_tokens: Option<u64>,
-    #[serde(default, deserialize_with = "lenient")]
-    completion_tokens_details: Option<CompletionDetails>,
-    #[serde(default, deserialize_with = "lenient")]
-    prompt_tokens_details: Option<PromptDetails>,
-}
-
-#[derive(Debug, Deserialize)]
-struct CompletionDetails {
-    #[serde(default, deserialize_with = "count")]
-    reasoning_tokens: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-struct PromptDetails {
-    #[serde(default, deserialize_with = "count")]
-    cached_tokens: Option<u64>,
-}
-
-impl OpenAiUsage {
-    fn into_pb(self, dialect: UsageDialect) -> pb::Usage {
-        let mut reasoning = self
-            .completion_tokens_details
-            .and_then(|d| d.reasoning_tokens);
-        if reasoning.is_none() && dialect == UsageDialect::Vllm {
-            reasoning = self.reasoning_tokens;
-        }
-        pb::Usage {
-            input_tokens: self.prompt_tokens.unwrap_or(0),
-            output_tokens: self.completion_tokens.unwrap_or(0),
-            reasoning_tokens: reasoning,
-            cached_input_tokens: self.prompt_tokens_details.and_then(|d| d.cached_tokens),
+impl UsageDialect {
+    /// How an OpenAI-style `usage` object of this dialect is read.
+    pub fn openai(self) -> OpenAiDialect {
+        match self {
+            UsageDialect::Vllm => OpenAiDialect::Vllm,
+            UsageDialect::OpenAi | UsageDialect::Ollama => OpenAiDialect::OpenAi,
         }
     }
 }
 
 /// Converts an OpenAI-style `usage` object; `None` if it is absent or null.
 pub fn from_openai(usage: &Value, dialect: UsageDialect) -> Option<pb::Usage> {
-    if !usage.is_object() {
-        return None;
-    }
-    OpenAiUsage::deserialize(usage)
-        .ok()
-        .map(|u| u.into_pb(dialect))
+    iop_proto::usage::from_openai(usage, dialect.openai())
 }
 
 /// What the observer reads of a response document or an SSE event.
@@ -329,7 +288,7 @@ impl UsageObserver {
             self.model = seen.model.map(Cow::into_owned);
         }
         if let Some(usage) = seen.usage {
-            self.usage = Some(usage.into_pb(self.dialect));
+            self.usage = Some(usage.into_usage(self.dialect.openai()));
         }
     }
 
@@ -388,84 +347,11 @@ mod tests {
     }
 
     #[test]
-    fn plain_usage_has_no_breakdown() {
-        let u = from_openai(
-            &json!({"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}),
-            UsageDialect::OpenAi,
-        )
-        .unwrap();
-        assert_eq!((u.input_tokens, u.output_tokens), (5, 7));
-        assert_eq!(u.reasoning_tokens, None);
-        assert_eq!(u.cached_input_tokens, None);
-    }
-
-    #[test]
-    fn reported_details_are_carried() {
-        let u = from_openai(
-            &json!({"prompt_tokens": 5, "completion_tokens": 7,
-                    "completion_tokens_details": {"reasoning_tokens": 3},
-                    "prompt_tokens_details": {"cached_tokens": 2}}),
-            UsageDialect::OpenAi,
-        )
-        .unwrap();
-        assert_eq!(u.reasoning_tokens, Some(3));
-        assert_eq!(u.cached_input_tokens, Some(2));
-    }
-
-    #[test]
-    fn null_details_are_not_reported() {
-        let u = from_openai(
-            &json!({"prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": null}),
-            UsageDialect::Vllm,
-        )
-        .unwrap();
-        assert_eq!(u.cached_input_tokens, None);
-    }
-
-    #[test]
-    fn vllm_top_level_reasoning_tokens() {
-        let usage = json!({"prompt_tokens": 1, "completion_tokens": 9, "reasoning_tokens": 4});
-        assert_eq!(
-            from_openai(&usage, UsageDialect::Vllm)
-                .unwrap()
-                .reasoning_tokens,
-            Some(4)
-        );
-        assert_eq!(
-            from_openai(&usage, UsageDialect::OpenAi)
-                .unwrap()
-                .reasoning_tokens,
-            None
-        );
-    }
-
-    #[test]
-    fn odd_fields_cost_only_themselves() {
-        let u = from_openai(
-            &json!({"prompt_tokens": "many", "completion_tokens": 7,
-                    "prompt_tokens_details": "n/a", "completion_tokens_details": {"reasoning_tokens": 2}}),
-            UsageDialect::OpenAi,
-        )
-        .unwrap();
-        assert_eq!((u.input_tokens, u.output_tokens), (0, 7));
-        assert_eq!((u.reasoning_tokens, u.cached_input_tokens), (Some(2), None));
-
+    fn an_odd_usage_field_costs_only_itself() {
         let mut o = UsageObserver::new(true, UsageDialect::OpenAi);
         o.feed(b"data: {\"model\":\"m\",\"usage\":5}\n\n");
         assert_eq!(o.model(), Some("m"));
         assert!(o.finish().is_none());
-    }
-
-    #[test]
-    fn only_non_negative_integers_are_counts() {
-        let u = from_openai(
-            &json!({"prompt_tokens": -3, "completion_tokens": 2.5, "reasoning_tokens": [1, 2],
-                    "prompt_tokens_details": {"cached_tokens": 4}}),
-            UsageDialect::Vllm,
-        )
-        .unwrap();
-        assert_eq!((u.input_tokens, u.output_tokens), (0, 0));
-        assert_eq!((u.reasoning_tokens, u.cached_input_tokens), (None, Some(4)));
     }
 
     #[test]

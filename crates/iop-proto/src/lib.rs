@@ -27,6 +27,7 @@ pub mod private_file;
 pub mod provider_kind;
 pub mod run_event;
 pub mod trust;
+pub mod usage;
 #[cfg(feature = "io")]
 pub mod yield_once;
 

@@ -24,25 +24,10 @@ pub const MAX_TOOL_CALLS: usize = 1024;
 pub const MAX_TOOL_CALL_BYTES: usize = 8 * 1024 * 1024;
 
 /// An OpenAI `usage` object's counts; `None` if it is not an object. Counts that are
-/// missing or not counts read as 0 (details as not reported).
-pub fn usage_from_openai(usage: &Value) -> Option<pb::Usage> {
-    let usage = usage.as_object()?;
-    let count = |v: Option<&Value>| v.and_then(Value::as_u64);
-    Some(pb::Usage {
-        input_tokens: count(usage.get("prompt_tokens")).unwrap_or(0),
-        output_tokens: count(usage.get("completion_tokens")).unwrap_or(0),
-        reasoning_tokens: count(
-            usage
-                .get("completion_tokens_details")
-                .and_then(|d| d.get("reasoning_tokens")),
-        )
-        .or_else(|| count(usage.get("reasoning_tokens"))),
-        cached_input_tokens: count(
-            usage
-                .get("prompt_tokens_details")
-                .and_then(|d| d.get("cached_tokens")),
-        ),
-    })
+/// missing or not counts read as 0 (details as not reported); a top-level
+/// `reasoning_tokens` counts when the details carry none.
+fn usage_from_openai(usage: &Value) -> Option<pb::Usage> {
+    iop_proto::usage::from_openai(usage, iop_proto::usage::OpenAiDialect::Vllm)
 }
 
 /// A non-empty string member of `v`.

@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use iop_proto::pb;
 use serde::Deserialize;
 
-use super::fields::{count, lenient};
+use iop_proto::usage::fields::{count, lenient};
 
 /// An API whose usage has its own shape, by the tunnel path that reaches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

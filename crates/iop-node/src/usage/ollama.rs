@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use iop_proto::pb;
 use serde::Deserialize;
 
-use super::fields::{count, lenient};
+use iop_proto::usage::fields::{count, lenient};
 
 /// Longest line kept across chunks (an embeddings answer is one long line).
 const MAX_LINE: usize = 8 * 1024 * 1024;

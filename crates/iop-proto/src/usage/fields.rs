@@ -9,7 +9,7 @@ use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 /// `Some` for a value of the expected shape, `None` for `null` or anything else (a
 /// provider's odd field costs that field, not the whole observation).
-pub(super) fn lenient<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+pub fn lenient<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
@@ -28,7 +28,7 @@ where
 
 /// One JSON value as the observer's fields read it: the shapes they take, and `Other`
 /// for the rest, which is skipped without being built (arrays are only counted).
-pub(super) enum Skimmed<'de> {
+pub enum Skimmed<'de> {
     /// A non-negative integer.
     Count(u64),
     /// A string, borrowed from the document when it holds no escapes.
@@ -40,7 +40,7 @@ pub(super) enum Skimmed<'de> {
 
 /// Reads one value as [`Skimmed`], in place: unlike [`lenient`] it never buffers the value
 /// first, so it suits what is read in every event.
-pub(super) fn skim<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Skimmed<'de>, D::Error> {
+pub fn skim<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Skimmed<'de>, D::Error> {
     struct Skim;
     impl<'de> Visitor<'de> for Skim {
         type Value = Skimmed<'de>;
@@ -84,7 +84,7 @@ pub(super) fn skim<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Skimmed
 }
 
 /// A token count: `Some` for a non-negative integer, `None` for anything else.
-pub(super) fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+pub fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
     Ok(match skim(deserializer)? {
         Skimmed::Count(n) => Some(n),
         _ => None,
@@ -92,9 +92,7 @@ pub(super) fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option
 }
 
 /// A string: `Some`, `None` for anything else.
-pub(super) fn text<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<Cow<'de, str>>, D::Error> {
+pub fn text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Cow<'de, str>>, D::Error> {
     Ok(match skim(deserializer)? {
         Skimmed::Text(s) => Some(s),
         _ => None,
@@ -102,7 +100,7 @@ pub(super) fn text<'de, D: Deserializer<'de>>(
 }
 
 /// An array's length: `Some` for an array, `None` for anything else.
-pub(super) fn element_count<'de, D: Deserializer<'de>>(
+pub fn element_count<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<usize>, D::Error> {
     Ok(match skim(deserializer)? {
