@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub const DEFAULT_INTERVAL_SEC: f64 = 5.0;
-pub const DEFAULT_TIMEOUT_SEC: f64 = 2.0;
-pub const DEFAULT_UNHEALTHY_AFTER: u32 = 3;
-pub const DEFAULT_HEALTHY_AFTER: u32 = 2;
+use iop_proto::health_check as defaults;
+
+pub const DEFAULT_INTERVAL_SEC: f64 = defaults::DEFAULT_INTERVAL.as_secs_f64();
+pub const DEFAULT_TIMEOUT_SEC: f64 = defaults::DEFAULT_TIMEOUT.as_secs_f64();
+pub const DEFAULT_UNHEALTHY_AFTER: u32 = defaults::DEFAULT_UNHEALTHY_AFTER;
+pub const DEFAULT_HEALTHY_AFTER: u32 = defaults::DEFAULT_HEALTHY_AFTER;
 pub const DEFAULT_EJECT_AFTER: u32 = 3;
 pub const DEFAULT_EJECT_BASE_SEC: f64 = 30.0;
 pub const DEFAULT_EJECT_MAX_SEC: f64 = 300.0;

@@ -12,10 +12,9 @@ use std::time::Duration;
 use iop_proto::pb;
 
 /// Defaults used when the edge leaves a field of the health-check spec at 0.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
-pub const DEFAULT_UNHEALTHY_AFTER: u32 = 3;
-pub const DEFAULT_HEALTHY_AFTER: u32 = 2;
+pub use iop_proto::health_check::{
+    DEFAULT_HEALTHY_AFTER, DEFAULT_INTERVAL, DEFAULT_TIMEOUT, DEFAULT_UNHEALTHY_AFTER,
+};
 /// The longest wait between probes while a streak may change the state.
 pub const EDGE_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest probe error kept (and reported).

@@ -19,6 +19,7 @@ pub mod codec;
 pub mod connection;
 pub mod envelope;
 pub mod error_code;
+pub mod health_check;
 #[cfg(feature = "io")]
 pub mod heartbeat;
 pub mod model_name;
