@@ -138,9 +138,10 @@ fn shared_store(config: &EdgeConfig) -> Result<Option<Arc<store::Store>>, StartE
         return Ok(None);
     };
     let tls = match pg.get_ssl_mode() {
-        tokio_postgres::config::SslMode::Require => {
-            Some(store::tls::MakeRustls::new(store_ca(config)?).map_err(StartError::Store)?)
-        }
+        tokio_postgres::config::SslMode::Require => Some(
+            store::tls::MakeRustls::new(store_ca(config)?)
+                .map_err(|e| StartError::Store(e.to_string()))?,
+        ),
         _ => None,
     };
     Ok(Some(store::Store::new(pg, tls)))

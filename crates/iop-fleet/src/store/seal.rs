@@ -7,6 +7,7 @@
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use sha2::{Digest, Sha256};
 
+use super::error::StoreError;
 use crate::config::store::StoreSecretKey;
 
 /// Seals and opens with one key.
@@ -60,8 +61,12 @@ impl Sealer {
 
     /// The secret sealed as `what`; an error if it was sealed with another key, as
     /// something else, or altered.
-    pub fn open(&self, what: &str, sealed: &[u8]) -> Result<Vec<u8>, String> {
-        let refused = || format!("the store's {what} does not open with this edge's secret key");
+    pub fn open(&self, what: &str, sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let refused = || {
+            StoreError::Unusable(format!(
+                "the store's {what} does not open with this edge's secret key"
+            ))
+        };
         if sealed.len() < NONCE_LEN {
             return Err(refused());
         }

@@ -18,6 +18,8 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
 
+use super::error::StoreError;
+
 /// Makes a TLS connector per connection, for the host tokio-postgres dials.
 #[derive(Clone)]
 pub struct MakeRustls {
@@ -27,22 +29,25 @@ pub struct MakeRustls {
 impl MakeRustls {
     /// Verifies the server against `ca` (the certificates of `store.ca_file`), or the
     /// system's roots when there is none.
-    pub fn new(ca: Option<Vec<CertificateDer<'static>>>) -> Result<Self, String> {
+    pub fn new(ca: Option<Vec<CertificateDer<'static>>>) -> Result<Self, StoreError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS to the store: {e}"))?;
+            .map_err(|e| StoreError::Unavailable(format!("TLS to the store: {e}")))?;
         let config = match ca {
             Some(certs) => {
                 let mut roots = rustls::RootCertStore::empty();
                 for cert in certs {
-                    roots.add(cert).map_err(|e| format!("store.ca_file: {e}"))?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| StoreError::Unavailable(format!("store.ca_file: {e}")))?;
                 }
                 builder.with_root_certificates(roots).with_no_client_auth()
             }
             None => {
-                let verifier = rustls_platform_verifier::Verifier::new(provider)
-                    .map_err(|e| format!("TLS to the store: the system's roots: {e}"))?;
+                let verifier = rustls_platform_verifier::Verifier::new(provider).map_err(|e| {
+                    StoreError::Unavailable(format!("TLS to the store: the system's roots: {e}"))
+                })?;
                 builder
                     .dangerous()
                     .with_custom_certificate_verifier(Arc::new(verifier))
