@@ -8,6 +8,7 @@ pub mod agents;
 pub mod browser;
 pub mod haproxy;
 pub mod health;
+pub mod in_process;
 pub mod node_wire;
 pub mod ollama_api;
 pub mod postgres;
