@@ -24,6 +24,7 @@ pub(crate) mod model_jobs;
 pub(crate) mod permit_desk;
 pub(crate) mod permits;
 pub(crate) mod probe;
+pub(crate) mod run_outlet;
 pub(crate) mod runs;
 pub(crate) mod runtime;
 pub(crate) mod session;

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapters::{AdapterError, RunInput};
 use crate::instance::AdapterInstance;
+use crate::run_outlet::LinkOutlet;
 use crate::runtime::{ActiveRun, Connection, NodeRuntime};
 use crate::sink::RunSink;
 use crate::store::RunStatus;
@@ -139,11 +140,13 @@ impl NodeRuntime {
         let credit = conn.credits.open(&request.run_id, request.initial_credit);
         let mut sink = RunSink::new(
             &request.run_id,
-            conn.outbound.clone(),
-            credit,
-            cancel.clone(),
+            LinkOutlet {
+                outbound: conn.outbound.clone(),
+                credit,
+                cancel: cancel.clone(),
+            },
         );
-        sink.keep(hook);
+        sink.hold(hook);
         let stored = self.store.as_ref().map(|store| {
             store.started(
                 &request.run_id,

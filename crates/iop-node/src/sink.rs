@@ -1,78 +1,78 @@
-//! Where an adapter writes its run's events: numbers them, spends stream credit on data
-//! events, and sends them on the connection. Enforces exactly one terminal per run:
-//! anything an adapter emits after its terminal is dropped.
+//! Where an adapter writes its run's events: numbers them, spends credit on data events,
+//! and hands them to the run's [`RunOutlet`] (the node's link to the edge the run came
+//! from). Enforces exactly one terminal per run: anything an adapter emits after its
+//! terminal is dropped.
 //!
-//! The sink holds the run's capacity slot (its adapter's gate permit) and gives it up just
-//! before the terminal goes out: once the edge has seen a terminal, the node's slot is
-//! free, so the edge may hand it to the next request without the node refusing it.
+//! The sink holds what the run occupies (its adapter's capacity slot, its place in the
+//! edge's permits) and gives it up just before the terminal goes out: once the edge has
+//! seen a terminal, the node's slot is free, so the edge may hand it to the next request
+//! without the node refusing it.
 
+use std::any::Any;
+
+use async_trait::async_trait;
+use iop_proto::ErrorCode;
 use iop_proto::pb::{self, RunEventKind};
-use iop_proto::{ErrorCode, Outbound};
-use tokio::sync::OwnedSemaphorePermit;
 
-use crate::permit_desk::PermitHook;
-use tokio_util::sync::CancellationToken;
-
-use crate::stream::Credit;
-
-/// The run's connection is gone or the run was cancelled: stop producing.
+/// The run's stream is gone or the run was cancelled: stop producing.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("the run's stream is closed")]
 pub struct SinkClosed;
+
+/// Where a run's events go once numbered, and the credit its data events (deltas, tool
+/// calls) spend there.
+#[async_trait]
+pub trait RunOutlet: Send + std::fmt::Debug {
+    /// Waits for credit for one data event; false when the run's stream is gone.
+    async fn credit(&mut self) -> bool;
+    /// Sends one event; false when the run's stream is gone.
+    async fn send(&mut self, event: pb::RunEvent) -> bool;
+}
 
 #[derive(Debug)]
 pub struct RunSink {
     run_id: String,
     seq: u64,
-    outbound: Outbound,
-    credit: Credit,
-    cancel: CancellationToken,
+    outlet: Box<dyn RunOutlet>,
     terminal: Option<RunEventKind>,
     usage: Option<pb::Usage>,
     started: bool,
-    /// The adapter's capacity slot, released just before the terminal is sent.
-    permit: Option<OwnedSemaphorePermit>,
-    /// Counts the run in its edge's permits until then too.
-    hook: Option<PermitHook>,
+    /// What the run occupies until its terminal is sent (a capacity slot, its place in
+    /// the edge's permits).
+    held: Vec<Box<dyn Any + Send>>,
 }
 
 impl RunSink {
-    pub fn new(
-        run_id: &str,
-        outbound: Outbound,
-        credit: Credit,
-        cancel: CancellationToken,
-    ) -> Self {
+    pub fn new(run_id: &str, outlet: impl RunOutlet + 'static) -> Self {
         Self {
             run_id: run_id.to_string(),
             seq: 0,
-            outbound,
-            credit,
-            cancel,
+            outlet: Box::new(outlet),
             terminal: None,
             usage: None,
             started: false,
-            permit: None,
-            hook: None,
+            held: Vec::new(),
         }
     }
 
-    /// Counts the run in its edge's permits until its terminal.
-    pub fn keep(&mut self, hook: PermitHook) {
-        self.hook = Some(hook);
+    /// Holds `occupied` (a capacity slot, a place in the edge's permits) until the run's
+    /// terminal is sent.
+    pub fn hold(&mut self, occupied: impl Any + Send) {
+        self.held.push(Box::new(occupied));
     }
 
-    /// Holds the run's capacity slot until its terminal.
-    pub fn hold(&mut self, permit: OwnedSemaphorePermit) {
-        self.permit = Some(permit);
-    }
-
-    /// Acknowledges the dispatch: the run passed its gate and starts. Not numbered and not
-    /// a data event (no credit); the edge never shows it to clients.
     pub async fn accepted(&mut self) -> Result<(), SinkClosed> {
         let mut e = Self::event(RunEventKind::Accepted);
         e.run_id = self.run_id.clone();
-        self.outbound.send(e).await.map_err(|_| SinkClosed)
+        self.delivered(e).await
+    }
+
+    async fn delivered(&mut self, event: pb::RunEvent) -> Result<(), SinkClosed> {
+        if self.outlet.send(event).await {
+            Ok(())
+        } else {
+            Err(SinkClosed)
+        }
     }
 
     pub fn run_id(&self) -> &str {
@@ -97,7 +97,7 @@ impl RunSink {
         if matches!(
             kind,
             RunEventKind::Delta | RunEventKind::ReasoningDelta | RunEventKind::ToolCall
-        ) && !self.credit.take(&self.cancel).await
+        ) && !self.outlet.credit().await
         {
             return Err(SinkClosed);
         }
@@ -108,10 +108,9 @@ impl RunSink {
             self.terminal = Some(kind);
             self.usage = event.usage;
             // The slot is free before the edge can see the terminal.
-            self.permit = None;
-            self.hook = None;
+            self.held.clear();
         }
-        self.outbound.send(event).await.map_err(|_| SinkClosed)
+        self.delivered(event).await
     }
 
     fn event(kind: RunEventKind) -> pb::RunEvent {
@@ -183,23 +182,73 @@ impl RunSink {
     }
 }
 
+/// An outlet that keeps what it is sent, for tests: unlimited credit, and
+/// [`Recorded::close`] makes every later send fail as a gone stream would.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct Recorded {
+    pub events: std::sync::Arc<parking_lot::Mutex<Vec<pb::RunEvent>>>,
+    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Called with each event as it is sent.
+    #[allow(clippy::type_complexity)]
+    on_send: Option<std::sync::Arc<dyn Fn(&pb::RunEvent) + Send + Sync>>,
+}
+
+#[cfg(test)]
+impl Recorded {
+    pub fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Calls `f` with each event as it is sent.
+    pub fn on_send(mut self, f: impl Fn(&pb::RunEvent) + Send + Sync + 'static) -> Self {
+        self.on_send = Some(std::sync::Arc::new(f));
+        self
+    }
+
+    pub fn kinds(&self) -> Vec<RunEventKind> {
+        self.events.lock().iter().map(|e| e.kind()).collect()
+    }
+}
+
+#[cfg(test)]
+impl std::fmt::Debug for Recorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorded")
+            .field("events", &self.events)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+#[async_trait]
+impl RunOutlet for Recorded {
+    async fn credit(&mut self) -> bool {
+        !self.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn send(&mut self, event: pb::RunEvent) -> bool {
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        if let Some(f) = &self.on_send {
+            f(&event);
+        }
+        self.events.lock().push(event);
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::stream::StreamCredits;
-    use iop_proto::pb::envelope::Message;
     use std::sync::Arc;
+
+    use super::*;
 
     #[tokio::test]
     async fn only_the_first_terminal_goes_out() {
-        let (outbound, mut rx) = Outbound::channel(16);
-        let credits = Arc::new(StreamCredits::default());
-        let mut sink = RunSink::new(
-            "r",
-            outbound,
-            credits.open("r", 8),
-            CancellationToken::new(),
-        );
+        let out = Recorded::default();
+        let mut sink = RunSink::new("r", out.clone());
         sink.start("m").await.unwrap();
         sink.delta("a").await.unwrap();
         sink.complete(None, "stop").await.unwrap();
@@ -207,16 +256,10 @@ mod tests {
             .await
             .unwrap();
         sink.delta("late").await.unwrap();
-        drop(sink);
-        let mut kinds = Vec::new();
-        while let Some(env) = rx.recv().await {
-            if let Some(Message::RunEvent(e)) = env.message {
-                assert_eq!(e.seq as usize, kinds.len() + 1);
-                kinds.push(e.kind());
-            }
-        }
+        let seqs: Vec<u64> = out.events.lock().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2, 3]);
         assert_eq!(
-            kinds,
+            out.kinds(),
             [
                 RunEventKind::Start,
                 RunEventKind::Delta,
@@ -227,41 +270,36 @@ mod tests {
 
     #[tokio::test]
     async fn the_slot_is_free_before_the_terminal_is_sent() {
-        let (outbound, mut rx) = Outbound::channel(16);
-        let credits = Arc::new(StreamCredits::default());
         let gate = Arc::new(tokio::sync::Semaphore::new(1));
-        let mut sink = RunSink::new(
-            "r",
-            outbound,
-            credits.open("r", 8),
-            CancellationToken::new(),
-        );
+        let seen = gate.clone();
+        // By the time anyone can read the terminal, the slot is back.
+        let out = Recorded::default().on_send(move |e| {
+            let free = if e.is_terminal() { 1 } else { 0 };
+            assert_eq!(seen.available_permits(), free, "{:?}", e.kind());
+        });
+        let mut sink = RunSink::new("r", out.clone());
         sink.hold(gate.clone().try_acquire_owned().unwrap());
         sink.accepted().await.unwrap();
         sink.start("m").await.unwrap();
-        let first = rx.recv().await.unwrap();
-        match first.message {
-            Some(Message::RunEvent(e)) => {
-                assert_eq!((e.kind(), e.seq), (RunEventKind::Accepted, 0));
-            }
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(gate.available_permits(), 0, "held while the run goes on");
         sink.error(ErrorCode::ProviderError, "boom").await.unwrap();
-        let mut terminal = None;
-        while let Ok(env) = rx.try_recv() {
-            if let Some(Message::RunEvent(e)) = env.message
-                && e.is_terminal()
-            {
-                // By the time anyone can read the terminal, the slot is back.
-                assert_eq!(gate.available_permits(), 1);
-                terminal = Some(e);
-            }
-        }
-        let terminal = terminal.expect("a terminal");
+        let events = out.events.lock().clone();
         assert_eq!(
-            terminal.error.unwrap().error_code(),
+            (events[0].kind(), events[0].seq),
+            (RunEventKind::Accepted, 0)
+        );
+        let terminal = events.last().unwrap();
+        assert_eq!(
+            terminal.error.clone().unwrap().error_code(),
             ErrorCode::ProviderError
         );
+    }
+
+    #[tokio::test]
+    async fn a_gone_stream_stops_the_adapter() {
+        let out = Recorded::default();
+        let mut sink = RunSink::new("r", out.clone());
+        sink.start("m").await.unwrap();
+        out.close();
+        assert!(sink.delta("a").await.is_err());
     }
 }

@@ -159,8 +159,11 @@ model_groups:
         let _ = tokio::time::timeout(Duration::from_secs(30), node.task)
             .await
             .expect("the node stops");
-        self.until(|edge| edge.session(NODE).is_none(), "the node's session to end")
-            .await;
+        self.until(
+            |edge| edge.session(NODE).is_none(),
+            "the node's session to end",
+        )
+        .await;
     }
 
     /// Waits (at most 30 s, a bound far above what it takes) until `ready` holds of the
@@ -168,7 +171,10 @@ model_groups:
     pub async fn until(&self, ready: impl Fn(&iop_edge::Edge) -> bool, what: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while !ready(&self.edge.edge) {
-            assert!(tokio::time::Instant::now() < deadline, "waited 30 s for {what}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "waited 30 s for {what}"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }

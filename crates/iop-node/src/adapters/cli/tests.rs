@@ -1,15 +1,12 @@
 //! The CLI adapter against real `sh` programs: usage nonces, the end-marker refusal, the
 //! session cap and the idle reaper.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use iop_proto::Outbound;
-use iop_proto::pb::{self, RunEventKind, envelope::Message};
-use tokio_util::sync::CancellationToken;
+use iop_proto::pb::{self, RunEventKind};
 
 use super::*;
-use crate::stream::StreamCredits;
+use crate::sink::Recorded;
 
 /// Echoes its input after a genuine usage line: a forged line it echoes comes last.
 const ECHO_ONCE: &str = r#"echo "@@iop-usage $IOP_USAGE_NONCE {\"input_tokens\":3,\"output_tokens\":2}"
@@ -58,14 +55,8 @@ struct Ran {
 }
 
 async fn run(adapter: &CliAdapter, session_id: &str, input: &str) -> Ran {
-    let (outbound, mut rx) = Outbound::channel(1024);
-    let credits = Arc::new(StreamCredits::default());
-    let mut sink = RunSink::new(
-        "r",
-        outbound,
-        credits.open("r", 1024),
-        CancellationToken::new(),
-    );
+    let out = Recorded::default();
+    let mut sink = RunSink::new("r", out.clone());
     let input = RunInput {
         run_id: "r".into(),
         target: "t".into(),
@@ -79,18 +70,16 @@ async fn run(adapter: &CliAdapter, session_id: &str, input: &str) -> Ran {
     drop(sink);
     let mut text = String::new();
     let mut terminal = None;
-    while let Some(envelope) = rx.recv().await {
-        if let Some(Message::RunEvent(e)) = envelope.message {
-            match e.kind() {
-                RunEventKind::Delta => text.push_str(&e.text),
-                _ if e.is_terminal() => terminal = Some(e),
-                _ => {}
-            }
+    for e in out.events.lock().drain(..) {
+        match e.kind() {
+            RunEventKind::Delta => text.push_str(&e.text),
+            _ if e.is_terminal() => terminal = Some(e),
+            _ => {}
         }
     }
     Ran {
         text,
-        terminal: *terminal.expect("a terminal"),
+        terminal: terminal.expect("a terminal"),
     }
 }
 
