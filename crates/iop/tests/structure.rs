@@ -19,16 +19,16 @@ use syn::visit::Visit;
 const MAX_FUNCTION_LINES: usize = 100;
 
 /// The request path: every surface, codec and service module of the edge, and the node's
-/// run and tunnel execution.
+/// run and tunnel execution with its adapters and usage readers.
 const REQUEST_PATH: &[&str] = &[
     "iop-api/src",
     "iop-edge/src/service",
     "iop-edge/src/http",
     "iop-node/src/runs.rs",
     "iop-node/src/tunnel.rs",
-    "iop-node/src/sink.rs",
+    "iop-node/src/run_outlet.rs",
     "iop-node/src/stream.rs",
-    "iop-node/src/adapters",
+    "iop-adapters/src",
 ];
 
 const CRATES: &[&str] = &[
@@ -38,6 +38,7 @@ const CRATES: &[&str] = &[
     "iop-core",
     "iop-fleet",
     "iop-edge",
+    "iop-adapters",
     "iop-node",
     "iop-mock-model",
     "iop-mock",
@@ -672,8 +673,9 @@ fn the_checks_see_paths_in_macros_and_a_forbidden_direction() {
 
 /// What each crate may never reach, directly or through another crate (normal
 /// dependencies, its default features): the pure layers no async runtime, HTTP server or
-/// database; the fleet's store no HTTP server, SQLite or daemon; a daemon neither the
-/// other daemon nor the mock server.
+/// database; the fleet's store no HTTP server, SQLite or daemon; the node's adapters
+/// neither daemon, the mock server nor the node's SQLite; a daemon neither the other
+/// daemon nor the mock server.
 const NEVER_REACHES: &[(&str, &[&str])] = &[
     ("iop-api", IO_CRATES),
     ("iop-core", IO_CRATES),
@@ -686,6 +688,10 @@ const NEVER_REACHES: &[(&str, &[&str])] = &[
     ),
     ("iop-edge", &["iop-node", "iop-mock"]),
     ("iop-node", &["iop-edge", "iop-mock"]),
+    (
+        "iop-adapters",
+        &["iop-edge", "iop-node", "iop-mock", "axum", "rusqlite"],
+    ),
     (
         "iop-proto",
         &["iop-api", "iop-core", "iop-edge", "iop-node"],

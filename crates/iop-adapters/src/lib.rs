@@ -1,6 +1,8 @@
-//! Adapters: one per provider kind, each a real client of its backend's protocol. An
-//! adapter turns a run into events on a [`RunSink`]; OpenAI-compatible ones also expose
-//! their HTTP endpoint for the raw tunnel.
+//! The node's provider adapters: one per provider kind, each a real client of its
+//! backend's protocol. An adapter turns a run into events on a [`RunSink`] ([`sink`],
+//! whose outlet the node chooses: the link the run came on); OpenAI-compatible ones also
+//! expose their HTTP endpoint for the raw tunnel. [`usage`] reads what providers report of
+//! their token use, from answers and from the raw bytes the tunnel relays.
 //!
 //! Cancellation is by drop: the run manager drops `execute`'s future when the run is
 //! cancelled, which closes the provider connection (HTTP) or kills the process group
@@ -17,8 +19,10 @@ pub mod model_info;
 pub mod ollama;
 pub mod openai_compat;
 pub mod plain;
+pub mod sink;
 pub mod token_count;
 pub mod tokenizer;
+pub mod usage;
 
 use std::sync::Arc;
 

@@ -592,7 +592,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
-    use crate::adapters::closing_provider::{BODY, Closing, provider};
+    use crate::closing_provider::{BODY, Closing, provider};
 
     async fn provider_at(addr: &str) -> HttpProvider {
         let spec = pb::ProviderSpec {
@@ -600,7 +600,7 @@ mod tests {
             base_url: format!("http://{addr}/v1"),
             ..Default::default()
         };
-        HttpProvider::new(&spec, &crate::adapters::http_clients()).unwrap()
+        HttpProvider::new(&spec, &crate::http_clients()).unwrap()
     }
 
     #[tokio::test]

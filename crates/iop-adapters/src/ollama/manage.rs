@@ -17,8 +17,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::OllamaAdapter;
-use crate::adapters::error::AdapterError;
-use crate::adapters::http::HeadWait;
+use crate::error::AdapterError;
+use crate::http::HeadWait;
 
 /// The longest NDJSON line read from a management stream (Ollama's are a few hundred
 /// bytes).

@@ -321,7 +321,7 @@ mod tests {
 
     use super::*;
 
-    use crate::adapters::closing_provider::{BODY, Closing, provider};
+    use crate::closing_provider::{BODY, Closing, provider};
 
     fn request(addr: &str) -> http::Request<Full<Bytes>> {
         http::Request::post("/v1/chat/completions")

@@ -2,7 +2,7 @@
 //! the input, so an input holding it is refused before the session is touched (no sound
 //! escaping exists that every program would undo).
 
-use crate::adapters::error::AdapterError;
+use crate::error::AdapterError;
 use iop_proto::ErrorCode;
 
 /// Every line break a common reader honours (`\n`, `\r`, and the ones Python's

@@ -20,8 +20,8 @@
 use iop_proto::pb;
 use serde_json::{Map, Value, json};
 
-use crate::adapters::adapter::RunInput;
-use crate::adapters::error::AdapterError;
+use crate::adapter::RunInput;
+use crate::error::AdapterError;
 
 /// The `/api/chat` body for a run, or why the request cannot go to Ollama.
 pub fn request_body(input: &RunInput) -> Result<Value, AdapterError> {

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::adapter::{Adapter, RunInput};
 use super::error::AdapterError;
 use super::http::HttpProvider;
-use crate::adapters::http::HeadWait;
+use crate::http::HeadWait;
 use crate::sink::RunSink;
 
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::adapter::{Adapter, RunInput};
 use super::error::AdapterError;
 use super::http::HttpProvider;
-use crate::adapters::http::HeadWait;
+use crate::http::HeadWait;
 use crate::sink::RunSink;
 use crate::usage::{UsageDialect, from_openai};
 
