@@ -564,21 +564,26 @@ fn a_function_over_100_lines_elsewhere_says_why() {
     );
 }
 
+/// A module graph from `(module, [what it names])` pairs, for the checks' own tests.
+fn graph_of(pairs: &[(&str, &[&str])]) -> BTreeMap<String, BTreeSet<String>> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
+        .collect()
+}
+
 #[test]
 fn the_checks_see_a_loop_and_a_long_function() {
-    let graph: BTreeMap<String, BTreeSet<String>> = [
+    let graph = graph_of(&[
         ("a", &["b"][..]),
         ("b", &["c"][..]),
         ("c", &["a"][..]),
         ("d", &["a"][..]),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
-    .collect();
+    ]);
     assert_eq!(loops(&graph), vec![vec!["a", "b", "c"]]);
     // A parent that names its child, which names the parent's own items back: a loop
     // (also through a grandchild); a child naming its sibling, or its parent alone, not.
-    let graph: BTreeMap<String, BTreeSet<String>> = [
+    let graph = graph_of(&[
         ("queue", &["queue::state", "lease"][..]),
         ("queue::state", &["queue"][..]),
         ("queue::spec", &["queue"][..]),
@@ -586,10 +591,7 @@ fn the_checks_see_a_loop_and_a_long_function() {
         ("http::admin::usage", &["http"][..]),
         ("ledger", &["ledger::record"][..]),
         ("ledger::record", &["ledger::writer"][..]),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
-    .collect();
+    ]);
     assert_eq!(
         parent_child_loops(&graph),
         [
@@ -657,14 +659,11 @@ fn the_checks_see_paths_in_macros_and_a_forbidden_direction() {
     let named: Vec<Vec<String>> = visitor.paths.into_iter().filter(|p| p.len() > 1).collect();
     assert_eq!(named, want);
 
-    let edges: BTreeMap<String, BTreeSet<String>> = [
+    let edges = graph_of(&[
         ("queue::tests", &["service::x"][..]),
         ("queue", &["lease"][..]),
         ("service", &["queue"][..]),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
-    .collect();
+    ]);
     assert_eq!(
         crossings(&edges, &["queue"], &["service"]),
         ["queue::tests -> service::x"]
