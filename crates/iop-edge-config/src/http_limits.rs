@@ -12,6 +12,9 @@ pub const DEFAULT_HEADER_TIMEOUT_SEC: u64 = 10;
 pub const DEFAULT_BODY_TIMEOUT_SEC: u64 = 60;
 pub const DEFAULT_IDLE_TIMEOUT_SEC: u64 = 60;
 pub const DEFAULT_WRITE_TIMEOUT_SEC: u64 = 60;
+pub const DEFAULT_STREAM_KEEPALIVE_SEC: u64 = 15;
+/// Longest `stream_keepalive_sec`.
+pub const MAX_STREAM_KEEPALIVE_SEC: u64 = 3600;
 /// The connection cap when it is not configured and the open-files limit is unknown.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
@@ -38,6 +41,14 @@ pub struct HttpLimitsConfig {
     /// is cancelled and its provider slot returned).
     #[serde(default = "default_write_timeout")]
     pub write_timeout_sec: u64,
+    /// A streamed request (an OpenAI, Responses or Messages event stream) that has no
+    /// answer yet after this long — it waits in the queue, or its provider is still reading
+    /// a long prompt — is answered at once with the stream's head and an SSE comment, and a
+    /// comment again at this interval until the answer begins, so reverse proxies and load
+    /// balancers that cut silent connections do not cut it. A failure after that arrives as
+    /// the API's own error event instead of an HTTP error status. 0: never.
+    #[serde(default = "default_stream_keepalive")]
+    pub stream_keepalive_sec: u64,
     /// Open HTTP connections at most; more are answered 503 and closed at once. Left
     /// out: derived from the open-files limit (see `http::server::effective_max_connections`).
     #[serde(default)]
@@ -102,6 +113,9 @@ fn default_idle_timeout() -> u64 {
 fn default_write_timeout() -> u64 {
     DEFAULT_WRITE_TIMEOUT_SEC
 }
+fn default_stream_keepalive() -> u64 {
+    DEFAULT_STREAM_KEEPALIVE_SEC
+}
 fn default_max_connections_per_address() -> usize {
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
 }
@@ -128,6 +142,7 @@ impl Default for HttpLimitsConfig {
             body_timeout_sec: DEFAULT_BODY_TIMEOUT_SEC,
             idle_timeout_sec: DEFAULT_IDLE_TIMEOUT_SEC,
             write_timeout_sec: DEFAULT_WRITE_TIMEOUT_SEC,
+            stream_keepalive_sec: DEFAULT_STREAM_KEEPALIVE_SEC,
             max_connections: None,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             trusted_proxies: Vec::new(),
@@ -155,6 +170,10 @@ impl HttpLimitsConfig {
     pub fn write_timeout(&self) -> Duration {
         Duration::from_secs(self.write_timeout_sec)
     }
+    /// How often a waiting stream gets a keepalive; `None`: never.
+    pub fn stream_keepalive(&self) -> Option<Duration> {
+        (self.stream_keepalive_sec > 0).then(|| Duration::from_secs(self.stream_keepalive_sec))
+    }
 
     /// The bounds; the error names the field.
     pub fn validate(&self) -> Result<(), FieldError> {
@@ -171,6 +190,12 @@ impl HttpLimitsConfig {
                     format!("must be between 1 and {DAY} seconds"),
                 ));
             }
+        }
+        if self.stream_keepalive_sec > MAX_STREAM_KEEPALIVE_SEC {
+            return Err(FieldError::new(
+                "stream_keepalive_sec".into(),
+                format!("must be between 0 (never) and {MAX_STREAM_KEEPALIVE_SEC} seconds"),
+            ));
         }
         if self.max_connections.is_some_and(|n| n == 0 || n > 1 << 20) {
             return Err(FieldError::new(

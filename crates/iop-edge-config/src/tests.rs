@@ -350,6 +350,24 @@ fn node_limits_have_defaults_and_bounds() {
 }
 
 #[test]
+fn stream_keepalive_defaults_to_15_s_and_is_bounded() {
+    let config = parse(GOOD).unwrap();
+    assert_eq!(
+        config.limits.http.stream_keepalive(),
+        Some(std::time::Duration::from_secs(15))
+    );
+    let off = parse(&format!(
+        "limits:\n  http: {{stream_keepalive_sec: 0}}\n{GOOD}"
+    ))
+    .unwrap();
+    assert_eq!(off.limits.http.stream_keepalive(), None);
+    let text = err_text(&format!(
+        "limits:\n  http: {{stream_keepalive_sec: 3601}}\n{GOOD}"
+    ));
+    assert!(text.contains("limits.http.stream_keepalive_sec"), "{text}");
+}
+
+#[test]
 fn node_tls_files_belong_to_the_provided_mode() {
     let text = err_text(&format!(
         "node_tls: {{mode: provided, cert: c.pem}}\n{GOOD}"

@@ -8,7 +8,8 @@
 //!   caller; wrong keys are throttled per address;
 //! - [`model`]: the one handler of every model endpoint of every API (decode, admit,
 //!   serve, render: `surfaces` and `service` do the work), with [`answer`] rendering
-//!   canonical answers and [`passthrough`] relaying a provider's own bytes;
+//!   canonical answers and [`passthrough`] relaying a provider's own bytes, and
+//!   [`keepalive`] keeping a streamed request's connection alive while it waits;
 //! - [`runs`]: the native runs API; [`models`] and [`ollama`]: the model catalogs;
 //! - [`admin`]: status, metrics, usage, node credentials, node commands, and
 //!   [`ollama_models`]: Ollama's model management across the fleet (admin keys only);
@@ -30,6 +31,7 @@ pub mod decode;
 pub mod error;
 pub mod forward;
 pub mod front;
+pub mod keepalive;
 pub mod model;
 pub mod models;
 pub mod ollama;

@@ -10,7 +10,9 @@
 //!
 //! Every request is recorded once (its record starts here and ends when the response
 //! does), and every error answers in the surface's own shape. Responses of dispatched
-//! requests carry `x-iop-attempts`.
+//! requests carry `x-iop-attempts`. A streamed request still waiting for its answer after
+//! `limits.http.stream_keepalive_sec` is answered with its stream at once and kept alive
+//! ([`super::keepalive`]).
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -21,9 +23,9 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
-use super::decode::LargeBodies;
+use super::decode::{LargeBodies, Prepared};
 use super::error::{self, with_attempts};
-use super::{answer, forward, passthrough, request_id};
+use super::{answer, forward, keepalive, passthrough, request_id};
 use crate::auth::Caller;
 use crate::canonical::{ApiError, ModelRequest, Operation};
 use crate::ledger::RequestRecorder;
@@ -110,11 +112,50 @@ async fn handle(
         headers,
         body,
     } = incoming;
-    let (caller, headers) = (&caller, &headers);
     let key = caller.key_name().unwrap_or("");
     let prepared = large
-        .read_and_decode(edge, key, surface, body, headers)
+        .read_and_decode(edge, key, surface, body, &headers)
         .await?;
+    let keepalive = keepalive::interval(edge, surface, prepared.decoded().stream);
+    let answering = admit_and_serve(Answering {
+        edge: edge.clone(),
+        surface,
+        caller,
+        headers,
+        prepared,
+        recorder: recorder.clone(),
+        received,
+    });
+    match keepalive {
+        None => answering.await,
+        Some(every) => keepalive::answer_or_keep_alive(answering, every, surface, recorder).await,
+    }
+}
+
+/// A decoded request on its way to its answer: everything the answer needs, owned, so a
+/// stream kept alive while it waits can outlive the handler.
+struct Answering {
+    edge: Arc<Edge>,
+    surface: Surface,
+    caller: Caller,
+    headers: HeaderMap,
+    prepared: Prepared,
+    recorder: RequestRecorder,
+    received: Instant,
+}
+
+/// Admits and serves a decoded request: its response, head and (streamed) body.
+async fn admit_and_serve(answering: Answering) -> Result<Response, ApiError> {
+    let Answering {
+        edge,
+        surface,
+        caller,
+        headers,
+        prepared,
+        recorder,
+        received,
+    } = answering;
+    let (edge, caller, headers, recorder) = (&edge, &caller, &headers, &recorder);
     let decoded = prepared.decoded();
     let canonical = prepared.canonical();
     let session = crate::routing::session::session_key(headers, &decoded.native.request);

@@ -36,6 +36,16 @@ impl Haproxy {
     /// HAProxy balancing over the edges' HTTP addresses, or `None` after a notice when
     /// there is no HAProxy here.
     pub async fn start(test: &str, backends: &[&str]) -> Option<Haproxy> {
+        Self::start_with_idle_timeout(test, backends, "60s").await
+    }
+
+    /// The same, cutting a connection silent for `idle` (HAProxy's `timeout client` and
+    /// `timeout server`, e.g. `2s`) as load balancers and CDNs do.
+    pub async fn start_with_idle_timeout(
+        test: &str,
+        backends: &[&str],
+        idle: &str,
+    ) -> Option<Haproxy> {
         let Some(bin) = binary() else {
             assert!(
                 std::env::var("IOP_REQUIRE_HAPROXY").as_deref() != Ok("1"),
@@ -60,8 +70,8 @@ impl Haproxy {
 defaults
     mode tcp
     timeout connect 1s
-    timeout client 60s
-    timeout server 60s
+    timeout client {idle}
+    timeout server {idle}
     retries 3
     option redispatch
 frontend stats

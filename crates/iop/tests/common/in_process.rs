@@ -26,6 +26,10 @@ pub struct Fabric {
     pub capacity: u32,
     /// Whether `tunnel` waits this long for its member to come back.
     pub wait_for_reconnect_sec: u32,
+    /// How long a request may wait in `tunnel`'s queue (`None`: the default).
+    pub queue_timeout_sec: Option<u32>,
+    /// More of the edge's config (top-level YAML, e.g. a `limits:` section).
+    pub edge_yaml: String,
     /// The backend's answers.
     pub backend: MockConfig,
 }
@@ -35,6 +39,8 @@ impl Default for Fabric {
         Self {
             capacity: 4,
             wait_for_reconnect_sec: 0,
+            queue_timeout_sec: None,
+            edge_yaml: String::new(),
             backend: MockConfig {
                 tokens: 4,
                 token_delay: Duration::ZERO,
@@ -85,14 +91,20 @@ nodes:
 model_groups:
   - name: tunnel
     members: [{{node: {NODE}, provider: backend, model: mock-model}}]
-    queue: {{wait_for_reconnect_sec: {wait}}}
+    queue: {{wait_for_reconnect_sec: {wait}{timeout}}}
   - name: mock
     members: [{{node: {NODE}, provider: mock}}]
+{extra}
 "#,
             state = state.path().display(),
             base = backend.openai_base(),
             capacity = fabric.capacity,
             wait = fabric.wait_for_reconnect_sec,
+            timeout = fabric
+                .queue_timeout_sec
+                .map(|t| format!(", timeout_sec: {t}"))
+                .unwrap_or_default(),
+            extra = fabric.edge_yaml,
         );
         let config = EdgeConfig::from_yaml(&yaml, "in-process config").expect("config");
         let edge = EdgeServer::start(config).await.expect("edge starts");
