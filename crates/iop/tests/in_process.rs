@@ -124,3 +124,53 @@ async fn a_request_waiting_for_its_node_is_served_when_the_node_returns() {
     assert_eq!(fabric.backend.stats.snapshot().requests, 1);
     fabric.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_recorded_under_its_node_and_adapter() {
+    let fabric = InProcess::start(Fabric::default()).await;
+    let client = reqwest::Client::new();
+    let runs = format!("{}/v1/runs", fabric.http());
+    let ran = client
+        .post(&runs)
+        .json(&json!({"node": common::in_process::NODE, "adapter": "mock", "target": "m", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ran.status(), 200);
+    let events = ran.text().await.unwrap();
+    assert!(events.contains("complete"), "{events}");
+    // A run on an adapter the node does not have: its name is the client's, never stored.
+    let refused = client
+        .post(&runs)
+        .json(&json!({"node": common::in_process::NODE, "adapter": "nope-adapter", "target": "m", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 404);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let records = loop {
+        let body: Value = reqwest::get(format!("{}/admin/usage/records?limit=10", fabric.http()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let records = body["records"].as_array().cloned().unwrap_or_default();
+        if records.len() >= 2 {
+            break records;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let groups: Vec<&str> = records.iter().filter_map(|r| r["group"].as_str()).collect();
+    assert!(groups.contains(&"n1/mock"), "{records:?}");
+    assert!(
+        groups.iter().any(|g| g.starts_with("(unknown) ")),
+        "{records:?}"
+    );
+    assert!(
+        !groups.iter().any(|g| g.contains("nope-adapter")),
+        "{records:?}"
+    );
+    fabric.stop().await;
+}

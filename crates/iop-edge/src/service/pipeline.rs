@@ -98,8 +98,8 @@ impl Edge {
     }
 
     /// THE admission point of every request: what it is for must exist and the key may
-    /// use it (its model allowlist), then the key's limits. The group (or the stand-in of
-    /// a name no group has) goes on the request's record, and what the limits hold (a
+    /// use it (its model allowlist), then the key's limits. The group (a run's
+    /// `node/adapter`; the stand-in of a name no group has) goes on the request's record, and what the limits hold (a
     /// concurrency place, a token reservation) is held by the record until the request
     /// ends. Returns the model group's name (empty for a run).
     pub(crate) async fn admit(
@@ -128,7 +128,14 @@ impl Edge {
                 adapter,
                 target,
             } => {
-                self.check_run(caller, node, adapter, target)?;
+                // A run is recorded under its `node/adapter` (names the config has: what
+                // a client chose is recorded only as the stand-in of a name).
+                let run_of = format!("{node}/{adapter}");
+                if let Err(e) = self.check_run(caller, node, adapter, target) {
+                    recorder.set_group(&unknown_model_label(&run_of));
+                    return Err(e);
+                }
+                recorder.set_group(&run_of);
                 String::new()
             }
         };
