@@ -2,7 +2,8 @@
 //! request queued behind a busy provider gets SSE comments until its answer begins, so a
 //! load balancer that cuts silent connections (HAProxy with short idle timeouts here)
 //! leaves it alone; a failure after the stream began arrives as the API's error event;
-//! the official SDKs read through the comments. Edge, node and backend run in the test's
+//! the official SDKs (OpenAI's and Anthropic's for Python, OpenAI's for Node) read through
+//! the comments. Edge, node and backend run in the test's
 //! process ([`common::in_process`]); HAProxy and the SDKs are real processes.
 
 mod common;
@@ -132,8 +133,8 @@ async fn a_failure_after_the_stream_began_is_the_apis_error_event() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_openai_and_anthropic_sdks_read_through_the_keepalives() {
-    let test = "the_openai_and_anthropic_sdks_read_through_the_keepalives";
+async fn the_official_sdks_read_through_the_keepalives() {
+    let test = "the_official_sdks_read_through_the_keepalives";
     let Some(python) = common::sdk::python(test, &["openai", "anthropic"]) else {
         return;
     };
@@ -191,5 +192,24 @@ print("anthropic:" + out.get("anthropic", "<none>"))
         "{stdout}\n{stderr}"
     );
     busy.await.unwrap().expect("the busy request");
+    // The OpenAI Node SDK, queued behind another busy request.
+    if let Some(dir) = common::sdk::node_sdk(test) {
+        let busy = occupy(&fabric).await;
+        let script = dir.join("openai_waiting_check.mjs");
+        let base = format!("{}/v1", fabric.http());
+        let output = tokio::process::Command::new("node")
+            .args([script.to_str().unwrap(), &base, "tunnel"])
+            .output()
+            .await
+            .expect("node runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stdout}\n{stderr}");
+        assert!(
+            stdout.contains(&format!("openai-node:{expected}\n")),
+            "{stdout}\n{stderr}"
+        );
+        busy.await.unwrap().expect("the busy request");
+    }
     fabric.stop().await;
 }
