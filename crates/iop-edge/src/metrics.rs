@@ -532,11 +532,12 @@ impl Metrics {
 
     /// Counts one finished request (every request of every surface comes here once, from
     /// the accounting point): its outcome, and — for a configured group, or a native run
-    /// (`(none)`: it names no group) — its duration, its time to first token and how long
-    /// it waited for a slot. A name no group has counts in `(unknown)`'s request counter
-    /// only.
+    /// (`(none)`: it names no group; the ledger records it under its `node/adapter`) — its
+    /// duration, its time to first token and how long it waited for a slot. A name no
+    /// group has counts in `(unknown)`'s request counter only.
     pub fn record_request(&self, record: &UsageRecord, queue_wait: Option<Duration>) {
-        let group = if record.group.is_empty() {
+        let native_run = record.api == crate::surfaces::ClientApi::Runs.as_str();
+        let group = if record.group.is_empty() || native_run {
             self.none_group
                 .get_or_init(|| self.group_series(NO_GROUP_LABEL))
                 .clone()

@@ -467,10 +467,10 @@ fn applies(surface: Surface, kind: Kind, outcome: Outcome) -> bool {
     }
 }
 
-/// The ledger's group of a cell: a run names none.
+/// The ledger's group of a cell: a run is recorded under its `node/adapter`.
 fn ledger_group(surface: Surface, member: &Member) -> String {
     if surface == Surface::Runs {
-        String::new()
+        format!("{}/{}", member.node, member.provider)
     } else {
         member.group.clone()
     }
