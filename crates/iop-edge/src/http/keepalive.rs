@@ -17,6 +17,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use iop_proto::ErrorCode;
+use tracing::Instrument;
 
 use crate::canonical::ApiError;
 use crate::codec::EVENT_STREAM;
@@ -50,7 +51,8 @@ pub async fn answer_or_keep_alive(
     surface: Surface,
     recorder: &RequestRecorder,
 ) -> Result<Response, ApiError> {
-    let mut answering: Answering = Box::pin(answering);
+    // The answer may go on after the handler returned: in the request's span still.
+    let mut answering: Answering = Box::pin(answering.in_current_span());
     tokio::select! {
         answered = &mut answering => return answered,
         () = tokio::time::sleep(every) => {}
