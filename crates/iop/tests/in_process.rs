@@ -128,25 +128,18 @@ async fn a_request_waiting_for_its_node_is_served_when_the_node_returns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_recorded_under_its_node_and_adapter() {
     let fabric = InProcess::start(Fabric::default()).await;
-    let client = reqwest::Client::new();
-    let runs = format!("{}/v1/runs", fabric.http());
-    let ran = client
-        .post(&runs)
-        .json(&json!({"node": common::in_process::NODE, "adapter": "mock", "target": "m", "input": "hi"}))
-        .send()
-        .await
-        .unwrap();
+    let run = |adapter: &str| {
+        reqwest::Client::new()
+            .post(format!("{}/v1/runs", fabric.http()))
+            .json(&json!({"node": common::in_process::NODE, "adapter": adapter, "target": "m", "input": "hi"}))
+            .send()
+    };
+    let ran = run("mock").await.unwrap();
     assert_eq!(ran.status(), 200);
     let events = ran.text().await.unwrap();
     assert!(events.contains("complete"), "{events}");
     // A run on an adapter the node does not have: its name is the client's, never stored.
-    let refused = client
-        .post(&runs)
-        .json(&json!({"node": common::in_process::NODE, "adapter": "nope-adapter", "target": "m", "input": "hi"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status(), 404);
+    assert_eq!(run("nope-adapter").await.unwrap().status(), 404);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let records = loop {
         let body: Value = reqwest::get(format!("{}/admin/usage/records?limit=10", fabric.http()))

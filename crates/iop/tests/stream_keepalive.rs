@@ -48,6 +48,19 @@ async fn stream_chat(url: String) -> Result<(u16, String), String> {
     Ok((status, body))
 }
 
+/// The text of a streamed chat completion's body.
+fn streamed_text(body: &str) -> String {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect()
+}
+
 /// Occupies the one slot with a streamed request sent straight to the edge; returns once
 /// the backend has it.
 async fn occupy(fabric: &InProcess) -> tokio::task::JoinHandle<Result<(u16, String), String>> {
@@ -86,17 +99,7 @@ async fn a_queued_stream_outlives_a_load_balancers_idle_cut() {
             assert_eq!(status, 200, "{body}");
             assert!(body.starts_with(": keepalive\n\n"), "{body}");
             assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
-            let text: String = body
-                .lines()
-                .filter_map(|l| l.strip_prefix("data: "))
-                .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-                .filter_map(|v| {
-                    v["choices"][0]["delta"]["content"]
-                        .as_str()
-                        .map(String::from)
-                })
-                .collect();
-            assert!(!text.is_empty(), "{body}");
+            assert!(!streamed_text(&body).is_empty(), "{body}");
         } else {
             // Without keepalives the same wait is cut: what this test relies on.
             let whole = queued.is_ok_and(|(status, body)| {
@@ -143,16 +146,7 @@ async fn the_official_sdks_read_through_the_keepalives() {
     let (_, plain) = stream_chat(format!("{}/v1/chat/completions", fabric.http()))
         .await
         .unwrap();
-    let expected: String = plain
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| {
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(String::from)
-        })
-        .collect();
+    let expected = streamed_text(&plain);
     let busy = occupy(&fabric).await;
     // Both SDK requests wait (one behind the busy request, the other behind both).
     let script = r#"
