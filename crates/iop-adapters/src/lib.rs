@@ -1,5 +1,5 @@
 //! The node's provider adapters: one per provider kind, each a real client of its
-//! backend's protocol. An adapter turns a run into events on a [`RunSink`] ([`sink`],
+//! backend's protocol. An adapter turns a run into events on a [`RunSink`](sink::RunSink) ([`sink`],
 //! whose outlet the node chooses: the link the run came on); OpenAI-compatible ones also
 //! expose their HTTP endpoint for the raw tunnel. [`usage`] reads what providers report of
 //! their token use, from answers and from the raw bytes the tunnel relays.
