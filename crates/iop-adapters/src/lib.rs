@@ -1,12 +1,9 @@
 //! The node's provider adapters: one per provider kind, each a real client of its
-//! backend's protocol. An adapter turns a run into events on a [`RunSink`](sink::RunSink) ([`sink`],
-//! whose outlet the node chooses: the link the run came on); OpenAI-compatible ones also
-//! expose their HTTP endpoint for the raw tunnel. [`usage`] reads what providers report of
-//! their token use, from answers and from the raw bytes the tunnel relays.
-//!
-//! Cancellation is by drop: the run manager drops `execute`'s future when the run is
-//! cancelled, which closes the provider connection (HTTP) or kills the process group
-//! (CLI).
+//! backend's protocol. An adapter turns a run into events on a
+//! [`RunSink`](sink::RunSink) ([`sink`], whose outlet the node chooses: the link the run
+//! came on); OpenAI-compatible ones also expose their HTTP endpoint for the raw tunnel.
+//! [`usage`] reads what providers report of their token use, from answers and from the
+//! raw bytes the tunnel relays.
 
 pub mod adapter;
 pub mod cli;
