@@ -147,7 +147,6 @@ fn shared_store(config: &EdgeConfig) -> Result<Option<Arc<store::Store>>, StartE
     Ok(Some(store::Store::new(pg, tls)))
 }
 
-/// Renews the node listener's server certificate while the edge runs (auto mode).
 /// The certificates of `store.ca_file`, if one is given.
 fn store_ca(
     config: &EdgeConfig,
@@ -160,6 +159,7 @@ fn store_ca(
         .map_err(|e| StartError::Store(format!("store.ca_file {e}")))
 }
 
+/// Renews the node listener's server certificate while the edge runs (auto mode).
 async fn renew_server_certificate(
     tls: Arc<NodeListenerTls>,
     shutdown: tokio_util::sync::CancellationToken,
