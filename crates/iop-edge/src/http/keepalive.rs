@@ -13,10 +13,9 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use iop_proto::ErrorCode;
 use tracing::Instrument;
 
 use crate::canonical::ApiError;
@@ -135,45 +134,20 @@ impl Waiting {
 }
 
 /// What a response that is not a success (a provider's own error for a natively served
-/// request) says, as an error: its status, and its message where it has one.
+/// request) says, as an error: read as every provider error is
+/// ([`crate::codec::openai_answer::provider_error`]).
 async fn late_failure(response: Response) -> ApiError {
-    let status = response.status();
+    let status = response.status().as_u16();
     let body = axum::body::to_bytes(response.into_body(), MAX_ERROR_BODY)
         .await
         .unwrap_or_default();
-    let message = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| message_of(&v))
-        .unwrap_or_else(|| {
-            let text = String::from_utf8_lossy(&body);
-            if text.trim().is_empty() {
-                format!("the provider answered {status}")
-            } else {
-                text.into_owned()
-            }
-        });
-    let mut error = ApiError::of(ErrorCode::ProviderError, message);
-    error.status = if status.is_client_error() || status.is_server_error() {
-        status
-    } else {
-        StatusCode::BAD_GATEWAY
-    };
-    error
-}
-
-/// An error document's message: OpenAI's and Anthropic's `error.message`, or a bare
-/// `error` string.
-fn message_of(v: &serde_json::Value) -> Option<String> {
-    let error = v.get("error")?;
-    error
-        .get("message")
-        .and_then(serde_json::Value::as_str)
-        .or_else(|| error.as_str())
-        .map(str::to_string)
+    crate::codec::openai_answer::provider_error(status, &body)
 }
 
 #[cfg(test)]
 mod tests {
+    use axum::http::StatusCode;
+
     use super::*;
 
     fn response(status: u16, body: &'static str) -> Response {
