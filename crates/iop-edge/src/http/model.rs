@@ -117,45 +117,31 @@ async fn handle(
         .read_and_decode(edge, key, surface, body, &headers)
         .await?;
     let keepalive = keepalive::interval(edge, surface, prepared.decoded().stream);
-    let answering = admit_and_serve(Answering {
-        edge: edge.clone(),
-        surface,
-        caller,
-        headers,
-        prepared,
-        recorder: recorder.clone(),
-        received,
-    });
+    // Owned, so a stream kept alive while it waits can outlive the handler.
+    let (edge, answer_recorder) = (edge.clone(), recorder.clone());
+    let answering = async move {
+        let recorder = &answer_recorder;
+        admit_and_serve(
+            &edge, surface, &caller, &headers, &prepared, recorder, received,
+        )
+        .await
+    };
     match keepalive {
         None => answering.await,
         Some(every) => keepalive::answer_or_keep_alive(answering, every, surface, recorder).await,
     }
 }
 
-/// A decoded request on its way to its answer: everything the answer needs, owned, so a
-/// stream kept alive while it waits can outlive the handler.
-struct Answering {
-    edge: Arc<Edge>,
-    surface: Surface,
-    caller: Caller,
-    headers: HeaderMap,
-    prepared: Prepared,
-    recorder: RequestRecorder,
-    received: Instant,
-}
-
 /// Admits and serves a decoded request: its response, head and (streamed) body.
-async fn admit_and_serve(answering: Answering) -> Result<Response, ApiError> {
-    let Answering {
-        edge,
-        surface,
-        caller,
-        headers,
-        prepared,
-        recorder,
-        received,
-    } = answering;
-    let (edge, caller, headers, recorder) = (&edge, &caller, &headers, &recorder);
+async fn admit_and_serve(
+    edge: &Arc<Edge>,
+    surface: Surface,
+    caller: &Caller,
+    headers: &HeaderMap,
+    prepared: &Prepared,
+    recorder: &RequestRecorder,
+    received: Instant,
+) -> Result<Response, ApiError> {
     let decoded = prepared.decoded();
     let canonical = prepared.canonical();
     let session = crate::routing::session::session_key(headers, &decoded.native.request);
