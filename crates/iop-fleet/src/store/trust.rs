@@ -22,11 +22,6 @@ pub const REVOCATIONS_CHANNEL: &str = "iop_revocations";
 /// How often an edge reads the revocations it may have missed a notification of.
 pub const REVOCATION_POLL: Duration = Duration::from_secs(1);
 
-/// `what` failed.
-fn fail(what: &str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
-    move |e| StoreError::statement(what, &e)
-}
-
 /// The fleet's CA as the store keeps it: the certificate, the key sealed, and the check
 /// of the secret key that sealed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +40,7 @@ pub async fn ca(store: &Store) -> Result<Option<SealedCa>, StoreError> {
             &[],
         )
         .await
-        .map_err(fail("read CA"))?;
+        .map_err(|e| StoreError::statement("read CA", &e))?;
     Ok(row.map(|row| SealedCa {
         cert_pem: row.get(0),
         key_sealed: row.get(1),
@@ -64,7 +59,7 @@ pub async fn offer_ca(store: &Store, offered: &SealedCa) -> Result<SealedCa, Sto
             &[&offered.cert_pem, &offered.key_sealed, &offered.key_check],
         )
         .await
-        .map_err(fail("write CA"))?;
+        .map_err(|e| StoreError::statement("write CA", &e))?;
     drop(client);
     ca(store)
         .await?
@@ -96,7 +91,7 @@ pub async fn insert_join_token(store: &Store, record: &JoinTokenRecord) -> Resul
             &[&prune_before],
         )
         .await
-        .map_err(fail("prune join tokens"))?;
+        .map_err(|e| StoreError::statement("prune join tokens", &e))?;
     client
         .execute(
             &format!(
@@ -113,7 +108,7 @@ pub async fn insert_join_token(store: &Store, record: &JoinTokenRecord) -> Resul
             ],
         )
         .await
-        .map_err(fail("write join token"))?;
+        .map_err(|e| StoreError::statement("write join token", &e))?;
     Ok(())
 }
 
@@ -125,7 +120,7 @@ pub async fn join_tokens(store: &Store) -> Result<Vec<JoinTokenRecord>, StoreErr
             &[],
         )
         .await
-        .map_err(fail("read join tokens"))?;
+        .map_err(|e| StoreError::statement("read join tokens", &e))?;
     Ok(rows.iter().map(join_record).collect())
 }
 
@@ -134,7 +129,7 @@ pub async fn delete_join_token(store: &Store, id: &str) -> Result<bool, StoreErr
     let n = client
         .execute("DELETE FROM iop_join_tokens WHERE id = $1", &[&id])
         .await
-        .map_err(fail("delete join token"))?;
+        .map_err(|e| StoreError::statement("delete join token", &e))?;
     Ok(n > 0)
 }
 
@@ -152,7 +147,7 @@ pub async fn redeem(
             &[&token.id],
         )
         .await
-        .map_err(fail("read join token"))?;
+        .map_err(|e| StoreError::statement("read join token", &e))?;
     let Some(row) = row else {
         return Ok(Err(JoinError::Unknown));
     };
@@ -169,7 +164,7 @@ pub async fn redeem(
             &[&token.id, &(now_ms as i64)],
         )
         .await
-        .map_err(fail("take a join token use"))?;
+        .map_err(|e| StoreError::statement("take a join token use", &e))?;
     if taken == 0 {
         let max_uses = one.records()[0].max_uses;
         return Ok(Err(JoinError::UsedUp { node_id, max_uses }));
@@ -186,7 +181,7 @@ pub async fn refund(store: &Store, id: &str) -> Result<(), StoreError> {
             &[&id],
         )
         .await
-        .map_err(fail("refund a join token use"))?;
+        .map_err(|e| StoreError::statement("refund a join token use", &e))?;
     Ok(())
 }
 
@@ -212,7 +207,7 @@ pub async fn revoke(store: &Store, record: &RevocationRecord) -> Result<usize, S
             ],
         )
         .await
-        .map_err(fail("write revocation"))?;
+        .map_err(|e| StoreError::statement("write revocation", &e))?;
     Ok(row.get::<_, i64>(0).max(0) as usize)
 }
 
@@ -229,7 +224,7 @@ pub async fn revocations_after(
             &[&seq],
         )
         .await
-        .map_err(fail("read revocations"))?;
+        .map_err(|e| StoreError::statement("read revocations", &e))?;
     Ok(rows
         .iter()
         .map(|row| {
