@@ -182,60 +182,70 @@ impl RunSink {
     }
 }
 
-/// An outlet that keeps what it is sent, for tests: unlimited credit, and
-/// [`Recorded::close`] makes every later send fail as a gone stream would.
+/// An outlet that keeps what it is sent, for tests.
 #[cfg(test)]
-#[derive(Clone, Default)]
-pub(crate) struct Recorded {
-    pub events: std::sync::Arc<parking_lot::Mutex<Vec<pb::RunEvent>>>,
-    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// Called with each event as it is sent.
-    #[allow(clippy::type_complexity)]
-    on_send: Option<std::sync::Arc<dyn Fn(&pb::RunEvent) + Send + Sync>>,
-}
+pub(crate) mod recorded {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
-#[cfg(test)]
-impl Recorded {
-    pub fn close(&self) {
-        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+    use async_trait::async_trait;
+    use iop_proto::pb::{self, RunEventKind};
+    use parking_lot::Mutex;
+
+    use super::RunOutlet;
+
+    type OnSend = Arc<dyn Fn(&pb::RunEvent) + Send + Sync>;
+
+    /// Unlimited credit; [`Recorded::close`] makes every later send fail as a gone stream
+    /// would.
+    #[derive(Clone, Default)]
+    pub struct Recorded {
+        pub events: Arc<Mutex<Vec<pb::RunEvent>>>,
+        closed: Arc<AtomicBool>,
+        /// Called with each event as it is sent.
+        on_send: Option<OnSend>,
     }
 
-    /// Calls `f` with each event as it is sent.
-    pub fn on_send(mut self, f: impl Fn(&pb::RunEvent) + Send + Sync + 'static) -> Self {
-        self.on_send = Some(std::sync::Arc::new(f));
-        self
-    }
-
-    pub fn kinds(&self) -> Vec<RunEventKind> {
-        self.events.lock().iter().map(|e| e.kind()).collect()
-    }
-}
-
-#[cfg(test)]
-impl std::fmt::Debug for Recorded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Recorded")
-            .field("events", &self.events)
-            .finish()
-    }
-}
-
-#[cfg(test)]
-#[async_trait]
-impl RunOutlet for Recorded {
-    async fn credit(&mut self) -> bool {
-        !self.closed.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    async fn send(&mut self, event: pb::RunEvent) -> bool {
-        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
-            return false;
+    impl Recorded {
+        pub fn close(&self) {
+            self.closed.store(true, Ordering::SeqCst);
         }
-        if let Some(f) = &self.on_send {
-            f(&event);
+
+        /// Calls `f` with each event as it is sent.
+        pub fn on_send(mut self, f: impl Fn(&pb::RunEvent) + Send + Sync + 'static) -> Self {
+            self.on_send = Some(Arc::new(f));
+            self
         }
-        self.events.lock().push(event);
-        true
+
+        pub fn kinds(&self) -> Vec<RunEventKind> {
+            self.events.lock().iter().map(|e| e.kind()).collect()
+        }
+    }
+
+    impl std::fmt::Debug for Recorded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Recorded")
+                .field("events", &self.events)
+                .finish()
+        }
+    }
+
+    #[async_trait]
+    impl RunOutlet for Recorded {
+        async fn credit(&mut self) -> bool {
+            !self.closed.load(Ordering::SeqCst)
+        }
+
+        async fn send(&mut self, event: pb::RunEvent) -> bool {
+            if self.closed.load(Ordering::SeqCst) {
+                return false;
+            }
+            if let Some(f) = &self.on_send {
+                f(&event);
+            }
+            self.events.lock().push(event);
+            true
+        }
     }
 }
 
@@ -243,6 +253,7 @@ impl RunOutlet for Recorded {
 mod tests {
     use std::sync::Arc;
 
+    use super::recorded::Recorded;
     use super::*;
 
     #[tokio::test]

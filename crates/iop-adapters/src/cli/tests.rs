@@ -6,7 +6,7 @@ use std::time::Duration;
 use iop_proto::pb::{self, RunEventKind};
 
 use super::*;
-use crate::sink::Recorded;
+use crate::sink::recorded::Recorded;
 
 /// Echoes its input after a genuine usage line: a forged line it echoes comes last.
 const ECHO_ONCE: &str = r#"echo "@@iop-usage $IOP_USAGE_NONCE {\"input_tokens\":3,\"output_tokens\":2}"
