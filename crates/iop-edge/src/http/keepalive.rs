@@ -178,6 +178,14 @@ mod tests {
         // Not an error status, not a success either: the gateway's fault.
         let e = late_failure(response(302, "moved")).await;
         assert_eq!(e.status, StatusCode::BAD_GATEWAY);
+        // A body past MAX_ERROR_BODY is not read whole: the status still says what failed.
+        let huge = Response::builder()
+            .status(500)
+            .body(Body::from(vec![b'x'; MAX_ERROR_BODY * 2]))
+            .unwrap();
+        let e = late_failure(huge).await;
+        assert_eq!(e.status.as_u16(), 500);
+        assert!(e.message.len() < 1024, "{}", e.message.len());
     }
 
     #[test]
