@@ -11,10 +11,12 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 pub const DEFAULT_ACK_TIMEOUT_SEC: f64 = 10.0;
 pub const DEFAULT_RETRY_BUDGET_PERCENT: u32 = 20;
 pub const DEFAULT_RETRY_BUDGET_MIN: u32 = 10;
+pub const DEFAULT_REATTACH_WAIT_SEC: u32 = 15;
 
 const MAX_ATTEMPTS: u32 = 10;
 const MAX_ACK_TIMEOUT_SEC: f64 = 300.0;
 const MAX_RETRY_BUDGET_MIN: u32 = 100_000;
+const MAX_REATTACH_WAIT_SEC: u32 = 600;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,6 +37,14 @@ pub struct DispatchConfig {
     /// Retries always allowed per 10 s, whatever the percentage says.
     #[serde(default = "default_retry_budget_min")]
     pub retry_budget_min: u32,
+    /// When a node's link drops while requests run on it, the edge waits this many seconds
+    /// for the node to come back and re-attaches them (the node keeps them running and
+    /// sends again what was lost): nothing runs twice. A request the node never received
+    /// goes to another member; one whose node does not come back in time fails saying it
+    /// may have run. 0: requests on a dropped link fail at once, and one the node had not
+    /// acknowledged yet is tried on another member (it may then run twice).
+    #[serde(default = "default_reattach_wait_sec")]
+    pub reattach_wait_sec: u32,
 }
 
 fn default_max_attempts() -> u32 {
@@ -49,6 +59,9 @@ fn default_retry_budget_percent() -> u32 {
 fn default_retry_budget_min() -> u32 {
     DEFAULT_RETRY_BUDGET_MIN
 }
+fn default_reattach_wait_sec() -> u32 {
+    DEFAULT_REATTACH_WAIT_SEC
+}
 
 impl Default for DispatchConfig {
     fn default() -> Self {
@@ -57,6 +70,7 @@ impl Default for DispatchConfig {
             ack_timeout_sec: DEFAULT_ACK_TIMEOUT_SEC,
             retry_budget_percent: DEFAULT_RETRY_BUDGET_PERCENT,
             retry_budget_min: DEFAULT_RETRY_BUDGET_MIN,
+            reattach_wait_sec: DEFAULT_REATTACH_WAIT_SEC,
         }
     }
 }
@@ -64,6 +78,10 @@ impl Default for DispatchConfig {
 impl DispatchConfig {
     pub fn ack_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.ack_timeout_sec)
+    }
+
+    pub fn reattach_wait(&self) -> Duration {
+        Duration::from_secs(self.reattach_wait_sec.into())
     }
 
     /// The bounds; the error names the field.
@@ -87,6 +105,14 @@ impl DispatchConfig {
             return Err(FieldError::new(
                 "retry_budget_percent".into(),
                 "must be at most 100".into(),
+            ));
+        }
+        if self.reattach_wait_sec > MAX_REATTACH_WAIT_SEC {
+            return Err(FieldError::new(
+                "reattach_wait_sec".into(),
+                format!(
+                    "must be at most {MAX_REATTACH_WAIT_SEC} seconds (0 turns re-attaching off)"
+                ),
             ));
         }
         if self.retry_budget_min > MAX_RETRY_BUDGET_MIN {
@@ -123,6 +149,10 @@ mod tests {
             },
             DispatchConfig {
                 ack_timeout_sec: 0.0,
+                ..Default::default()
+            },
+            DispatchConfig {
+                reattach_wait_sec: 601,
                 ..Default::default()
             },
             DispatchConfig {

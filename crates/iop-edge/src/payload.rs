@@ -51,12 +51,17 @@ fn provider_spec(p: &ProviderConfig, health: &HealthConfig) -> pb::ProviderSpec 
     }
 }
 
-/// The payload for `node` (its providers probed as `health` says), or why it cannot be
-/// sent (it would not fit in one frame).
+/// How much longer than the edge's re-attach wait the node keeps a detached stream.
+const REATTACH_SLACK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The payload for `node` (its providers probed as `health` says, its streams kept going
+/// `reattach_wait` after a link drops), or why it cannot be sent (it would not fit in one
+/// frame).
 pub fn build_payload(
     node: &NodeConfig,
     health: &HealthConfig,
     max_frame_bytes: usize,
+    reattach_wait: std::time::Duration,
 ) -> Result<pb::NodeConfigPayload, String> {
     let providers: Vec<pb::ProviderSpec> = node
         .providers
@@ -68,6 +73,13 @@ pub fn build_payload(
         node_id: node.id.clone(),
         providers,
         config_version: 0,
+        // The node holds a detached stream a little longer than the edge waits, so that a
+        // resume the edge sends at the end of its wait still finds it.
+        reattach_wait_ms: if reattach_wait.is_zero() {
+            0
+        } else {
+            u32::try_from((reattach_wait + REATTACH_SLACK).as_millis()).unwrap_or(u32::MAX)
+        },
     };
     let digest = Sha256::digest(payload.encode_to_vec());
     payload.config_version = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
@@ -105,7 +117,7 @@ nodes:
     #[test]
     fn payload_carries_enabled_providers() {
         let c = config();
-        let p = build_payload(&c.nodes[0], &c.health, 1 << 20).unwrap();
+        let p = build_payload(&c.nodes[0], &c.health, 1 << 20, std::time::Duration::ZERO).unwrap();
         assert_eq!(p.node_id, "n");
         let ids: Vec<_> = p.providers.iter().map(|p| p.id.as_str()).collect();
         assert_eq!(ids, ["m", "o"]);
@@ -128,7 +140,8 @@ nodes:
             ("", (0, 0)),
         ] {
             let c = EdgeConfig::from_yaml(&yaml(cli), "edge.yaml").unwrap();
-            let p = build_payload(&c.nodes[0], &c.health, 1 << 20).unwrap();
+            let p =
+                build_payload(&c.nodes[0], &c.health, 1 << 20, std::time::Duration::ZERO).unwrap();
             let spec = p.providers[0].cli.as_ref().unwrap();
             assert_eq!((spec.max_sessions, spec.session_idle_sec), want, "{cli}");
         }
@@ -137,11 +150,11 @@ nodes:
     #[test]
     fn version_changes_with_content() {
         let mut c = config();
-        let a = build_payload(&c.nodes[0], &c.health, 1 << 20)
+        let a = build_payload(&c.nodes[0], &c.health, 1 << 20, std::time::Duration::ZERO)
             .unwrap()
             .config_version;
         c.nodes[0].providers[0].capacity.normal = 9;
-        let b = build_payload(&c.nodes[0], &c.health, 1 << 20)
+        let b = build_payload(&c.nodes[0], &c.health, 1 << 20, std::time::Duration::ZERO)
             .unwrap()
             .config_version;
         assert_ne!(a, b);
@@ -150,7 +163,8 @@ nodes:
     #[test]
     fn an_oversized_payload_fails_to_build() {
         let c = config();
-        let err = build_payload(&c.nodes[0], &c.health, 300).unwrap_err();
+        let err =
+            build_payload(&c.nodes[0], &c.health, 300, std::time::Duration::ZERO).unwrap_err();
         assert!(err.contains("frame limit"), "{err}");
     }
 }

@@ -7,11 +7,14 @@
 //! the session's byte budget per stream (`limits.nodes.stream_buffer_bytes`), so a full
 //! channel or an exhausted budget means the node broke flow control (or sent frames far
 //! larger than it should) and only that stream is cut. Closing the session drops every
-//! route; consumers see their channel end and report the loss.
+//! route (consumers see their channel end and report the loss), or — when the edge waits
+//! for the node to come back — hands the stream routes out as [`DetachedStream`]s, which
+//! the node's next session adopts: their consumers never notice, and the node is asked to
+//! send again what each stream's route did not receive (`StreamResume`).
 
 use foldhash::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use iop_proto::Outbound;
@@ -40,11 +43,37 @@ enum Route {
     Tunnel(StreamSender<Frame>),
 }
 
+/// How far one stream got, as both its halves see it: what a re-attach asks the node for.
+#[derive(Debug, Default)]
+pub struct StreamProgress {
+    /// Frames delivered to the route, in all.
+    received: AtomicU64,
+    /// Data frames the consumer returned credit for, in all.
+    credited: AtomicU64,
+    /// The route was dropped because the node did not come back in time.
+    gave_up: AtomicBool,
+}
+
+impl StreamProgress {
+    /// The consumer returned `frames` of credit.
+    pub fn credited(&self, frames: u32) {
+        self.credited
+            .fetch_add(u64::from(frames), Ordering::Relaxed);
+    }
+
+    /// Whether the route was dropped because its node did not come back within the
+    /// re-attach wait (the request may have run).
+    pub fn gave_up(&self) -> bool {
+        self.gave_up.load(Ordering::Acquire)
+    }
+}
+
 /// The delivering half of one stream: its channel and the bytes queued in it.
 #[derive(Debug)]
 struct StreamSender<T> {
     tx: mpsc::Sender<(T, usize)>,
     queued: Arc<AtomicUsize>,
+    progress: Arc<StreamProgress>,
 }
 
 impl<T> StreamSender<T> {
@@ -58,7 +87,10 @@ impl<T> StreamSender<T> {
         }
         self.queued.fetch_add(size, Ordering::AcqRel);
         match self.tx.try_send((item, size)) {
-            Ok(()) => Delivery::Delivered,
+            Ok(()) => {
+                self.progress.received.fetch_add(1, Ordering::Relaxed);
+                Delivery::Delivered
+            }
             Err(err) => {
                 self.queued.fetch_sub(size, Ordering::AcqRel);
                 match err {
@@ -75,6 +107,7 @@ impl<T> StreamSender<T> {
 pub struct StreamReceiver<T> {
     rx: mpsc::Receiver<(T, usize)>,
     queued: Arc<AtomicUsize>,
+    progress: Arc<StreamProgress>,
 }
 
 impl<T> StreamReceiver<T> {
@@ -103,18 +136,70 @@ impl<T> StreamReceiver<T> {
     pub fn queued_bytes(&self) -> usize {
         self.queued.load(Ordering::Acquire)
     }
+
+    pub fn progress(&self) -> &StreamProgress {
+        &self.progress
+    }
 }
 
 fn stream_channel<T>() -> (StreamSender<T>, StreamReceiver<T>) {
     let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
     let queued = Arc::new(AtomicUsize::new(0));
+    let progress = Arc::new(StreamProgress::default());
     (
         StreamSender {
             tx,
             queued: queued.clone(),
+            progress: progress.clone(),
         },
-        StreamReceiver { rx, queued },
+        StreamReceiver {
+            rx,
+            queued,
+            progress,
+        },
     )
+}
+
+/// A stream whose node connection was lost while the edge waits for the node to come
+/// back: its route, kept so that its consumer goes on reading when it is adopted.
+#[derive(Debug)]
+pub struct DetachedStream {
+    id: String,
+    route: Route,
+}
+
+impl DetachedStream {
+    /// What asks the node to go on with this stream on a new link.
+    pub fn resume(&self) -> pb::StreamResume {
+        let (tunnel, progress) = match &self.route {
+            Route::Run(tx) => (false, &tx.progress),
+            Route::Tunnel(tx) => (true, &tx.progress),
+        };
+        pb::StreamResume {
+            stream_id: self.id.clone(),
+            tunnel,
+            received: progress.received.load(Ordering::Relaxed),
+            credited: progress.credited.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The node did not come back in time: the route is dropped, its consumer ends it
+    /// saying the request may have run.
+    pub fn give_up(self) {
+        let progress = match &self.route {
+            Route::Run(tx) => &tx.progress,
+            Route::Tunnel(tx) => &tx.progress,
+        };
+        progress.gave_up.store(true, Ordering::Release);
+    }
+
+    /// Whether the consumer is gone (it ended or was dropped meanwhile).
+    fn abandoned(&self) -> bool {
+        match &self.route {
+            Route::Run(tx) => tx.tx.is_closed(),
+            Route::Tunnel(tx) => tx.tx.is_closed(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -164,6 +249,8 @@ pub struct NodeSession {
     /// `connected_at`.
     last_heartbeat_ms: AtomicU64,
     routes: Mutex<Routes>,
+    /// Set once the session closed (read without the routes' lock).
+    closed: AtomicBool,
 }
 
 impl NodeSession {
@@ -184,6 +271,7 @@ impl NodeSession {
             stream_budget: crate::config::node_limits::DEFAULT_STREAM_BUFFER_BYTES,
             last_heartbeat_ms: AtomicU64::new(0),
             routes: Mutex::new(Routes::default()),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -305,12 +393,44 @@ impl NodeSession {
     /// Ends the session: no new routes, and every open one is dropped so its consumer sees
     /// the stream end without a terminal.
     pub fn close(&self, reason: &str) {
+        drop(self.close_detaching(reason));
+    }
+
+    /// Ends the session like [`Self::close`], but hands out its stream routes instead of
+    /// dropping them (commands end either way).
+    pub fn close_detaching(&self, reason: &str) -> Vec<DetachedStream> {
         let mut routes = self.routes.lock();
         if routes.closed.is_none() {
             routes.closed = Some(reason.to_string());
         }
-        routes.streams.clear();
+        self.closed.store(true, Ordering::Release);
         routes.commands.clear();
+        routes
+            .streams
+            .drain()
+            .map(|(id, route)| DetachedStream { id, route })
+            .filter(|s| !s.abandoned())
+            .collect()
+    }
+
+    /// Takes in streams of an earlier session of the same node; returns the resumes that
+    /// ask the node to go on with them here.
+    pub fn adopt(&self, streams: Vec<DetachedStream>) -> Vec<pb::StreamResume> {
+        let mut routes = self.routes.lock();
+        let mut resumes = Vec::with_capacity(streams.len());
+        for stream in streams {
+            if stream.abandoned() {
+                continue;
+            }
+            resumes.push(stream.resume());
+            routes.streams.insert(stream.id, stream.route);
+        }
+        resumes
+    }
+
+    /// Whether the session closed (its node connection is gone).
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Why the session closed, if it did.

@@ -509,6 +509,9 @@ impl Connection {
                     },
                 };
                 let _ = self.outbound.send(response).await;
+                if outcome == ReadyOutcome::Activated {
+                    self.edge.resume_parked(node_id);
+                }
             }
             Message::Ping(ping) => {
                 self.outbound.try_send(pb::Pong { nonce: ping.nonce });

@@ -163,6 +163,11 @@ impl NodeRuntime {
             },
             "active_runs": self.active_runs(),
             "active_tunnels": self.tunnels.lock().len(),
+            "journal": {
+                "streams": self.journal.len(),
+                "kept_bytes": self.journal.kept_bytes(),
+                "reattach_wait_ms": self.journal.wait().as_millis() as u64,
+            },
         })
     }
 

@@ -1,28 +1,32 @@
-//! A run's events onto the connection its request came on: data events spend the
-//! stream's credit from the edge; a closed connection or a cancelled run ends the stream.
+//! A run's events into the journal's stream of the run, which sends them on the link the
+//! run goes out on now (and keeps them until the edge credits them): data events spend
+//! the stream's credit; a stopped run's stream takes no more.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use iop_proto::{Outbound, pb};
-use tokio_util::sync::CancellationToken;
+use iop_proto::pb::{self, RunEventKind};
 
+use crate::journal::JournalStream;
 use crate::sink::RunOutlet;
-use crate::stream::Credit;
 
 #[derive(Debug)]
-pub struct LinkOutlet {
-    pub outbound: Outbound,
-    pub credit: Credit,
-    /// Cancelled with the run (or its connection): a wait for credit ends.
-    pub cancel: CancellationToken,
+pub struct JournalOutlet {
+    pub stream: Arc<JournalStream>,
 }
 
 #[async_trait]
-impl RunOutlet for LinkOutlet {
+impl RunOutlet for JournalOutlet {
     async fn credit(&mut self) -> bool {
-        self.credit.take(&self.cancel).await
+        self.stream.credit().await
     }
 
     async fn send(&mut self, event: pb::RunEvent) -> bool {
-        self.outbound.send(event).await.is_ok()
+        let data = matches!(
+            event.kind(),
+            RunEventKind::Delta | RunEventKind::ReasoningDelta | RunEventKind::ToolCall
+        );
+        let last = event.is_terminal();
+        self.stream.send(event.into(), data, last).await
     }
 }

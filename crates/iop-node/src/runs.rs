@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapters::{AdapterError, RunInput};
 use crate::instance::AdapterInstance;
-use crate::run_outlet::LinkOutlet;
+use crate::journal::JournalStream;
+use crate::run_outlet::JournalOutlet;
 use crate::runtime::{ActiveRun, Connection, NodeRuntime};
 use crate::sink::RunSink;
 use crate::store::RunStatus;
@@ -80,19 +81,19 @@ async fn terminal(
     outcome: Outcome,
     sink: &mut RunSink,
     reason: &Mutex<Option<String>>,
-    conn: &Connection,
+    stream: &JournalStream,
 ) -> (RunStatus, Option<String>) {
     match outcome {
-        Outcome::Cancelled => match (cancel_reason(reason), conn.stopped()) {
+        Outcome::Cancelled => match (cancel_reason(reason), stream.stopped()) {
             // The edge cancelled it.
             (Some(why), _) => {
                 tracing::info!(reason = %why, "run cancelled");
                 let _ = sink.cancelled(&why).await;
                 (RunStatus::Cancelled, Some(why))
             }
-            // The node stopped it (it shuts down, its connection ended).
+            // The node stopped it (it shuts down, no edge re-attached it in time).
             (None, stopped) => {
-                let why = stopped.unwrap_or_else(|| "the connection to the edge closed".into());
+                let why = stopped.unwrap_or_else(|| "the node stopped it".into());
                 tracing::info!(reason = %why, "run stopped by the node");
                 let _ = sink.error(ErrorCode::NodeDisconnected, &why).await;
                 (RunStatus::Interrupted, Some(why))
@@ -120,10 +121,18 @@ async fn terminal(
 }
 
 impl NodeRuntime {
-    /// Starts a run on its own task; events go out on `conn`.
+    /// Starts a run on its own task; events go out on `conn` (or the link it is
+    /// re-attached to). It is in the journal before this returns, so a resume read after
+    /// the request finds it.
     pub fn start_run(self: &Arc<Self>, request: pb::RunRequest, conn: &Connection) {
         let runtime = self.clone();
-        let conn2 = conn.clone();
+        let stream = self.journal.begin(
+            &request.run_id,
+            false,
+            conn.link_out(),
+            request.initial_credit,
+            CancellationToken::new(),
+        );
         let hook = self.permits.arrived(&request.adapter, conn.link);
         let span = tracing::info_span!(
             "run",
@@ -132,18 +141,20 @@ impl NodeRuntime {
             request_id = %request.client_request_id
         );
         conn.tasks
-            .spawn(async move { runtime.run(request, conn2, hook).await }.instrument(span));
+            .spawn(async move { runtime.run(request, stream, hook).await }.instrument(span));
     }
 
-    async fn run(self: Arc<Self>, request: pb::RunRequest, conn: Connection, hook: PermitHook) {
-        let cancel = conn.cancel.child_token();
-        let credit = conn.credits.open(&request.run_id, request.initial_credit);
+    async fn run(
+        self: Arc<Self>,
+        request: pb::RunRequest,
+        stream: Arc<JournalStream>,
+        hook: PermitHook,
+    ) {
+        let cancel = stream.cancel.clone();
         let mut sink = RunSink::new(
             &request.run_id,
-            LinkOutlet {
-                outbound: conn.outbound.clone(),
-                credit,
-                cancel: cancel.clone(),
+            JournalOutlet {
+                stream: stream.clone(),
             },
         );
         sink.hold(hook);
@@ -190,7 +201,7 @@ impl NodeRuntime {
             owner: request.owner,
         };
         let outcome = execute(&instance, input, &mut sink, &cancel).await;
-        let (status, error) = terminal(outcome, &mut sink, &reason, &conn).await;
+        let (status, error) = terminal(outcome, &mut sink, &reason, &stream).await;
         instance.record_usage(sink.usage(), false);
         if let (Some(store), Some(row)) = (&self.store, stored) {
             store.finished(row, status, error);

@@ -22,8 +22,8 @@ use tokio_util::task::TaskTracker;
 use crate::adapters;
 use crate::health::HealthSettings;
 use crate::instance::{AdapterInstance, UsageTotals};
+use crate::journal::{Journal, LinkOut};
 use crate::store::RunStore;
-use crate::stream::StreamCredits;
 
 /// What the `transport` command reports.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -49,9 +49,11 @@ pub const MAX_COMMANDS_PER_LINK: usize = 64;
 /// What runs and tunnels of one connection share.
 #[derive(Debug, Clone)]
 pub struct Connection {
+    /// Names the connection in the journal (unique in the process).
+    pub id: u64,
     pub outbound: Outbound,
-    pub credits: Arc<StreamCredits>,
-    /// Cancelled when the connection ends: every run and tunnel on it stops.
+    /// Cancelled when the connection ends: its commands stop (its runs and tunnels are
+    /// the journal's: they go on detached, see [`crate::journal`]).
     pub cancel: CancellationToken,
     /// The link this connection is in the node's permits (0 before it is ready).
     pub link: crate::permits::LinkId,
@@ -65,9 +67,10 @@ pub struct Connection {
 
 impl Connection {
     pub fn new(outbound: Outbound) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             outbound,
-            credits: Arc::new(StreamCredits::default()),
             cancel: CancellationToken::new(),
             link: 0,
             tasks: TaskTracker::new(),
@@ -76,17 +79,19 @@ impl Connection {
         }
     }
 
-    /// The node stops every run and tunnel of the connection, for `reason` (it shuts
-    /// down, or the connection ended).
+    /// The node stops the connection's commands, for `reason` (it shuts down, or the
+    /// connection ended).
     pub fn stop(&self, reason: String) {
         self.stopped.lock().get_or_insert(reason);
         self.cancel.cancel();
     }
 
-    /// Why the node stopped the connection's work, if it did: a run or tunnel cancelled
-    /// for this was not cancelled by the edge, and ends as `node_disconnected`.
-    pub fn stopped(&self) -> Option<String> {
-        self.stopped.lock().clone()
+    /// This connection as the journal's streams go out on it.
+    pub fn link_out(&self) -> LinkOut {
+        LinkOut {
+            id: self.id,
+            outbound: self.outbound.clone(),
+        }
     }
 }
 
@@ -98,6 +103,8 @@ pub struct NodeRuntime {
     node_id: RwLock<String>,
     pub(crate) runs: Mutex<HashMap<String, ActiveRun>>,
     pub(crate) tunnels: Mutex<HashMap<String, CancellationToken>>,
+    /// Every run and tunnel, kept across links ([`crate::journal`]).
+    pub(crate) journal: Journal,
     pub(crate) transport: Mutex<TransportStatus>,
     pub(crate) started: Instant,
     /// Bumped whenever a provider's settled health changes (or the adapters change).
@@ -143,6 +150,7 @@ impl NodeRuntime {
             node_id: RwLock::new(String::new()),
             runs: Mutex::new(HashMap::default()),
             tunnels: Mutex::new(HashMap::default()),
+            journal: Journal::default(),
             transport: Mutex::new(TransportStatus::default()),
             started: Instant::now(),
             health_changed: watch::Sender::new(0),
@@ -231,6 +239,8 @@ impl NodeRuntime {
         *self.adapters.write() = next;
         self.permits.configure(&capacities);
         *self.node_id.write() = payload.node_id.clone();
+        self.journal
+            .set_wait(Duration::from_millis(payload.reattach_wait_ms.into()));
         // Replaced instances start over (unknown, or healthy for the mock): say so.
         self.health_changed.send_modify(|n| *n = n.wrapping_add(1));
         Ok(())
@@ -248,17 +258,6 @@ impl NodeRuntime {
             .iter()
             .map(|a| a.health.lock().report(&a.spec.id))
             .collect()
-    }
-
-    /// Cancels every active run and tunnel (local shutdown).
-    pub fn cancel_all(&self, reason: &str) {
-        for run in self.runs.lock().values() {
-            *run.reason.lock() = Some(reason.to_string());
-            run.cancel.cancel();
-        }
-        for tunnel in self.tunnels.lock().values() {
-            tunnel.cancel();
-        }
     }
 
     pub fn active_runs(&self) -> usize {
@@ -288,6 +287,7 @@ mod tests {
                 ..Default::default()
             }],
             config_version: 1,
+            reattach_wait_ms: 0,
         }
     }
 

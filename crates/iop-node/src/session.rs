@@ -210,9 +210,16 @@ async fn run_connection<S: ByteStream>(
             format!("the node's connection to the edge ended: {error}")
         }
     };
+    // Its runs and tunnels go on detached for an edge to re-attach them, unless the node
+    // shuts down (or the edge set no re-attach wait): then they stop, and are given a
+    // moment to say so.
+    let shutdown = matches!(end, SessionEnd::Shutdown);
+    runtime.journal.detach(session.conn.id, &why, shutdown);
     session.conn.stop(why);
     session.conn.tasks.close();
-    let _ = timeout(DRAIN_GRACE, session.conn.tasks.wait()).await;
+    if shutdown || runtime.journal.wait().is_zero() {
+        let _ = timeout(DRAIN_GRACE, session.conn.tasks.wait()).await;
+    }
     drop(session);
     if timeout(Duration::from_millis(500), &mut writer)
         .await
@@ -511,7 +518,15 @@ impl Session {
                 self.runtime.start_tunnel(*request, &self.conn)
             }
             Message::StreamCredit(credit) => {
-                self.conn.credits.grant(&credit.stream_id, credit.frames)
+                self.runtime.journal.grant(&credit.stream_id, credit.frames)
+            }
+            Message::StreamResume(resume) => {
+                let runtime = self.runtime.clone();
+                let link = self.conn.link_out();
+                self.conn.tasks.spawn(async move {
+                    let resumed = runtime.journal.resume(&resume, link).await;
+                    tracing::info!(stream_id = %resume.stream_id, received = resume.received, outcome = ?resumed, "an edge re-attached a stream after its link dropped");
+                });
             }
             Message::CancelRequest(request) => {
                 let runtime = self.runtime.clone();

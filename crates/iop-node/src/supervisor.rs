@@ -61,7 +61,8 @@ pub async fn supervise(
         stop.clone(),
         fatal,
     ));
-    let configured = configured_link(runtime, target, policy, stop.clone());
+    let sweeper = tokio::spawn(sweep_journal(runtime.clone(), stop.clone()));
+    let configured = configured_link(runtime.clone(), target, policy, stop.clone());
     tokio::pin!(configured);
     let result = tokio::select! {
         result = &mut configured => result,
@@ -75,7 +76,23 @@ pub async fn supervise(
     // Every link ends its session (the runs on it say so) before the node goes.
     stop.cancel();
     let _ = fleet.await;
+    // Whatever still runs detached (waiting for an edge that will not come now) stops.
+    runtime.journal.stop_all("the node is shutting down");
+    let _ = sweeper.await;
     result
+}
+
+/// Once a second: stops the journal's detached streams no edge re-attached within the
+/// wait, and forgets ended ones.
+async fn sweep_journal(runtime: Arc<NodeRuntime>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => runtime.journal.sweep(std::time::Instant::now()),
+        }
+    }
 }
 
 /// The link to the configured edge address(es).

@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::adapters::AdapterError;
 use crate::adapters::http::{HeadWait, HttpProvider, RawResponse};
 use crate::instance::AdapterInstance;
+use crate::journal::JournalStream;
 use crate::runtime::{Connection, NodeRuntime};
 use crate::usage::{UsageDialect, UsageObserver};
 
@@ -54,7 +55,8 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
 ];
 
 struct TunnelOut<'a> {
-    conn: &'a Connection,
+    /// The tunnel in the journal: its frames go out on the link it is on now.
+    stream: &'a JournalStream,
     request_id: &'a str,
     /// The client's request id, for log lines.
     client_request_id: &'a str,
@@ -74,14 +76,13 @@ impl TunnelOut<'_> {
     }
 
     async fn frame(&self, frame: Frame) -> bool {
-        self.conn
-            .outbound
-            .send(pb::ProviderTunnelFrame {
-                request_id: self.request_id.to_string(),
-                frame: Some(frame),
-            })
-            .await
-            .is_ok()
+        let data = matches!(frame, Frame::Body(_));
+        let last = matches!(frame, Frame::End(_) | Frame::Error(_));
+        let frame = pb::ProviderTunnelFrame {
+            request_id: self.request_id.to_string(),
+            frame: Some(frame),
+        };
+        self.stream.send(frame.into(), data, last).await
     }
 
     /// Sends the held-back head now.
@@ -114,12 +115,13 @@ impl TunnelOut<'_> {
 
     /// The last frame of a tunnel stopped before its end, once the provider request is
     /// dropped: the acknowledgement of the edge's cancel, or — when the node itself
-    /// stopped it (it shuts down) — `node_disconnected` with why.
+    /// stopped it (it shuts down, no edge re-attached it in time) — `node_disconnected`
+    /// with why.
     async fn cancelled(&mut self) {
         self.permit = None;
         self.hook = None;
         self.head = None;
-        let error = match self.conn.stopped() {
+        let error = match self.stream.stopped() {
             Some(why) => pb::TunnelError::new(ErrorCode::NodeDisconnected, why),
             None => pb::TunnelError::new(ErrorCode::Cancelled, "cancelled by the edge"),
         };
@@ -137,14 +139,21 @@ impl TunnelOut<'_> {
 impl NodeRuntime {
     pub fn start_tunnel(self: &Arc<Self>, request: pb::ProviderTunnelRequest, conn: &Connection) {
         let runtime = self.clone();
-        let conn2 = conn.clone();
+        // In the journal before this returns, so a resume read after the request finds it.
+        let stream = self.journal.begin(
+            &request.request_id,
+            true,
+            conn.link_out(),
+            request.initial_credit,
+            CancellationToken::new(),
+        );
         // No span on this hot path: its few log lines carry the request id themselves.
         // Boxed: the tunnel's state (provider exchange, body, observer) is a few KiB that
         // the task would otherwise copy when it is spawned and when it completes.
         let hook = self.permits.arrived(&request.adapter, conn.link);
         conn.tasks.spawn(Box::pin(async move {
             let id = request.request_id.clone();
-            let tunnel = AssertUnwindSafe(runtime.clone().tunnel(request, conn2.clone(), hook));
+            let tunnel = AssertUnwindSafe(runtime.clone().tunnel(request, &stream, hook));
             // A panic ends the tunnel with an error frame like any other failure (its
             // capacity slot was freed as it unwound), instead of leaving it open.
             if let Err(panic) = tunnel.catch_unwind().await {
@@ -159,7 +168,7 @@ impl NodeRuntime {
                     request_id: id,
                     frame: Some(Frame::Error(error)),
                 };
-                let _ = conn2.outbound.send(frame).await;
+                stream.send(frame.into(), false, true).await;
             }
         }));
     }
@@ -167,11 +176,11 @@ impl NodeRuntime {
     async fn tunnel(
         self: Arc<Self>,
         request: pb::ProviderTunnelRequest,
-        conn: Connection,
+        stream: &JournalStream,
         hook: PermitHook,
     ) {
         let mut out = TunnelOut {
-            conn: &conn,
+            stream,
             request_id: &request.request_id,
             client_request_id: &request.client_request_id,
             head: None,
@@ -197,7 +206,7 @@ impl NodeRuntime {
             Ok(target) => target,
             Err(message) => return out.error(ErrorCode::NotSupported, message).await,
         };
-        let cancel = conn.cancel.child_token();
+        let cancel = stream.cancel.clone();
         self.tunnels
             .lock()
             .insert(request.request_id.clone(), cancel.clone());
@@ -215,9 +224,6 @@ impl NodeRuntime {
             return self.end_tunnel(&request.request_id);
         };
         out.permit = Some(permit);
-        let credit = conn
-            .credits
-            .open(&request.request_id, request.initial_credit);
         let usage_seen = match self.answer(provider, &request, &cancel, &mut out).await {
             None => {
                 tracing::info!(tunnel_id = %request.request_id, request_id = %request.client_request_id, "tunnel cancelled before the provider answered");
@@ -231,7 +237,6 @@ impl NodeRuntime {
             Some(Ok(response)) => {
                 let mut relay = Relay {
                     out: &mut out,
-                    credit: &credit,
                     cancel: &cancel,
                 };
                 match relay.answer(response, dialect, &request).await {
@@ -323,7 +328,6 @@ enum Relayed {
 /// Relays one provider answer to the edge, within the tunnel's credit.
 struct Relay<'r, 'a> {
     out: &'r mut TunnelOut<'a>,
-    credit: &'r crate::stream::Credit,
     cancel: &'r CancellationToken,
 }
 
@@ -424,7 +428,7 @@ impl Relay<'_, '_> {
     async fn body(&mut self, mut bytes: Bytes) -> bool {
         while !bytes.is_empty() {
             let piece = bytes.split_to(bytes.len().min(MAX_BODY_FRAME));
-            if !self.credit.take(self.cancel).await || !self.out.send(Frame::Body(piece)).await {
+            if !self.out.stream.credit().await || !self.out.send(Frame::Body(piece)).await {
                 return false;
             }
         }
@@ -528,6 +532,7 @@ mod tests {
                     ..Default::default()
                 }],
                 config_version: 1,
+                reattach_wait_ms: 0,
             })
             .unwrap();
         let (outbound, mut rx) = iop_proto::Outbound::channel(64);
@@ -543,7 +548,11 @@ mod tests {
             ..Default::default()
         };
         let hook = runtime.permits.arrived(&request.adapter, conn.link);
-        runtime.tunnel(request, conn, hook).await;
+        let stream =
+            runtime
+                .journal
+                .begin("t1", true, conn.link_out(), 0, CancellationToken::new());
+        runtime.tunnel(request, &stream, hook).await;
         let mut kinds = Vec::new();
         while let Ok(envelope) = rx.try_recv() {
             if let Some(Message::ProviderTunnelFrame(f)) = envelope.message {

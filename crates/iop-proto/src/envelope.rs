@@ -35,6 +35,7 @@ into_envelope! {
     FleetUpdate => FleetUpdate,
     PermitGrant => PermitGrant,
     PermitReport => PermitReport,
+    StreamResume => StreamResume,
 }
 
 /// A short name of the envelope's message kind, for logs.
@@ -62,6 +63,7 @@ pub fn kind(envelope: &Envelope) -> &'static str {
         Some(Message::FleetUpdate(_)) => "fleet_update",
         Some(Message::PermitGrant(_)) => "permit_grant",
         Some(Message::PermitReport(_)) => "permit_report",
+        Some(Message::StreamResume(_)) => "stream_resume",
     }
 }
 

@@ -352,7 +352,12 @@ impl Edge {
             self.nodes.unclaim(&node_id, generation);
             return Err(Rejection::UnknownNode { node_id });
         };
-        match build_payload(node, &config.health, config.max_frame_bytes) {
+        match build_payload(
+            node,
+            &config.health,
+            config.max_frame_bytes,
+            config.dispatch.reattach_wait(),
+        ) {
             Ok(payload) => {
                 self.nodes.config_sent(&node_id, payload.config_version);
                 Ok(Registered {
@@ -420,6 +425,27 @@ impl Edge {
         outcome
     }
 
+    /// The node is back (its ready was answered): its new session adopts the streams
+    /// parked when it was lost, and the node is asked to go on with each.
+    pub fn resume_parked(&self, node_id: &str) {
+        let parked = self.nodes.parked().take_parked(node_id);
+        if parked.is_empty() {
+            return;
+        }
+        let Some(session) = self.nodes.session(node_id) else {
+            return;
+        };
+        let resumes = session.adopt(parked);
+        tracing::info!(
+            node_id,
+            streams = resumes.len(),
+            "node back: re-attaching its requests"
+        );
+        for resume in resumes {
+            self.send_control(&session.outbound, resume.into());
+        }
+    }
+
     /// Sends a node the current config when a reload happened between its registration and
     /// its ready (it would otherwise serve the old providers until the next reload).
     fn refresh_if_stale(&self, node_id: &str, outbound: &Outbound) {
@@ -427,7 +453,12 @@ impl Edge {
         let Some(node) = config.nodes.iter().find(|n| n.id == node_id) else {
             return;
         };
-        let Ok(payload) = build_payload(node, &config.health, config.max_frame_bytes) else {
+        let Ok(payload) = build_payload(
+            node,
+            &config.health,
+            config.max_frame_bytes,
+            config.dispatch.reattach_wait(),
+        ) else {
             return;
         };
         if self.nodes.config_sent(node_id, payload.config_version) {
@@ -449,18 +480,46 @@ impl Edge {
             return;
         };
         let mut returned = 0;
+        let mut parked = 0;
         if let Some(session) = session {
-            session.close(reason);
+            parked = self.park_streams(node_id, &session, reason);
             returned = self
                 .dispatcher
                 .admission
                 .node_lost(node_id, generation, reason);
         }
         self.forget_permit_reports(node_id, generation);
-        tracing::warn!(node_id, %generation, reason, leases_returned = returned, "node disconnected");
+        tracing::warn!(node_id, %generation, reason, leases_returned = returned, streams_waiting = parked, "node disconnected");
         self.telemetry
             .events
             .node_event(node_id, NodeEventKind::Disconnected, reason, "");
+    }
+
+    /// Closes a lost session. With a re-attach wait its streams are parked for the node's
+    /// next session (their consumers wait); those still parked when the wait ends are
+    /// given up. Returns how many were parked.
+    fn park_streams(&self, node_id: &str, session: &NodeSession, reason: &str) -> usize {
+        let wait = self.config().dispatch.reattach_wait();
+        if wait.is_zero() {
+            session.close(reason);
+            return 0;
+        }
+        let streams = session.close_detaching(reason);
+        let count = streams.len();
+        if count == 0 {
+            return 0;
+        }
+        let parked = self.nodes.parked().clone();
+        let parking = parked.park(node_id, streams);
+        let node_id = node_id.to_string();
+        self.tasks.spawn(async move {
+            tokio::time::sleep(wait).await;
+            let ended = parked.give_up(&node_id, parking);
+            if ended > 0 {
+                tracing::warn!(node_id, streams = ended, wait_sec = wait.as_secs(), "the node did not come back within the re-attach wait: its requests end (they may have run)");
+            }
+        });
+        count
     }
 
     /// The node's dispatch-ready session, if it has one.
@@ -512,9 +571,17 @@ impl CreditReturn {
         }
     }
 
-    pub(crate) fn consumed_one(&mut self, edge: &Edge, session: &NodeSession) {
+    /// One data frame was consumed; credit goes back to `session` every half window
+    /// (and is counted in `progress`, which a re-attach reports).
+    pub(crate) fn consumed_one(
+        &mut self,
+        edge: &Edge,
+        session: &NodeSession,
+        progress: &crate::session::StreamProgress,
+    ) {
         self.consumed += 1;
         if self.consumed >= STREAM_WINDOW / 2 {
+            progress.credited(self.consumed);
             edge.send_control(
                 &session.outbound,
                 pb::StreamCredit {

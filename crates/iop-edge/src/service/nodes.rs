@@ -1,7 +1,8 @@
 //! The nodes' part of the edge: who owns each node (the registry's generations), each
 //! node's dispatch-ready session, how its current connection is secured (its link), the
-//! config version it was last sent, and where the node listener is. Each has its own
-//! lock, held only for the call; nothing here sends or waits.
+//! config version it was last sent, where the node listener is, and the streams of a
+//! lost connection waiting for the node to come back (parked). Each has its own lock,
+//! held only for the call; nothing here sends or waits.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,7 +16,7 @@ use crate::config::{EdgeConfig, TokenHash, hash_token};
 use crate::registry::{
     ClaimError, DisconnectOutcome, Generation, OwnerState, ReadyOutcome, Registry,
 };
-use crate::session::NodeSession;
+use crate::session::{DetachedStream, NodeSession};
 use crate::status::LinkStatus;
 
 /// What the edge may do to a registered connection: send it a last frame and drop it.
@@ -57,6 +58,63 @@ pub struct Nodes {
     sent_config: Mutex<HashMap<String, u64>>,
     /// The node listener's bound address.
     listener: Mutex<Option<SocketAddr>>,
+    parked: Arc<Parked>,
+}
+
+/// Streams of lost connections by node id, each with the number of its parking, until
+/// the node's next session adopts them or the re-attach wait ends.
+#[derive(Debug, Default)]
+pub struct Parked {
+    streams: Mutex<HashMap<String, Vec<(u64, DetachedStream)>>>,
+    parkings: std::sync::atomic::AtomicU64,
+}
+
+impl Parked {
+    /// Parks the streams of a lost connection of `node_id` until the node is ready again
+    /// ([`Self::take_parked`]) or the wait ends ([`Self::give_up`] with the number
+    /// returned).
+    pub fn park(&self, node_id: &str, streams: Vec<DetachedStream>) -> u64 {
+        let parking = self
+            .parkings
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.streams
+            .lock()
+            .entry(node_id.to_string())
+            .or_default()
+            .extend(streams.into_iter().map(|s| (parking, s)));
+        parking
+    }
+
+    /// The parked streams of `node_id`, for its new session to adopt.
+    pub fn take_parked(&self, node_id: &str) -> Vec<DetachedStream> {
+        self.streams
+            .lock()
+            .remove(node_id)
+            .map(|streams| streams.into_iter().map(|(_, s)| s).collect())
+            .unwrap_or_default()
+    }
+
+    /// The node did not come back within the wait of `parking`: its streams end. Returns
+    /// how many.
+    pub fn give_up(&self, node_id: &str, parking: u64) -> usize {
+        let given_up: Vec<DetachedStream> = {
+            let mut parked = self.streams.lock();
+            let Some(streams) = parked.get_mut(node_id) else {
+                return 0;
+            };
+            let (ended, kept) = std::mem::take(streams)
+                .into_iter()
+                .partition(|(p, _)| *p == parking);
+            *streams = kept;
+            if streams.is_empty() {
+                parked.remove(node_id);
+            }
+            ended.into_iter().map(|(_, s)| s).collect()
+        };
+        let count = given_up.len();
+        given_up.into_iter().for_each(DetachedStream::give_up);
+        count
+    }
 }
 
 /// What losing a connection ended.
@@ -78,7 +136,13 @@ impl Nodes {
             links: Mutex::new(HashMap::new()),
             sent_config: Mutex::new(HashMap::new()),
             listener: Mutex::new(None),
+            parked: Arc::default(),
         }
+    }
+
+    /// The streams of lost connections waiting for their nodes.
+    pub fn parked(&self) -> &Arc<Parked> {
+        &self.parked
     }
 
     /// Takes the tokens of a reloaded config.

@@ -118,7 +118,12 @@ impl Edge {
             let Some(node) = new.nodes.iter().find(|n| n.id == session.node_id) else {
                 continue;
             };
-            let payload = match build_payload(node, &new.health, new.max_frame_bytes) {
+            let payload = match build_payload(
+                node,
+                &new.health,
+                new.max_frame_bytes,
+                new.dispatch.reattach_wait(),
+            ) {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::error!(node_id = %node.id, error = %e, "config reload: cannot build the node's payload; it keeps its old config");

@@ -92,6 +92,14 @@ impl Deadlines {
         self.ack_by.is_none()
     }
 
+    /// Gives an unacknowledged dispatch another ack timeout from now (its node's link is
+    /// down and the edge waits for it to come back).
+    pub fn extend_ack(&mut self) {
+        if self.ack_by.is_some() {
+            self.ack_by = Some(Instant::now() + self.limits.ack_timeout);
+        }
+    }
+
     /// The response began: from now on silence is bounded by the idle timeout.
     pub fn began(&mut self) {
         self.ack_by = None;
@@ -349,15 +357,44 @@ impl<T: StreamItem> StreamCore<T> {
     }
 
     /// The next frame from the node, `Ok(None)` when the route is gone, or which deadline
-    /// passed first.
+    /// passed first. While the node's link is down (the stream waits to be re-attached,
+    /// bounded by the re-attach wait) the acknowledgement deadline does not pass.
     pub async fn recv(&mut self) -> Result<Option<T>, Expired> {
-        self.deadlines.recv(&mut self.rx).await
+        loop {
+            match self.deadlines.recv(&mut self.rx).await {
+                Err(Expired::Ack) if self.waits_for_node() => self.deadlines.extend_ack(),
+                other => return other,
+            }
+        }
+    }
+
+    /// Whether the stream's node connection is gone and no new one is ready yet.
+    fn waits_for_node(&self) -> bool {
+        self.session.is_closed() && self.edge.session(&self.session.node_id).is_none()
+    }
+
+    /// The session control frames (credit, cancel) go to: the stream's own, or — once
+    /// that is gone — the node's current one, which adopted the stream.
+    fn control_session(&self) -> Option<Arc<NodeSession>> {
+        if self.session.is_closed() {
+            self.edge.session(&self.session.node_id)
+        } else {
+            Some(self.session.clone())
+        }
     }
 
     /// A data frame (a delta, a tool call, a body chunk holding `events` streamed events)
     /// reached the consumer: credit goes back, the first token is noted, output counted.
     pub fn data(&mut self, events: u64) {
-        self.credit.consumed_one(&self.edge, &self.session);
+        if self.session.is_closed() {
+            if let Some(session) = self.control_session() {
+                self.credit
+                    .consumed_one(&self.edge, &session, self.rx.progress());
+            }
+        } else {
+            self.credit
+                .consumed_one(&self.edge, &self.session, self.rx.progress());
+        }
         if let Some(recorder) = &self.reports.recorder {
             if !self.first_token {
                 self.first_token = true;
@@ -394,12 +431,22 @@ impl<T: StreamItem> StreamCore<T> {
         self.conclude(self.failure.or(failure));
     }
 
-    /// The message of a stream whose node connection went away.
-    pub fn lost(&self) -> String {
+    /// The message of a stream whose node connection went away. One that waited for its
+    /// node to come back and was given up counts as acknowledged from now on: the node
+    /// may have run it, so it is not tried on another member.
+    pub fn lost(&mut self) -> String {
         let reason = self
             .session
             .close_reason()
             .unwrap_or_else(|| "the node stopped the stream".into());
+        if self.rx.progress().gave_up() {
+            self.deadlines.acknowledged();
+            let wait = self.edge.config().dispatch.reattach_wait_sec;
+            return format!(
+                "node {} connection lost ({reason}) and it did not come back within {wait}s; the request may have run on it",
+                self.session.node_id
+            );
+        }
         format!("node {} connection lost: {reason}", self.session.node_id)
     }
 
@@ -450,8 +497,17 @@ impl<T: StreamItem> StreamCore<T> {
             StreamKind::Run => pb::CancelRequest::run(&self.id, reason),
             StreamKind::Tunnel => pb::CancelRequest::tunnel(&self.id, reason),
         };
-        self.edge
-            .send_control(&self.session.outbound, cancel.into());
+        if let Some(session) = self.control_session() {
+            self.edge.send_control(&session.outbound, cancel.into());
+        }
+    }
+
+    /// Drops the stream's route, wherever it is now.
+    fn close_route(&self) {
+        self.session.close_stream(&self.id);
+        if let Some(session) = self.control_session() {
+            session.close_stream(&self.id);
+        }
     }
 
     /// Hands the usage the provider reported to the request's record, once.
@@ -488,7 +544,7 @@ impl<T: StreamItem> StreamCore<T> {
             other => other.as_str(),
         });
         if self.lease.is_none() {
-            self.session.close_stream(&self.id);
+            self.close_route();
             return;
         }
         let tasks = self.edge.tasks().clone();
@@ -514,7 +570,7 @@ impl<T: StreamItem> StreamCore<T> {
         .unwrap_or(false);
         if !confirmed {
             tracing::warn!(node_id = %self.session.node_id, stream_id = %self.id, "the node did not confirm the {}'s cancel within {:.1}s: its slot is returned anyway", self.kind.name(), bound.as_secs_f64());
-            self.session.close_stream(&self.id);
+            self.close_route();
         }
         self.ended = true;
         self.lease = None;

@@ -1,0 +1,501 @@
+//! The node's request journal: every run and tunnel an edge sent it, by stream id, from
+//! its request until a while after its end — the link it goes out on now, the frames it
+//! sent that the edge has not returned credit for yet, and its credit window.
+//!
+//! A link that drops leaves its streams running, detached, for the re-attach wait the
+//! edge's config gives (`reattach_wait_ms`); the frames they send meanwhile are kept, and
+//! data frames still spend credit, so a detached stream pauses once its window is used
+//! up. An edge re-attaches a stream with `StreamResume` on any link: the node sends again
+//! every frame after the ones the edge says it received, then the stream goes on there.
+//! A stream not re-attached within the wait is stopped (its provider request dropped);
+//! an ended stream is forgotten once the wait passed after its end.
+//!
+//! Memory is bounded twice: a stream keeps at most [`JournalLimits::stream_bytes`] of
+//! frames the edge has not credited (its credit window bounds the data frames anyway), and
+//! all streams together at most [`JournalLimits::total_bytes`]. A stream over either bound
+//! drops what it kept and is marked not resumable: a resume then ends it with
+//! `broken_stream` saying it may have run. It is never replayed in part.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use foldhash::HashMap;
+use iop_proto::pb::{self, provider_tunnel_frame::Frame};
+use iop_proto::{ErrorCode, Outbound};
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+/// How much the journal keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct JournalLimits {
+    /// Bytes of uncredited frames one stream keeps at most.
+    pub stream_bytes: usize,
+    /// Bytes of uncredited frames all streams keep at most together.
+    pub total_bytes: usize,
+}
+
+impl Default for JournalLimits {
+    fn default() -> Self {
+        Self {
+            // A full window of 16 KiB tunnel body frames is 4 MiB; token streams keep a
+            // few KiB.
+            stream_bytes: 4 * 1024 * 1024,
+            total_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// A link a stream goes out on: which one (for detaching) and its outbound queue.
+#[derive(Debug, Clone)]
+pub struct LinkOut {
+    pub id: u64,
+    pub outbound: Outbound,
+}
+
+#[derive(Debug)]
+pub struct Journal {
+    streams: Mutex<HashMap<String, Arc<JournalStream>>>,
+    limits: JournalLimits,
+    /// Bytes kept by every stream together.
+    kept_bytes: Arc<AtomicUsize>,
+    /// The re-attach wait, in milliseconds (0: streams stop with their link).
+    wait_ms: AtomicU64,
+}
+
+impl Default for Journal {
+    fn default() -> Self {
+        Self::new(JournalLimits::default())
+    }
+}
+
+/// One frame kept for a resend.
+#[derive(Debug)]
+struct Kept {
+    envelope: pb::Envelope,
+    /// A data frame (it spent credit).
+    data: bool,
+    size: usize,
+}
+
+#[derive(Debug)]
+struct StreamState {
+    link: Option<LinkOut>,
+    kept: VecDeque<Kept>,
+    /// The index (among every frame the stream sent) of `kept[0]`.
+    first_kept: u64,
+    /// Frames sent in all.
+    sent: u64,
+    /// Data frames dropped from `kept` because the edge credited them.
+    pruned_data: u64,
+    kept_bytes: usize,
+    /// False once the stream dropped what it kept (over a bound).
+    resumable: bool,
+    /// When its last frame went out.
+    ended_at: Option<Instant>,
+    /// When its link dropped (none while it is on one).
+    detached_at: Option<Instant>,
+}
+
+/// A run or tunnel in the journal.
+#[derive(Debug)]
+pub struct JournalStream {
+    pub id: String,
+    tunnel: bool,
+    state: tokio::sync::Mutex<StreamState>,
+    credit: Semaphore,
+    /// Data frames the edge credited, in all.
+    credited: AtomicU64,
+    /// Stops the run or tunnel: the edge cancelled it, the wait passed, the node stops.
+    pub cancel: CancellationToken,
+    /// Why the node (not the edge) stopped it, if it did.
+    stopped: Mutex<Option<String>>,
+    limits: JournalLimits,
+    total: Arc<AtomicUsize>,
+}
+
+/// What a resume found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Resumed {
+    /// Its frames after `received` went out again on the new link; it goes on there.
+    Attached { resent: usize },
+    /// The node never saw the stream.
+    Unknown,
+    /// The node saw it but kept too little to send it again: it was ended.
+    NotResumable,
+}
+
+impl Journal {
+    pub fn new(limits: JournalLimits) -> Self {
+        Self {
+            streams: Mutex::new(HashMap::default()),
+            limits,
+            kept_bytes: Arc::new(AtomicUsize::new(0)),
+            wait_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Sets the re-attach wait (from the edge's config).
+    pub fn set_wait(&self, wait: Duration) {
+        self.wait_ms
+            .store(wait.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn wait(&self) -> Duration {
+        Duration::from_millis(self.wait_ms.load(Ordering::Relaxed))
+    }
+
+    /// Bytes every stream keeps together.
+    pub fn kept_bytes(&self) -> usize {
+        self.kept_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Streams in the journal (running, detached or recently ended).
+    pub fn len(&self) -> usize {
+        self.streams.lock().len()
+    }
+
+    /// Enters a new stream going out on `link` with a window of `window` data frames
+    /// (`cancel`: what stops it besides the journal). An id already in the journal gets
+    /// a fresh entry (ids are unique; a reused one is a new stream).
+    pub fn begin(
+        &self,
+        id: &str,
+        tunnel: bool,
+        link: LinkOut,
+        window: u32,
+        cancel: CancellationToken,
+    ) -> Arc<JournalStream> {
+        let window = if window == 0 {
+            iop_proto::STREAM_WINDOW
+        } else {
+            window
+        };
+        let stream = Arc::new(JournalStream {
+            id: id.to_string(),
+            tunnel,
+            state: tokio::sync::Mutex::new(StreamState {
+                link: Some(link),
+                kept: VecDeque::new(),
+                first_kept: 0,
+                sent: 0,
+                pruned_data: 0,
+                kept_bytes: 0,
+                resumable: true,
+                ended_at: None,
+                detached_at: None,
+            }),
+            credit: Semaphore::new(window as usize),
+            credited: AtomicU64::new(0),
+            cancel,
+            stopped: Mutex::new(None),
+            limits: self.limits,
+            total: self.kept_bytes.clone(),
+        });
+        if let Some(old) = self.streams.lock().insert(id.to_string(), stream.clone()) {
+            old.forget_kept_now();
+        }
+        stream
+    }
+
+    /// The stream `id`, if the journal has it.
+    pub fn get(&self, id: &str) -> Option<Arc<JournalStream>> {
+        self.streams.lock().get(id).cloned()
+    }
+
+    /// The edge returned `frames` of credit for stream `id` (unknown ids are ignored).
+    pub fn grant(&self, id: &str, frames: u32) {
+        if let Some(stream) = self.get(id) {
+            stream.grant(u64::from(frames));
+        }
+    }
+
+    /// Link `link` dropped: its streams go on detached, or — when there is no re-attach
+    /// wait, or the node shuts down (`stop`) — are stopped with `why`.
+    pub fn detach(&self, link: u64, why: &str, stop: bool) {
+        let now = Instant::now();
+        let stop = stop || self.wait().is_zero();
+        let streams: Vec<_> = self.streams.lock().values().cloned().collect();
+        for stream in streams {
+            let Ok(mut state) = stream.state.try_lock() else {
+                // Sending right now: detached below once it is done.
+                let stream = stream.clone();
+                let why = why.to_string();
+                tokio::spawn(async move {
+                    let mut state = stream.state.lock().await;
+                    stream.detach_locked(&mut state, link, &why, stop, now);
+                });
+                continue;
+            };
+            stream.detach_locked(&mut state, link, why, stop, now);
+        }
+    }
+
+    /// Re-attaches stream `resume.stream_id` to `link`: sends again what the edge did not
+    /// receive, then the stream goes on there.
+    pub async fn resume(&self, resume: &pb::StreamResume, link: LinkOut) -> Resumed {
+        let Some(stream) = self.get(&resume.stream_id) else {
+            let message = "the node never received this request: it did not run there";
+            let _ = link
+                .outbound
+                .send(error_frame(
+                    &resume.stream_id,
+                    resume.tunnel,
+                    ErrorCode::NodeDisconnected,
+                    message,
+                ))
+                .await;
+            return Resumed::Unknown;
+        };
+        stream.grant_to(resume.credited);
+        let mut state = stream.state.lock().await;
+        let lost = !state.resumable || resume.received < state.first_kept;
+        if lost {
+            stream.forget_kept(&mut state);
+            state.link = None;
+            drop(state);
+            stream.stop("its answer could not be sent again after the link dropped");
+            let message = "the node's link dropped and it kept too little of the answer to \
+                           send it again; the request may have run";
+            let _ = link
+                .outbound
+                .send(error_frame(
+                    &resume.stream_id,
+                    stream.tunnel,
+                    ErrorCode::BrokenStream,
+                    message,
+                ))
+                .await;
+            return Resumed::NotResumable;
+        }
+        // What the edge received needs no resend.
+        let received = resume.received.min(state.sent);
+        while state.first_kept < received {
+            stream.pop_front(&mut state);
+        }
+        let mut resent = 0;
+        for kept in &state.kept {
+            if link.outbound.send(kept.envelope.clone()).await.is_err() {
+                // This link dropped too: still detached.
+                return Resumed::Attached { resent };
+            }
+            resent += 1;
+        }
+        state.link = Some(link);
+        state.detached_at = None;
+        Resumed::Attached { resent }
+    }
+
+    /// Stops detached streams the wait passed for and forgets ended ones the wait passed
+    /// after; run every second or so.
+    pub fn sweep(&self, now: Instant) {
+        let wait = self.wait();
+        let streams: Vec<_> = self.streams.lock().values().cloned().collect();
+        let mut gone = Vec::new();
+        for stream in streams {
+            let Ok(mut state) = stream.state.try_lock() else {
+                continue;
+            };
+            let since = match (state.ended_at, state.detached_at) {
+                (Some(end), Some(detached)) => Some(end.max(detached)),
+                (end, None) => end,
+                (None, Some(detached)) => {
+                    if now.saturating_duration_since(detached) >= wait {
+                        drop(state);
+                        stream.stop(&format!(
+                            "no edge re-attached it within {:.1}s of its link dropping",
+                            wait.as_secs_f64()
+                        ));
+                    }
+                    continue;
+                }
+            };
+            if since.is_some_and(|at| now.saturating_duration_since(at) >= wait) {
+                stream.forget_kept(&mut state);
+                gone.push(stream.id.clone());
+            }
+        }
+        if !gone.is_empty() {
+            let mut streams = self.streams.lock();
+            for id in gone {
+                if streams.get(&id).is_some_and(|s| s.is_ended_now()) {
+                    streams.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// Stops every stream (the node shuts down).
+    pub fn stop_all(&self, why: &str) {
+        for stream in self.streams.lock().values() {
+            stream.stop(why);
+        }
+    }
+}
+
+/// The one error frame that ends stream `id` (a run error event or a tunnel error).
+fn error_frame(id: &str, tunnel: bool, code: ErrorCode, message: &str) -> pb::Envelope {
+    if tunnel {
+        pb::ProviderTunnelFrame {
+            request_id: id.to_string(),
+            frame: Some(Frame::Error(pb::TunnelError::new(code, message))),
+        }
+        .into()
+    } else {
+        pb::RunEvent {
+            run_id: id.to_string(),
+            kind: pb::RunEventKind::Error as i32,
+            error: Some(pb::RunError::new(code, message)),
+            ..Default::default()
+        }
+        .into()
+    }
+}
+
+impl JournalStream {
+    /// Takes one frame of credit for a data frame; false once the stream is stopped.
+    pub async fn credit(&self) -> bool {
+        tokio::select! {
+            permit = self.credit.acquire() => match permit {
+                Ok(permit) => {
+                    permit.forget();
+                    true
+                }
+                Err(_) => false,
+            },
+            _ = self.cancel.cancelled() => false,
+        }
+    }
+
+    fn grant(&self, frames: u64) {
+        self.credited.fetch_add(frames, Ordering::AcqRel);
+        self.credit.add_permits(frames as usize);
+    }
+
+    /// The edge says it credited `total` data frames in all: what the node did not get
+    /// (lost with a link) is granted now.
+    fn grant_to(&self, total: u64) {
+        let had = self.credited.load(Ordering::Acquire);
+        if total > had {
+            self.grant(total - had);
+        }
+    }
+
+    /// Sends one frame (`data`: it spent credit) on the stream's link, keeping it until
+    /// the edge credits it; `last`: the stream's last frame. False only once the stream
+    /// was stopped.
+    pub async fn send(&self, envelope: pb::Envelope, data: bool, last: bool) -> bool {
+        let mut state = self.state.lock().await;
+        self.prune(&mut state);
+        state.sent += 1;
+        if last {
+            state.ended_at = Some(Instant::now());
+        }
+        let link = state.link.clone();
+        if state.resumable {
+            let size = prost::Message::encoded_len(&envelope);
+            let total = self.total.fetch_add(size, Ordering::AcqRel) + size;
+            state.kept_bytes += size;
+            if state.kept_bytes > self.limits.stream_bytes || total > self.limits.total_bytes {
+                tracing::warn!(stream_id = %self.id, kept = state.kept_bytes, total, "the journal's bound is reached: this stream can no longer be resumed after a dropped link");
+                self.total.fetch_sub(size, Ordering::AcqRel);
+                state.kept_bytes -= size;
+                self.forget_kept(&mut state);
+            } else {
+                state.kept.push_back(Kept {
+                    envelope: envelope.clone(),
+                    data,
+                    size,
+                });
+            }
+        }
+        if let Some(link) = link {
+            // A link that is going drops the frame; it is kept, and the detach follows.
+            let _ = link.outbound.send(envelope).await;
+        }
+        !self.cancel.is_cancelled()
+    }
+
+    /// Drops the kept frames the edge credited (a credited data frame was received, and
+    /// every frame before it).
+    fn prune(&self, state: &mut StreamState) {
+        let credited = self.credited.load(Ordering::Acquire);
+        while state.pruned_data < credited && !state.kept.is_empty() {
+            self.pop_front(state);
+        }
+    }
+
+    fn pop_front(&self, state: &mut StreamState) {
+        if let Some(front) = state.kept.pop_front() {
+            if front.data {
+                state.pruned_data += 1;
+            }
+            state.kept_bytes -= front.size;
+            self.total.fetch_sub(front.size, Ordering::AcqRel);
+        }
+        state.first_kept += 1;
+    }
+
+    /// Drops everything kept: the stream can no longer be resumed.
+    fn forget_kept(&self, state: &mut StreamState) {
+        self.total.fetch_sub(state.kept_bytes, Ordering::AcqRel);
+        state.kept_bytes = 0;
+        state.first_kept += state.kept.len() as u64;
+        state.kept.clear();
+        state.resumable = false;
+    }
+
+    fn forget_kept_now(&self) {
+        if let Ok(mut state) = self.state.try_lock() {
+            self.forget_kept(&mut state);
+        }
+    }
+
+    fn is_ended_now(&self) -> bool {
+        self.state
+            .try_lock()
+            .map(|s| s.ended_at.is_some())
+            .unwrap_or(false)
+    }
+
+    fn detach_locked(
+        &self,
+        state: &mut StreamState,
+        link: u64,
+        why: &str,
+        stop: bool,
+        now: Instant,
+    ) {
+        if state.link.as_ref().is_none_or(|l| l.id != link) {
+            return;
+        }
+        if stop {
+            // It stays on the link, so its last frame still goes out if the link can
+            // carry it (the node shuts down: its writer flushes what is queued).
+            state.detached_at = Some(now);
+            self.stop(why);
+            return;
+        }
+        state.link = None;
+        state.detached_at = Some(now);
+        if state.ended_at.is_none() {
+            tracing::info!(stream_id = %self.id, "link dropped: the stream goes on, waiting for an edge to re-attach it");
+        }
+    }
+
+    /// The node stops the stream for `why` (not the edge's cancel).
+    pub fn stop(&self, why: &str) {
+        self.stopped.lock().get_or_insert_with(|| why.to_string());
+        self.cancel.cancel();
+    }
+
+    /// Why the node stopped the stream, if it did.
+    pub fn stopped(&self) -> Option<String> {
+        self.stopped.lock().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,213 @@
+use super::*;
+use iop_proto::pb::envelope::Message;
+
+fn link(id: u64) -> (LinkOut, tokio::sync::mpsc::Receiver<pb::Envelope>) {
+    let (outbound, rx) = Outbound::channel(100_000);
+    (LinkOut { id, outbound }, rx)
+}
+
+fn body(id: &str, n: u8) -> pb::Envelope {
+    pb::ProviderTunnelFrame {
+        request_id: id.into(),
+        frame: Some(Frame::Body(vec![n; 100].into())),
+    }
+    .into()
+}
+
+fn end(id: &str) -> pb::Envelope {
+    pb::ProviderTunnelFrame {
+        request_id: id.into(),
+        frame: Some(Frame::End(pb::TunnelEnd {})),
+    }
+    .into()
+}
+
+fn drain(rx: &mut tokio::sync::mpsc::Receiver<pb::Envelope>) -> Vec<pb::Envelope> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+fn first_byte(envelope: &pb::Envelope) -> Option<u8> {
+    match &envelope.message {
+        Some(Message::ProviderTunnelFrame(f)) => match &f.frame {
+            Some(Frame::Body(b)) => b.first().copied(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn error_code(envelope: &pb::Envelope) -> Option<ErrorCode> {
+    match &envelope.message {
+        Some(Message::ProviderTunnelFrame(f)) => match &f.frame {
+            Some(Frame::Error(e)) => Some(e.error_code()),
+            _ => None,
+        },
+        Some(Message::RunEvent(e)) => e.error.as_ref().map(|e| e.error_code()),
+        _ => None,
+    }
+}
+
+fn resume(id: &str, tunnel: bool, received: u64, credited: u64) -> pb::StreamResume {
+    pb::StreamResume {
+        stream_id: id.into(),
+        tunnel,
+        received,
+        credited,
+    }
+}
+
+#[tokio::test]
+async fn a_resume_sends_again_exactly_what_the_edge_did_not_receive() {
+    let journal = Journal::default();
+    journal.set_wait(Duration::from_secs(30));
+    let (first, mut first_rx) = link(1);
+    let stream = journal.begin("t", true, first, 8, CancellationToken::new());
+    for n in 0..5 {
+        assert!(stream.credit().await);
+        assert!(stream.send(body("t", n), true, false).await);
+    }
+    assert_eq!(drain(&mut first_rx).len(), 5);
+    // The edge got 3 of them before the link dropped; it credited 2.
+    journal.detach(1, "link dropped", false);
+    assert!(!stream.cancel.is_cancelled(), "a detached stream goes on");
+    // Sent while detached: kept, sent nowhere.
+    assert!(stream.credit().await);
+    assert!(stream.send(body("t", 5), true, false).await);
+    assert!(stream.send(end("t"), false, true).await);
+    assert!(drain(&mut first_rx).is_empty());
+    let (second, mut second_rx) = link(2);
+    let resumed = journal.resume(&resume("t", true, 3, 2), second).await;
+    assert_eq!(resumed, Resumed::Attached { resent: 4 });
+    let resent: Vec<_> = drain(&mut second_rx).iter().map(first_byte).collect();
+    assert_eq!(resent, vec![Some(3), Some(4), Some(5), None]);
+}
+
+#[tokio::test]
+async fn credit_lost_with_a_link_is_given_again_on_resume() {
+    let journal = Journal::default();
+    journal.set_wait(Duration::from_secs(30));
+    let (first, _rx) = link(1);
+    let stream = journal.begin("t", true, first, 2, CancellationToken::new());
+    for n in 0..2 {
+        assert!(stream.credit().await);
+        stream.send(body("t", n), true, false).await;
+    }
+    journal.detach(1, "link dropped", false);
+    // The window is used up: a detached stream pauses.
+    let waiting = tokio::time::timeout(Duration::from_millis(50), stream.credit()).await;
+    assert!(waiting.is_err());
+    // The edge had returned 2 frames of credit that the old link lost.
+    let (second, _rx2) = link(2);
+    journal.resume(&resume("t", true, 2, 2), second).await;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), stream.credit())
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test]
+async fn credited_frames_are_no_longer_kept() {
+    let journal = Journal::default();
+    let (first, _rx) = link(1);
+    let stream = journal.begin("t", true, first, 256, CancellationToken::new());
+    for n in 0..100 {
+        stream.credit().await;
+        stream.send(body("t", n), true, false).await;
+    }
+    let all = journal.kept_bytes();
+    assert!(all > 100 * 100, "{all}");
+    journal.grant("t", 90);
+    stream.send(end("t"), false, true).await;
+    assert!(journal.kept_bytes() < all / 5, "{}", journal.kept_bytes());
+}
+
+#[tokio::test]
+async fn a_stream_the_node_never_saw_is_answered_as_never_run() {
+    let journal = Journal::default();
+    let (l, mut rx) = link(1);
+    assert_eq!(
+        journal.resume(&resume("r", false, 0, 0), l).await,
+        Resumed::Unknown
+    );
+    let sent = drain(&mut rx);
+    assert_eq!(sent.len(), 1);
+    assert!(matches!(sent[0].message, Some(Message::RunEvent(_))));
+    assert_eq!(error_code(&sent[0]), Some(ErrorCode::NodeDisconnected));
+}
+
+#[tokio::test]
+async fn a_flood_past_the_bounds_is_not_resumable_and_memory_stays_bounded() {
+    let limits = JournalLimits {
+        stream_bytes: 64 * 1024,
+        total_bytes: 256 * 1024,
+    };
+    let journal = Journal::new(limits);
+    journal.set_wait(Duration::from_secs(30));
+    let (l, _rx) = link(1);
+    // Eight streams whose edge never returns credit (an unbounded window here), each
+    // sending far more than either bound.
+    let mut streams = Vec::new();
+    for s in 0..8 {
+        let id = format!("t{s}");
+        let stream = journal.begin(&id, true, l.clone(), u32::MAX / 2, CancellationToken::new());
+        for n in 0..2000u32 {
+            stream.send(body(&id, n as u8), true, false).await;
+            assert!(journal.kept_bytes() <= limits.total_bytes);
+        }
+        streams.push(stream);
+    }
+    journal.detach(1, "link dropped", false);
+    let (l2, mut rx2) = link(2);
+    assert_eq!(
+        journal.resume(&resume("t0", true, 10, 0), l2).await,
+        Resumed::NotResumable
+    );
+    let sent = drain(&mut rx2);
+    assert_eq!(sent.len(), 1, "never a partial replay");
+    assert_eq!(error_code(&sent[0]), Some(ErrorCode::BrokenStream));
+    assert!(streams[0].cancel.is_cancelled(), "it is stopped");
+}
+
+#[tokio::test]
+async fn a_detached_stream_is_stopped_after_the_wait_and_forgotten_after_its_end() {
+    let journal = Journal::default();
+    journal.set_wait(Duration::from_secs(10));
+    let (l, _rx) = link(1);
+    let stream = journal.begin("r", false, l, 0, CancellationToken::new());
+    journal.detach(1, "link dropped", false);
+    let now = Instant::now();
+    journal.sweep(now + Duration::from_secs(5));
+    assert!(!stream.cancel.is_cancelled());
+    journal.sweep(now + Duration::from_secs(11));
+    assert!(stream.cancel.is_cancelled());
+    assert!(stream.stopped().unwrap().contains("re-attached"));
+    // Its last frame (the run's error) is kept for a resume until the wait passes again.
+    stream
+        .send(
+            error_frame("r", false, ErrorCode::NodeDisconnected, "stopped"),
+            false,
+            true,
+        )
+        .await;
+    journal.sweep(Instant::now());
+    assert_eq!(journal.len(), 1);
+    journal.sweep(Instant::now() + Duration::from_secs(11));
+    assert_eq!(journal.len(), 0);
+    assert_eq!(journal.kept_bytes(), 0);
+}
+
+#[tokio::test]
+async fn without_a_wait_a_dropped_link_stops_its_streams() {
+    let journal = Journal::default();
+    let (l, _rx) = link(1);
+    let stream = journal.begin("r", false, l, 0, CancellationToken::new());
+    let (other, _rx2) = link(2);
+    let elsewhere = journal.begin("s", false, other, 0, CancellationToken::new());
+    journal.detach(1, "the node's connection to the edge ended", false);
+    assert!(stream.cancel.is_cancelled());
+    assert!(
+        !elsewhere.cancel.is_cancelled(),
+        "another link's stream goes on"
+    );
+}
