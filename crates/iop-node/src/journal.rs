@@ -121,7 +121,8 @@ pub struct JournalStream {
 pub enum Resumed {
     /// Its frames after `received` went out again on the new link; it goes on there.
     Attached { resent: usize },
-    /// The node never saw the stream.
+    /// The node never saw the stream (the journal lives in the node's memory: a node
+    /// process that restarted has not seen any).
     Unknown,
     /// The node saw it but kept too little to send it again: it was ended.
     NotResumable,
@@ -237,7 +238,8 @@ impl Journal {
     /// receive, then the stream goes on there.
     pub async fn resume(&self, resume: &pb::StreamResume, link: LinkOut) -> Resumed {
         let Some(stream) = self.get(&resume.stream_id) else {
-            let message = "the node never received this request: it did not run there";
+            let message = "the node does not have this request: it never received it (or the \
+                           node process restarted since)";
             let _ = link
                 .outbound
                 .send(error_frame(

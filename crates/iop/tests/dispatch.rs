@@ -247,11 +247,16 @@ model_groups:
 }
 
 #[tokio::test]
-async fn a_dispatch_whose_link_drops_before_the_accept_completes_on_another_member() {
+async fn without_a_re_attach_wait_a_dispatch_whose_link_drops_before_the_accept_completes_on_another_member()
+ {
     let dir = tempdir();
     let mock = start_mock(&[]).await;
+    // With a re-attach wait (the default) the edge would wait for the fake node to come
+    // back (tests/reattach.rs); without one, a dispatch the node had not acknowledged goes
+    // to another member at once.
     let config = format!(
         r#"
+dispatch: {{reattach_wait_sec: 0}}
 nodes:
   - id: fake
     token: token-fake-0123456789

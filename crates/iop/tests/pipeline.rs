@@ -262,8 +262,10 @@ fn config(mock: &MockProc, dir: &Path) -> String {
             mock.openai_base()
         )
     };
+    // A node the matrix kills fails its requests once the re-attach wait (1 s) passed.
     format!(
         r#"
+dispatch: {{reattach_wait_sec: 1}}
 auth:
   keys:
 {keys}nodes:

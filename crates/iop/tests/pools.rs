@@ -10,6 +10,7 @@ use common::*;
 use serde_json::{Value, json};
 
 const CONFIG: &str = r#"
+dispatch: {reattach_wait_sec: 1}
 nodes:
   - id: n1
     token: token-n1-0123456789
@@ -262,7 +263,7 @@ async fn waiters_of_a_killed_node_end_unavailable_at_once_and_its_leases_return(
     .await;
     let killed = Instant::now();
     node.kill9();
-    // The running stream ends with an error event.
+    // The running stream ends with an error event once the re-attach wait (1 s) passed.
     // (The bounds below only keep a broken edge from hanging the test: the stream's end
     // and the waiters' 503s come from the closed socket, far below the 30 s queue timeout.)
     let mut seen = String::new();

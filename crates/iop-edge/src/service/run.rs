@@ -178,7 +178,12 @@ impl RunStream {
         };
         let mut event = match event {
             Ok(event) => {
-                core.deadlines.acknowledged();
+                // An error before the node's `accepted` is a refusal before any work (its
+                // gate was full, it has no such adapter, it never received the run): it
+                // acknowledges nothing, so the dispatcher may try another member.
+                if event.kind() != pb::RunEventKind::Error {
+                    core.deadlines.acknowledged();
+                }
                 event
             }
             // Node loss ends the run below, as a terminal from the node would (it
