@@ -556,6 +556,52 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_detached_stream_is_adopted_by_the_next_session_and_its_consumer_reads_on() {
+        let old = session();
+        let mut rx = old.open_tunnel("t").unwrap();
+        let abandoned = old.open_run("gone").unwrap();
+        drop(abandoned);
+        for _ in 0..3 {
+            old.deliver_tunnel_frame(body("t", 8));
+        }
+        rx.progress().credited(2);
+        let detached = old.close_detaching("connection closed by the node");
+        assert!(old.is_closed());
+        assert_eq!(
+            detached.len(),
+            1,
+            "a stream whose consumer left is not kept"
+        );
+        let new = session();
+        let resumes = new.adopt(detached);
+        assert_eq!(
+            resumes,
+            vec![pb::StreamResume {
+                stream_id: "t".into(),
+                tunnel: true,
+                received: 3,
+                credited: 2,
+            }]
+        );
+        // The node resends on the new session; the consumer reads on in order.
+        new.deliver_tunnel_frame(body("t", 8));
+        for _ in 0..4 {
+            assert!(rx.recv().await.is_some());
+        }
+        assert!(!rx.progress().gave_up());
+    }
+
+    #[tokio::test]
+    async fn a_detached_stream_given_up_ends_its_consumer_saying_so() {
+        let old = session();
+        let mut rx = old.open_run("r").unwrap();
+        let detached = old.close_detaching("heartbeat timeout");
+        detached.into_iter().for_each(DetachedStream::give_up);
+        assert!(rx.recv().await.is_none());
+        assert!(rx.progress().gave_up());
+    }
+
+    #[tokio::test]
     async fn close_ends_every_stream_and_refuses_new_ones() {
         let s = session();
         let mut run = s.open_run("r").unwrap();

@@ -512,8 +512,13 @@ impl Edge {
         let parked = self.nodes.parked().clone();
         let parking = parked.park(node_id, streams);
         let node_id = node_id.to_string();
+        let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {
-            tokio::time::sleep(wait).await;
+            // An edge that shuts down does not wait for the node: its clients are going.
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => {}
+            }
             let ended = parked.give_up(&node_id, parking);
             if ended > 0 {
                 tracing::warn!(node_id, streams = ended, wait_sec = wait.as_secs(), "the node did not come back within the re-attach wait: its requests end (they may have run)");

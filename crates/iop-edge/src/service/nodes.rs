@@ -371,6 +371,30 @@ mod tests {
         assert!(nodes.claim("n1", nodes.next_generation()).is_ok());
     }
 
+    #[tokio::test]
+    async fn parked_streams_go_to_the_next_session_or_end_with_their_own_wait() {
+        let nodes = nodes();
+        let parked = nodes.parked();
+        let first = session("n1", Generation(1));
+        let mut early = first.open_run("early").unwrap();
+        let early_parking = parked.park("n1", first.close_detaching("lost"));
+        let second = session("n1", Generation(2));
+        let mut late = second.open_run("late").unwrap();
+        parked.park("n1", second.close_detaching("lost again"));
+        // The first parking's wait ends: only its stream ends.
+        assert_eq!(parked.give_up("n1", early_parking), 1);
+        assert!(early.recv().await.is_none());
+        // The node is back: the rest goes to its new session.
+        let third = session("n1", Generation(3));
+        let resumes = third.adopt(parked.take_parked("n1"));
+        assert_eq!(resumes.len(), 1);
+        assert_eq!(resumes[0].stream_id, "late");
+        assert!(third.has_stream("late"));
+        assert_eq!(parked.give_up("n1", early_parking + 1), 0);
+        drop(third);
+        assert!(late.recv().await.is_none());
+    }
+
     #[test]
     fn a_config_version_is_news_once() {
         let nodes = nodes();
