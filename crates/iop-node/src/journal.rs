@@ -7,8 +7,10 @@
 //! data frames still spend credit, so a detached stream pauses once its window is used
 //! up. An edge re-attaches a stream with `StreamResume` on any link: the node sends again
 //! every frame after the ones the edge says it received, then the stream goes on there.
-//! A stream not re-attached within the wait is stopped (its provider request dropped);
-//! an ended stream is forgotten once the wait passed after its end.
+//! A stream not re-attached within the wait is stopped (its provider request dropped).
+//! An ended stream is forgotten as soon as the edge answered a heartbeat ping the node
+//! sent after its last frame (the link delivers in order, so the edge has every frame of
+//! it), else once the wait passed after its end.
 //!
 //! Memory is bounded twice: a stream keeps at most [`JournalLimits::stream_bytes`] of
 //! frames the edge has not credited (its credit window bounds the data frames anyway), and
@@ -48,11 +50,33 @@ impl Default for JournalLimits {
     }
 }
 
-/// A link a stream goes out on: which one (for detaching) and its outbound queue.
+/// A link a stream goes out on: which one (for detaching), its outbound queue and its
+/// heartbeat marks.
 #[derive(Debug, Clone)]
 pub struct LinkOut {
     pub id: u64,
     pub outbound: Outbound,
+    pub marks: Arc<LinkMarks>,
+}
+
+/// Which heartbeat pings a link sent and which the edge answered: a pong for a ping sent
+/// after a frame proves the edge received that frame.
+#[derive(Debug, Default)]
+pub struct LinkMarks {
+    pinged: AtomicU64,
+    answered: AtomicU64,
+}
+
+impl LinkMarks {
+    /// A ping with `nonce` was queued on the link.
+    pub fn pinged(&self, nonce: u64) {
+        self.pinged.fetch_max(nonce, Ordering::AcqRel);
+    }
+
+    /// The edge answered the ping with `nonce`.
+    pub fn answered(&self, nonce: u64) {
+        self.answered.fetch_max(nonce, Ordering::AcqRel);
+    }
 }
 
 #[derive(Debug)]
@@ -95,6 +119,9 @@ struct StreamState {
     resumable: bool,
     /// When its last frame went out.
     ended_at: Option<Instant>,
+    /// The link its last frame went out on and the last ping queued before it: a pong to
+    /// a later ping confirms the edge has the whole stream.
+    ended_on: Option<(Arc<LinkMarks>, u64)>,
     /// When its link dropped (none while it is on one).
     detached_at: Option<Instant>,
 }
@@ -186,6 +213,7 @@ impl Journal {
                 kept_bytes: 0,
                 resumable: true,
                 ended_at: None,
+                ended_on: None,
                 detached_at: None,
             }),
             credit: Semaphore::new(window as usize),
@@ -285,6 +313,12 @@ impl Journal {
             }
             resent += 1;
         }
+        if state.ended_at.is_some() {
+            state.ended_on = Some((
+                link.marks.clone(),
+                link.marks.pinged.load(Ordering::Acquire),
+            ));
+        }
         state.link = Some(link);
         state.detached_at = None;
         Resumed::Attached { resent }
@@ -314,7 +348,12 @@ impl Journal {
                     continue;
                 }
             };
-            if since.is_some_and(|at| now.saturating_duration_since(at) >= wait) {
+            let confirmed = state.detached_at.is_none()
+                && state
+                    .ended_on
+                    .as_ref()
+                    .is_some_and(|(marks, ping)| marks.answered.load(Ordering::Acquire) > *ping);
+            if confirmed || since.is_some_and(|at| now.saturating_duration_since(at) >= wait) {
                 stream.forget_kept(&mut state);
                 gone.push(stream.id.clone());
             }
@@ -392,10 +431,13 @@ impl JournalStream {
         let mut state = self.state.lock().await;
         self.prune(&mut state);
         state.sent += 1;
+        let link = state.link.clone();
         if last {
             state.ended_at = Some(Instant::now());
+            state.ended_on = link
+                .as_ref()
+                .map(|l| (l.marks.clone(), l.marks.pinged.load(Ordering::Acquire)));
         }
-        let link = state.link.clone();
         if state.resumable {
             let size = prost::Message::encoded_len(&envelope);
             let total = self.total.fetch_add(size, Ordering::AcqRel) + size;

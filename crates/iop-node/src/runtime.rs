@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::adapters;
 use crate::health::HealthSettings;
 use crate::instance::{AdapterInstance, UsageTotals};
-use crate::journal::{Journal, LinkOut};
+use crate::journal::{Journal, LinkMarks, LinkOut};
 use crate::store::RunStore;
 
 /// What the `transport` command reports.
@@ -52,6 +52,8 @@ pub struct Connection {
     /// Names the connection in the journal (unique in the process).
     pub id: u64,
     pub outbound: Outbound,
+    /// Its heartbeat pings sent and answered (the journal forgets ended streams by them).
+    pub marks: Arc<LinkMarks>,
     /// Cancelled when the connection ends: its commands stop (its runs and tunnels are
     /// the journal's: they go on detached, see [`crate::journal`]).
     pub cancel: CancellationToken,
@@ -71,6 +73,7 @@ impl Connection {
         Self {
             id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             outbound,
+            marks: Arc::default(),
             cancel: CancellationToken::new(),
             link: 0,
             tasks: TaskTracker::new(),
@@ -91,6 +94,7 @@ impl Connection {
         LinkOut {
             id: self.id,
             outbound: self.outbound.clone(),
+            marks: self.marks.clone(),
         }
     }
 }

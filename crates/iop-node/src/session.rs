@@ -470,6 +470,7 @@ impl Session {
                     }
                 },
                 ping = heartbeat.ping() => {
+                    self.conn.marks.pinged(ping.nonce);
                     self.outbound.try_send(ping);
                 }
             }
@@ -508,7 +509,7 @@ impl Session {
             Message::Ping(p) => {
                 self.outbound.try_send(pb::Pong { nonce: p.nonce });
             }
-            Message::Pong(_) => {}
+            Message::Pong(pong) => self.conn.marks.answered(pong.nonce),
             Message::RegisterResponse(response) if !response.accepted => {
                 // The edge withdrew the registration (an admin revoked this node).
                 return Some(refused(&self.addr, &response));

@@ -3,7 +3,14 @@ use iop_proto::pb::envelope::Message;
 
 fn link(id: u64) -> (LinkOut, tokio::sync::mpsc::Receiver<pb::Envelope>) {
     let (outbound, rx) = Outbound::channel(100_000);
-    (LinkOut { id, outbound }, rx)
+    (
+        LinkOut {
+            id,
+            outbound,
+            marks: Arc::default(),
+        },
+        rx,
+    )
 }
 
 fn body(id: &str, n: u8) -> pb::Envelope {
@@ -210,4 +217,26 @@ async fn without_a_wait_a_dropped_link_stops_its_streams() {
         !elsewhere.cancel.is_cancelled(),
         "another link's stream goes on"
     );
+}
+
+#[tokio::test]
+async fn an_ended_stream_is_forgotten_once_the_edge_answered_a_later_ping() {
+    let journal = Journal::default();
+    journal.set_wait(Duration::from_secs(30));
+    let (l, _rx) = link(1);
+    let marks = l.marks.clone();
+    marks.pinged(1);
+    marks.answered(1);
+    let stream = journal.begin("t", true, l, 0, CancellationToken::new());
+    stream.send(end("t"), false, true).await;
+    // Only a pong for a ping queued before the end: the edge may not have it yet.
+    journal.sweep(Instant::now());
+    assert_eq!(journal.len(), 1);
+    marks.pinged(2);
+    journal.sweep(Instant::now());
+    assert_eq!(journal.len(), 1, "pinged, not answered yet");
+    marks.answered(2);
+    journal.sweep(Instant::now());
+    assert_eq!(journal.len(), 0);
+    assert_eq!(journal.kept_bytes(), 0);
 }
