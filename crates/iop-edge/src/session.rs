@@ -413,19 +413,25 @@ impl NodeSession {
             .collect()
     }
 
-    /// Takes in streams of an earlier session of the same node; returns the resumes that
-    /// ask the node to go on with them here.
-    pub fn adopt(&self, streams: Vec<DetachedStream>) -> Vec<pb::StreamResume> {
+    /// Takes in streams of an earlier session of the same node; returns what to send the
+    /// node: a resume for each stream whose consumer still reads, and a cancel for each
+    /// whose consumer left while the node was away.
+    pub fn adopt(&self, streams: Vec<DetachedStream>) -> Vec<pb::Envelope> {
         let mut routes = self.routes.lock();
-        let mut resumes = Vec::with_capacity(streams.len());
+        let mut frames = Vec::with_capacity(streams.len());
         for stream in streams {
             if stream.abandoned() {
+                let reason = "the client went away while the node was reconnecting";
+                frames.push(match stream.route {
+                    Route::Run(_) => pb::CancelRequest::run(&stream.id, reason).into(),
+                    Route::Tunnel(_) => pb::CancelRequest::tunnel(&stream.id, reason).into(),
+                });
                 continue;
             }
-            resumes.push(stream.resume());
+            frames.push(stream.resume().into());
             routes.streams.insert(stream.id, stream.route);
         }
-        resumes
+        frames
     }
 
     /// Whether the session closed (its node connection is gone).
@@ -576,12 +582,15 @@ mod tests {
         let resumes = new.adopt(detached);
         assert_eq!(
             resumes,
-            vec![pb::StreamResume {
-                stream_id: "t".into(),
-                tunnel: true,
-                received: 3,
-                credited: 2,
-            }]
+            vec![
+                pb::StreamResume {
+                    stream_id: "t".into(),
+                    tunnel: true,
+                    received: 3,
+                    credited: 2,
+                }
+                .into()
+            ]
         );
         // The node resends on the new session; the consumer reads on in order.
         new.deliver_tunnel_frame(body("t", 8));
@@ -589,6 +598,20 @@ mod tests {
             assert!(rx.recv().await.is_some());
         }
         assert!(!rx.progress().gave_up());
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_client_left_while_detached_is_cancelled_on_adoption() {
+        let old = session();
+        let rx = old.open_tunnel("t").unwrap();
+        let detached = old.close_detaching("lost");
+        drop(rx);
+        let frames = session().adopt(detached);
+        assert_eq!(frames.len(), 1);
+        assert!(matches!(
+            &frames[0].message,
+            Some(pb::envelope::Message::CancelRequest(c)) if c.request_id == "t"
+        ));
     }
 
     #[tokio::test]

@@ -95,10 +95,39 @@ impl Default for Journal {
     }
 }
 
+/// One frame of a stream as the journal keeps it: a tunnel's without the stream's id
+/// (added as it is sent), so keeping a body frame costs a reference, not a copy.
+#[derive(Debug, Clone)]
+pub enum StreamFrame {
+    Run(pb::RunEvent),
+    Tunnel(Frame),
+}
+
+impl StreamFrame {
+    fn envelope(self, id: &str) -> pb::Envelope {
+        match self {
+            StreamFrame::Run(event) => event.into(),
+            StreamFrame::Tunnel(frame) => pb::ProviderTunnelFrame {
+                request_id: id.to_string(),
+                frame: Some(frame),
+            }
+            .into(),
+        }
+    }
+
+    /// About its size on the wire.
+    fn size(&self) -> usize {
+        match self {
+            StreamFrame::Run(event) => prost::Message::encoded_len(event),
+            StreamFrame::Tunnel(frame) => frame.encoded_len() + 8,
+        }
+    }
+}
+
 /// One frame kept for a resend.
 #[derive(Debug)]
 struct Kept {
-    envelope: pb::Envelope,
+    frame: StreamFrame,
     /// A data frame (it spent credit).
     data: bool,
     size: usize,
@@ -307,7 +336,8 @@ impl Journal {
         }
         let mut resent = 0;
         for kept in &state.kept {
-            if link.outbound.send(kept.envelope.clone()).await.is_err() {
+            let envelope = kept.frame.clone().envelope(&stream.id);
+            if link.outbound.send(envelope).await.is_err() {
                 // This link dropped too: still detached.
                 return Resumed::Attached { resent };
             }
@@ -427,19 +457,19 @@ impl JournalStream {
     /// Sends one frame (`data`: it spent credit) on the stream's link, keeping it until
     /// the edge credits it; `last`: the stream's last frame. False only once the stream
     /// was stopped.
-    pub async fn send(&self, envelope: pb::Envelope, data: bool, last: bool) -> bool {
+    pub async fn send(&self, frame: StreamFrame, data: bool, last: bool) -> bool {
         let mut state = self.state.lock().await;
         self.prune(&mut state);
         state.sent += 1;
-        let link = state.link.clone();
         if last {
             state.ended_at = Some(Instant::now());
-            state.ended_on = link
+            state.ended_on = state
+                .link
                 .as_ref()
                 .map(|l| (l.marks.clone(), l.marks.pinged.load(Ordering::Acquire)));
         }
         if state.resumable {
-            let size = prost::Message::encoded_len(&envelope);
+            let size = frame.size();
             let total = self.total.fetch_add(size, Ordering::AcqRel) + size;
             state.kept_bytes += size;
             if state.kept_bytes > self.limits.stream_bytes || total > self.limits.total_bytes {
@@ -449,15 +479,16 @@ impl JournalStream {
                 self.forget_kept(&mut state);
             } else {
                 state.kept.push_back(Kept {
-                    envelope: envelope.clone(),
+                    frame: frame.clone(),
                     data,
                     size,
                 });
             }
         }
-        if let Some(link) = link {
+        if let Some(link) = &state.link {
             // A link that is going drops the frame; it is kept, and the detach follows.
-            let _ = link.outbound.send(envelope).await;
+            // Sent under the stream's lock, so a resume's resend never overtakes it.
+            let _ = link.outbound.send(frame.envelope(&self.id)).await;
         }
         !self.cancel.is_cancelled()
     }

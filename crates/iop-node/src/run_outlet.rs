@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use iop_proto::pb::{self, RunEventKind};
 
-use crate::journal::JournalStream;
+use crate::journal::{JournalStream, StreamFrame};
 use crate::sink::RunOutlet;
 
 #[derive(Debug)]
@@ -27,6 +27,6 @@ impl RunOutlet for JournalOutlet {
             RunEventKind::Delta | RunEventKind::ReasoningDelta | RunEventKind::ToolCall
         );
         let last = event.is_terminal();
-        self.stream.send(event.into(), data, last).await
+        self.stream.send(StreamFrame::Run(event), data, last).await
     }
 }

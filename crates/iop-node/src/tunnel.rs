@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::adapters::AdapterError;
 use crate::adapters::http::{HeadWait, HttpProvider, RawResponse};
 use crate::instance::AdapterInstance;
-use crate::journal::JournalStream;
+use crate::journal::{JournalStream, StreamFrame};
 use crate::runtime::{Connection, NodeRuntime};
 use crate::usage::{UsageDialect, UsageObserver};
 
@@ -78,11 +78,9 @@ impl TunnelOut<'_> {
     async fn frame(&self, frame: Frame) -> bool {
         let data = matches!(frame, Frame::Body(_));
         let last = matches!(frame, Frame::End(_) | Frame::Error(_));
-        let frame = pb::ProviderTunnelFrame {
-            request_id: self.request_id.to_string(),
-            frame: Some(frame),
-        };
-        self.stream.send(frame.into(), data, last).await
+        self.stream
+            .send(StreamFrame::Tunnel(frame), data, last)
+            .await
     }
 
     /// Sends the held-back head now.
@@ -164,11 +162,9 @@ impl NodeRuntime {
                 tracing::error!(tunnel_id = %id, %message);
                 runtime.end_tunnel(&id);
                 let error = pb::TunnelError::new(ErrorCode::Internal, message);
-                let frame = pb::ProviderTunnelFrame {
-                    request_id: id,
-                    frame: Some(Frame::Error(error)),
-                };
-                stream.send(frame.into(), false, true).await;
+                stream
+                    .send(StreamFrame::Tunnel(Frame::Error(error)), false, true)
+                    .await;
             }
         }));
     }

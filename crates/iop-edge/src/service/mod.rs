@@ -435,14 +435,14 @@ impl Edge {
         let Some(session) = self.nodes.session(node_id) else {
             return;
         };
-        let resumes = session.adopt(parked);
+        let frames = session.adopt(parked);
         tracing::info!(
             node_id,
-            streams = resumes.len(),
+            streams = frames.len(),
             "node back: re-attaching its requests"
         );
-        for resume in resumes {
-            self.send_control(&session.outbound, resume.into());
+        for frame in frames {
+            self.send_control(&session.outbound, frame);
         }
     }
 
@@ -576,26 +576,21 @@ impl CreditReturn {
         }
     }
 
-    /// One data frame was consumed; credit goes back to `session` every half window
-    /// (and is counted in `progress`, which a re-attach reports).
+    /// One data frame was consumed: every half window, the credit to send back (counted
+    /// in `progress`, which a re-attach reports).
     pub(crate) fn consumed_one(
         &mut self,
-        edge: &Edge,
-        session: &NodeSession,
         progress: &crate::session::StreamProgress,
-    ) {
+    ) -> Option<pb::StreamCredit> {
         self.consumed += 1;
-        if self.consumed >= STREAM_WINDOW / 2 {
-            progress.credited(self.consumed);
-            edge.send_control(
-                &session.outbound,
-                pb::StreamCredit {
-                    stream_id: self.stream_id.clone(),
-                    frames: self.consumed,
-                }
-                .into(),
-            );
-            self.consumed = 0;
+        if self.consumed < STREAM_WINDOW / 2 {
+            return None;
         }
+        progress.credited(self.consumed);
+        let frames = std::mem::take(&mut self.consumed);
+        Some(pb::StreamCredit {
+            stream_id: self.stream_id.clone(),
+            frames,
+        })
     }
 }

@@ -386,14 +386,10 @@ impl<T: StreamItem> StreamCore<T> {
     /// A data frame (a delta, a tool call, a body chunk holding `events` streamed events)
     /// reached the consumer: credit goes back, the first token is noted, output counted.
     pub fn data(&mut self, events: u64) {
-        if self.session.is_closed() {
-            if let Some(session) = self.control_session() {
-                self.credit
-                    .consumed_one(&self.edge, &session, self.rx.progress());
-            }
-        } else {
-            self.credit
-                .consumed_one(&self.edge, &self.session, self.rx.progress());
+        if let Some(credit) = self.credit.consumed_one(self.rx.progress())
+            && let Some(session) = self.control_session()
+        {
+            self.edge.send_control(&session.outbound, credit.into());
         }
         if let Some(recorder) = &self.reports.recorder {
             if !self.first_token {

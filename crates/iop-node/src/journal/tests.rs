@@ -13,20 +13,12 @@ fn link(id: u64) -> (LinkOut, tokio::sync::mpsc::Receiver<pb::Envelope>) {
     )
 }
 
-fn body(id: &str, n: u8) -> pb::Envelope {
-    pb::ProviderTunnelFrame {
-        request_id: id.into(),
-        frame: Some(Frame::Body(vec![n; 100].into())),
-    }
-    .into()
+fn body(n: u8) -> StreamFrame {
+    StreamFrame::Tunnel(Frame::Body(vec![n; 100].into()))
 }
 
-fn end(id: &str) -> pb::Envelope {
-    pb::ProviderTunnelFrame {
-        request_id: id.into(),
-        frame: Some(Frame::End(pb::TunnelEnd {})),
-    }
-    .into()
+fn end() -> StreamFrame {
+    StreamFrame::Tunnel(Frame::End(pb::TunnelEnd {}))
 }
 
 fn drain(rx: &mut tokio::sync::mpsc::Receiver<pb::Envelope>) -> Vec<pb::Envelope> {
@@ -71,7 +63,7 @@ async fn a_resume_sends_again_exactly_what_the_edge_did_not_receive() {
     let stream = journal.begin("t", true, first, 8, CancellationToken::new());
     for n in 0..5 {
         assert!(stream.credit().await);
-        assert!(stream.send(body("t", n), true, false).await);
+        assert!(stream.send(body(n), true, false).await);
     }
     assert_eq!(drain(&mut first_rx).len(), 5);
     // The edge got 3 of them before the link dropped; it credited 2.
@@ -79,8 +71,8 @@ async fn a_resume_sends_again_exactly_what_the_edge_did_not_receive() {
     assert!(!stream.cancel.is_cancelled(), "a detached stream goes on");
     // Sent while detached: kept, sent nowhere.
     assert!(stream.credit().await);
-    assert!(stream.send(body("t", 5), true, false).await);
-    assert!(stream.send(end("t"), false, true).await);
+    assert!(stream.send(body(5), true, false).await);
+    assert!(stream.send(end(), false, true).await);
     assert!(drain(&mut first_rx).is_empty());
     let (second, mut second_rx) = link(2);
     let resumed = journal.resume(&resume("t", true, 3, 2), second).await;
@@ -97,7 +89,7 @@ async fn credit_lost_with_a_link_is_given_again_on_resume() {
     let stream = journal.begin("t", true, first, 2, CancellationToken::new());
     for n in 0..2 {
         assert!(stream.credit().await);
-        stream.send(body("t", n), true, false).await;
+        stream.send(body(n), true, false).await;
     }
     journal.detach(1, "link dropped", false);
     // The window is used up: a detached stream pauses.
@@ -120,12 +112,12 @@ async fn credited_frames_are_no_longer_kept() {
     let stream = journal.begin("t", true, first, 256, CancellationToken::new());
     for n in 0..100 {
         stream.credit().await;
-        stream.send(body("t", n), true, false).await;
+        stream.send(body(n), true, false).await;
     }
     let all = journal.kept_bytes();
     assert!(all > 100 * 100, "{all}");
     journal.grant("t", 90);
-    stream.send(end("t"), false, true).await;
+    stream.send(end(), false, true).await;
     assert!(journal.kept_bytes() < all / 5, "{}", journal.kept_bytes());
 }
 
@@ -159,7 +151,7 @@ async fn a_flood_past_the_bounds_is_not_resumable_and_memory_stays_bounded() {
         let id = format!("t{s}");
         let stream = journal.begin(&id, true, l.clone(), u32::MAX / 2, CancellationToken::new());
         for n in 0..2000u32 {
-            stream.send(body(&id, n as u8), true, false).await;
+            stream.send(body(n as u8), true, false).await;
             assert!(journal.kept_bytes() <= limits.total_bytes);
         }
         streams.push(stream);
@@ -192,7 +184,11 @@ async fn a_detached_stream_is_stopped_after_the_wait_and_forgotten_after_its_end
     // Its last frame (the run's error) is kept for a resume until the wait passes again.
     stream
         .send(
-            error_frame("r", false, ErrorCode::NodeDisconnected, "stopped"),
+            StreamFrame::Run(pb::RunEvent {
+                run_id: "r".into(),
+                kind: pb::RunEventKind::Error as i32,
+                ..Default::default()
+            }),
             false,
             true,
         )
@@ -228,7 +224,7 @@ async fn an_ended_stream_is_forgotten_once_the_edge_answered_a_later_ping() {
     marks.pinged(1);
     marks.answered(1);
     let stream = journal.begin("t", true, l, 0, CancellationToken::new());
-    stream.send(end("t"), false, true).await;
+    stream.send(end(), false, true).await;
     // Only a pong for a ping queued before the end: the edge may not have it yet.
     journal.sweep(Instant::now());
     assert_eq!(journal.len(), 1);
