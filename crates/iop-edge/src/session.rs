@@ -355,7 +355,21 @@ impl NodeSession {
         if terminal || delivery != Delivery::Delivered {
             routes.streams.remove(&run_id);
         }
+        drop(routes);
+        if terminal && delivery == Delivery::Delivered {
+            self.last_received(run_id);
+        }
         delivery
+    }
+
+    /// Tells the node the edge has a stream's last frame, so it keeps nothing of it (if
+    /// the queue is full the node forgets it a heartbeat later instead).
+    fn last_received(&self, stream_id: String) {
+        self.outbound.try_send(pb::StreamCredit {
+            stream_id,
+            frames: 0,
+            last_received: true,
+        });
     }
 
     pub fn deliver_tunnel_frame(&self, frame: pb::ProviderTunnelFrame) -> Delivery {
@@ -376,6 +390,10 @@ impl NodeSession {
         let delivery = tx.deliver(inner, size, self.stream_budget);
         if terminal || delivery != Delivery::Delivered {
             routes.streams.remove(request_id);
+        }
+        drop(routes);
+        if terminal && delivery == Delivery::Delivered {
+            self.last_received(request_id.to_string());
         }
         delivery
     }

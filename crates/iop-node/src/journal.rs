@@ -8,9 +8,10 @@
 //! up. An edge re-attaches a stream with `StreamResume` on any link: the node sends again
 //! every frame after the ones the edge says it received, then the stream goes on there.
 //! A stream not re-attached within the wait is stopped (its provider request dropped).
-//! An ended stream is forgotten as soon as the edge answered a heartbeat ping the node
-//! sent after its last frame (the link delivers in order, so the edge has every frame of
-//! it), else once the wait passed after its end.
+//! An ended stream is forgotten as soon as the edge says it received its last frame
+//! (`StreamCredit.last_received`), or answered a heartbeat ping the node sent after that
+//! frame (the link delivers in order, so the edge has every frame of it), else once the
+//! wait passed after its end.
 //!
 //! Memory is bounded twice: a stream keeps at most [`JournalLimits::stream_bytes`] of
 //! frames the edge has not credited (its credit window bounds the data frames anyway), and
@@ -268,6 +269,24 @@ impl Journal {
         if let Some(stream) = self.get(id) {
             stream.grant(u64::from(frames));
         }
+    }
+
+    /// The edge has stream `id`'s last frame: nothing of it is kept any longer.
+    pub fn forget_ended(&self, id: &str) {
+        let mut streams = self.streams.lock();
+        let Some(stream) = streams.get(id) else {
+            return;
+        };
+        // The last frame is sent under the stream's lock; one held now is sending it.
+        let Ok(mut state) = stream.state.try_lock() else {
+            return;
+        };
+        if state.ended_at.is_none() {
+            return;
+        }
+        stream.forget_kept(&mut state);
+        drop(state);
+        streams.remove(id);
     }
 
     /// Link `link` dropped: its streams go on detached, or — when there is no re-attach

@@ -518,6 +518,9 @@ impl Session {
             Message::ProviderTunnelRequest(request) => {
                 self.runtime.start_tunnel(*request, &self.conn)
             }
+            Message::StreamCredit(credit) if credit.last_received => {
+                self.runtime.journal.forget_ended(&credit.stream_id)
+            }
             Message::StreamCredit(credit) => {
                 self.runtime.journal.grant(&credit.stream_id, credit.frames)
             }

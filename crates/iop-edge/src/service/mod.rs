@@ -591,6 +591,7 @@ impl CreditReturn {
         Some(pb::StreamCredit {
             stream_id: self.stream_id.clone(),
             frames,
+            last_received: false,
         })
     }
 }

@@ -236,3 +236,18 @@ async fn an_ended_stream_is_forgotten_once_the_edge_answered_a_later_ping() {
     assert_eq!(journal.len(), 0);
     assert_eq!(journal.kept_bytes(), 0);
 }
+
+#[tokio::test]
+async fn an_ended_stream_the_edge_confirmed_is_forgotten_at_once() {
+    let journal = Journal::default();
+    journal.set_wait(Duration::from_secs(30));
+    let (l, _rx) = link(1);
+    let stream = journal.begin("t", true, l, 0, CancellationToken::new());
+    stream.send(body(1), true, false).await;
+    journal.forget_ended("t");
+    assert_eq!(journal.len(), 1, "not before its last frame");
+    stream.send(end(), false, true).await;
+    journal.forget_ended("t");
+    assert_eq!(journal.len(), 0);
+    assert_eq!(journal.kept_bytes(), 0);
+}
