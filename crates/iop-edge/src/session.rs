@@ -26,6 +26,8 @@ use tokio_util::sync::CancellationToken;
 use crate::registry::Generation;
 
 pub use iop_proto::STREAM_WINDOW;
+/// Streams whose last frame arrived that the edge tells the node about in one frame.
+pub const RECEIVED_BATCH: usize = 64;
 /// Room for the control frames of a stream (start, status, headers, usage, end ...).
 const CONTROL_SLACK: usize = 32;
 const STREAM_CHANNEL: usize = STREAM_WINDOW as usize + CONTROL_SLACK;
@@ -251,6 +253,8 @@ pub struct NodeSession {
     routes: Mutex<Routes>,
     /// Set once the session closed (read without the routes' lock).
     closed: AtomicBool,
+    /// Streams whose last frame arrived, not yet told to the node.
+    received: Mutex<Vec<String>>,
 }
 
 impl NodeSession {
@@ -272,6 +276,7 @@ impl NodeSession {
             last_heartbeat_ms: AtomicU64::new(0),
             routes: Mutex::new(Routes::default()),
             closed: AtomicBool::new(false),
+            received: Mutex::new(Vec::new()),
         }
     }
 
@@ -362,14 +367,32 @@ impl NodeSession {
         delivery
     }
 
-    /// Tells the node the edge has a stream's last frame, so it keeps nothing of it (if
-    /// the queue is full the node forgets it a heartbeat later instead).
+    /// Notes that the edge has a stream's last frame; the node is told in batches of
+    /// [`RECEIVED_BATCH`] (and at each heartbeat, [`Self::flush_received`]), so it keeps
+    /// nothing of the stream for a resend.
     fn last_received(&self, stream_id: String) {
-        self.outbound.try_send(pb::StreamCredit {
-            stream_id,
-            frames: 0,
-            last_received: true,
-        });
+        let batch = {
+            let mut received = self.received.lock();
+            received.push(stream_id);
+            if received.len() < RECEIVED_BATCH {
+                return;
+            }
+            std::mem::take(&mut *received)
+        };
+        self.send_received(batch);
+    }
+
+    /// Tells the node about every stream whose last frame arrived since the last batch.
+    pub fn flush_received(&self) {
+        let batch = std::mem::take(&mut *self.received.lock());
+        if !batch.is_empty() {
+            self.send_received(batch);
+        }
+    }
+
+    /// If the queue is full, the node forgets the streams a heartbeat later instead.
+    fn send_received(&self, stream_ids: Vec<String>) {
+        self.outbound.try_send(pb::StreamsReceived { stream_ids });
     }
 
     pub fn deliver_tunnel_frame(&self, frame: pb::ProviderTunnelFrame) -> Delivery {
@@ -616,6 +639,38 @@ mod tests {
             assert!(rx.recv().await.is_some());
         }
         assert!(!rx.progress().gave_up());
+    }
+
+    #[tokio::test]
+    async fn the_node_hears_of_received_last_frames_in_batches_and_at_a_flush() {
+        let (outbound, mut sent) = Outbound::channel(8);
+        let s = NodeSession::new(
+            "n".into(),
+            Generation(1),
+            "peer".into(),
+            outbound,
+            CancellationToken::new(),
+        );
+        let mut receivers = Vec::new();
+        for i in 0..RECEIVED_BATCH + 1 {
+            let id = format!("r{i}");
+            receivers.push(s.open_run(&id).unwrap());
+            s.deliver_run_event(event(&id, pb::RunEventKind::Complete));
+        }
+        let received = |envelope: pb::Envelope| match envelope.message {
+            Some(pb::envelope::Message::StreamsReceived(r)) => r.stream_ids,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(received(sent.try_recv().unwrap()).len(), RECEIVED_BATCH);
+        assert!(
+            sent.try_recv().is_err(),
+            "the rest waits for the next batch"
+        );
+        s.flush_received();
+        assert_eq!(
+            received(sent.try_recv().unwrap()),
+            vec![format!("r{RECEIVED_BATCH}")]
+        );
     }
 
     #[tokio::test]

@@ -459,6 +459,9 @@ impl Connection {
                     }
                 },
                 ping = heartbeat.ping() => {
+                    if let Some(session) = &self.session {
+                        session.flush_received();
+                    }
                     self.outbound.try_send(ping);
                 }
             }

@@ -9,7 +9,7 @@
 //! every frame after the ones the edge says it received, then the stream goes on there.
 //! A stream not re-attached within the wait is stopped (its provider request dropped).
 //! An ended stream is forgotten as soon as the edge says it received its last frame
-//! (`StreamCredit.last_received`), or answered a heartbeat ping the node sent after that
+//! (`StreamsReceived`), or answered a heartbeat ping the node sent after that
 //! frame (the link delivers in order, so the edge has every frame of it), else once the
 //! wait passed after its end.
 //!

@@ -518,8 +518,10 @@ impl Session {
             Message::ProviderTunnelRequest(request) => {
                 self.runtime.start_tunnel(*request, &self.conn)
             }
-            Message::StreamCredit(credit) if credit.last_received => {
-                self.runtime.journal.forget_ended(&credit.stream_id)
+            Message::StreamsReceived(received) => {
+                for id in &received.stream_ids {
+                    self.runtime.journal.forget_ended(id);
+                }
             }
             Message::StreamCredit(credit) => {
                 self.runtime.journal.grant(&credit.stream_id, credit.frames)

@@ -36,6 +36,7 @@ into_envelope! {
     PermitGrant => PermitGrant,
     PermitReport => PermitReport,
     StreamResume => StreamResume,
+    StreamsReceived => StreamsReceived,
 }
 
 /// A short name of the envelope's message kind, for logs.
@@ -64,6 +65,7 @@ pub fn kind(envelope: &Envelope) -> &'static str {
         Some(Message::PermitGrant(_)) => "permit_grant",
         Some(Message::PermitReport(_)) => "permit_report",
         Some(Message::StreamResume(_)) => "stream_resume",
+        Some(Message::StreamsReceived(_)) => "streams_received",
     }
 }
 

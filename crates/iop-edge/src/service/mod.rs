@@ -591,7 +591,6 @@ impl CreditReturn {
         Some(pb::StreamCredit {
             stream_id: self.stream_id.clone(),
             frames,
-            last_received: false,
         })
     }
 }
