@@ -54,6 +54,8 @@ pub struct StreamProgress {
     credited: AtomicU64,
     /// The route was dropped because the node did not come back in time.
     gave_up: AtomicBool,
+    /// The consumer gave the stream up while no session could carry its cancel.
+    cancel_wanted: AtomicBool,
 }
 
 impl StreamProgress {
@@ -61,6 +63,12 @@ impl StreamProgress {
     pub fn credited(&self, frames: u32) {
         self.credited
             .fetch_add(u64::from(frames), Ordering::Relaxed);
+    }
+
+    /// The consumer gave the stream up while the node was away: the cancel goes out when
+    /// a new session adopts the stream.
+    pub fn want_cancel(&self) {
+        self.cancel_wanted.store(true, Ordering::Release);
     }
 
     /// Whether the route was dropped because its node did not come back within the
@@ -173,13 +181,10 @@ pub struct DetachedStream {
 impl DetachedStream {
     /// What asks the node to go on with this stream on a new link.
     pub fn resume(&self) -> pb::StreamResume {
-        let (tunnel, progress) = match &self.route {
-            Route::Run(tx) => (false, &tx.progress),
-            Route::Tunnel(tx) => (true, &tx.progress),
-        };
+        let progress = self.progress();
         pb::StreamResume {
             stream_id: self.id.clone(),
-            tunnel,
+            tunnel: matches!(self.route, Route::Tunnel(_)),
             received: progress.received.load(Ordering::Relaxed),
             credited: progress.credited.load(Ordering::Relaxed),
         }
@@ -188,11 +193,7 @@ impl DetachedStream {
     /// The node did not come back in time: the route is dropped, its consumer ends it
     /// saying the request may have run.
     pub fn give_up(self) {
-        let progress = match &self.route {
-            Route::Run(tx) => &tx.progress,
-            Route::Tunnel(tx) => &tx.progress,
-        };
-        progress.gave_up.store(true, Ordering::Release);
+        self.progress().gave_up.store(true, Ordering::Release);
     }
 
     /// Whether the consumer is gone (it ended or was dropped meanwhile).
@@ -200,6 +201,21 @@ impl DetachedStream {
         match &self.route {
             Route::Run(tx) => tx.tx.is_closed(),
             Route::Tunnel(tx) => tx.tx.is_closed(),
+        }
+    }
+
+    fn progress(&self) -> &StreamProgress {
+        match &self.route {
+            Route::Run(tx) => &tx.progress,
+            Route::Tunnel(tx) => &tx.progress,
+        }
+    }
+
+    /// The cancel of this stream, for `reason`.
+    fn cancel(&self, reason: &str) -> pb::Envelope {
+        match self.route {
+            Route::Run(_) => pb::CancelRequest::run(&self.id, reason).into(),
+            Route::Tunnel(_) => pb::CancelRequest::tunnel(&self.id, reason).into(),
         }
     }
 }
@@ -460,16 +476,18 @@ impl NodeSession {
     pub fn adopt(&self, streams: Vec<DetachedStream>) -> Vec<pb::Envelope> {
         let mut routes = self.routes.lock();
         let mut frames = Vec::with_capacity(streams.len());
+        let reason = "the client went away while the node was reconnecting";
         for stream in streams {
             if stream.abandoned() {
-                let reason = "the client went away while the node was reconnecting";
-                frames.push(match stream.route {
-                    Route::Run(_) => pb::CancelRequest::run(&stream.id, reason).into(),
-                    Route::Tunnel(_) => pb::CancelRequest::tunnel(&stream.id, reason).into(),
-                });
+                frames.push(stream.cancel(reason));
                 continue;
             }
             frames.push(stream.resume().into());
+            // Given up while the node was away, still waiting for its confirmation: the
+            // node goes on with it here, then cancels it (its last frame returns the slot).
+            if stream.progress().cancel_wanted.load(Ordering::Acquire) {
+                frames.push(stream.cancel(reason));
+            }
             routes.streams.insert(stream.id, stream.route);
         }
         frames
@@ -685,6 +703,22 @@ mod tests {
             &frames[0].message,
             Some(pb::envelope::Message::CancelRequest(c)) if c.request_id == "t"
         ));
+    }
+
+    #[tokio::test]
+    async fn a_stream_given_up_while_its_node_was_away_is_resumed_then_cancelled() {
+        let old = session();
+        let rx = old.open_run("r").unwrap();
+        let detached = old.close_detaching("lost");
+        rx.progress().want_cancel();
+        let new = session();
+        let frames = new.adopt(detached);
+        let kinds: Vec<&str> = frames.iter().map(iop_proto::envelope::kind).collect();
+        assert_eq!(kinds, ["stream_resume", "cancel_request"]);
+        assert!(
+            new.has_stream("r"),
+            "its confirmation still reaches the consumer"
+        );
     }
 
     #[tokio::test]

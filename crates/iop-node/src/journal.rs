@@ -316,15 +316,13 @@ impl Journal {
         let Some(stream) = self.get(&resume.stream_id) else {
             let message = "the node does not have this request: it never received it (or the \
                            node process restarted since)";
-            let _ = link
-                .outbound
-                .send(error_frame(
-                    &resume.stream_id,
-                    resume.tunnel,
-                    ErrorCode::NodeDisconnected,
-                    message,
-                ))
-                .await;
+            let end = error_frame(
+                &resume.stream_id,
+                resume.tunnel,
+                ErrorCode::NodeDisconnected,
+                message,
+            );
+            let _ = link.outbound.send(end).await;
             return Resumed::Unknown;
         };
         stream.grant_to(resume.credited);
@@ -337,15 +335,13 @@ impl Journal {
             stream.stop("its answer could not be sent again after the link dropped");
             let message = "the node's link dropped and it kept too little of the answer to \
                            send it again; the request may have run";
-            let _ = link
-                .outbound
-                .send(error_frame(
-                    &resume.stream_id,
-                    stream.tunnel,
-                    ErrorCode::BrokenStream,
-                    message,
-                ))
-                .await;
+            let end = error_frame(
+                &resume.stream_id,
+                stream.tunnel,
+                ErrorCode::BrokenStream,
+                message,
+            );
+            let _ = link.outbound.send(end).await;
             return Resumed::NotResumable;
         }
         // What the edge received needs no resend.

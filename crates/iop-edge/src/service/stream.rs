@@ -493,8 +493,11 @@ impl<T: StreamItem> StreamCore<T> {
             StreamKind::Run => pb::CancelRequest::run(&self.id, reason),
             StreamKind::Tunnel => pb::CancelRequest::tunnel(&self.id, reason),
         };
-        if let Some(session) = self.control_session() {
-            self.edge.send_control(&session.outbound, cancel.into());
+        match self.control_session() {
+            Some(session) => self.edge.send_control(&session.outbound, cancel.into()),
+            // The node is away: its next session sends the cancel when it adopts the
+            // stream.
+            None => self.rx.progress().want_cancel(),
         }
     }
 
