@@ -1,5 +1,5 @@
 //! Re-attach instead of re-run: requests in flight on a node whose link to the edge drops
-//! — reset at a random point 0–150 ms after dispatch, or frozen until the heartbeat
+//! — reset at a random point 0–100 ms after dispatch, or frozen until the heartbeat
 //! judges it — go on on the node and are re-attached when the node is back. Real edge,
 //! node and mock provider processes, a cuttable TCP proxy on the link. Every row checks
 //! that no request ran twice (the provider and the node count what they executed) and
@@ -188,9 +188,24 @@ async fn round(f: &Fabric, model: &str, stream: bool, cut: Cut, rng: &mut Lcg) -
             tokio::spawn(async move { ask(&edge, &model, stream).await })
         })
         .collect();
+    // The cut comes after the edge dispatched to n1 (it has requests in flight there),
+    // at a random point 0–100 ms later: before the provider answered, around its head,
+    // or mid-answer (an answer takes about 200 ms).
+    let provider = if model == "runs" { "runner" } else { "oa" };
+    wait_status(
+        &f.edge,
+        Duration::from_secs(30),
+        "a request in flight on n1",
+        |s| {
+            provider_of(s, "n1", provider)["in_flight"]["normal"]
+                .as_u64()
+                .is_some_and(|n| n > 0)
+        },
+    )
+    .await;
     match cut {
         Cut::Reset => {
-            tokio::time::sleep(Duration::from_millis(rng.below(150))).await;
+            tokio::time::sleep(Duration::from_millis(rng.below(100))).await;
             f.proxy.cut();
             f.proxy.restore();
         }
