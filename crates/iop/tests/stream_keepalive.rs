@@ -168,22 +168,13 @@ for t in threads: t.start()
 for t in threads: t.join()
 print("openai:" + out.get("openai", "<none>"))
 print("anthropic:" + out.get("anthropic", "<none>"))
+print("ok")
 "#;
-    let output = tokio::process::Command::new(&python)
-        .args(["-c", script, &fabric.http()])
-        .output()
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains(&format!("openai:{expected}\n")),
-        "{stdout}\n{stderr}"
-    );
+    let stdout = common::sdk::run_check(&python, "-c", &[script, &fabric.http()]).await;
+    assert!(stdout.contains(&format!("openai:{expected}\n")), "{stdout}");
     assert!(
         stdout.contains(&format!("anthropic:{expected}\n")),
-        "{stdout}\n{stderr}"
+        "{stdout}"
     );
     busy.await.unwrap().expect("the busy request");
     // The OpenAI Node SDK, queued behind another busy request.
@@ -191,17 +182,11 @@ print("anthropic:" + out.get("anthropic", "<none>"))
         let busy = occupy(&fabric).await;
         let script = dir.join("openai_waiting_check.mjs");
         let base = format!("{}/v1", fabric.http());
-        let output = tokio::process::Command::new("node")
-            .args([script.to_str().unwrap(), &base, "tunnel"])
-            .output()
-            .await
-            .expect("node runs");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{stdout}\n{stderr}");
+        let stdout =
+            common::sdk::run_check("node", script.to_str().unwrap(), &[&base, "tunnel"]).await;
         assert!(
             stdout.contains(&format!("openai-node:{expected}\n")),
-            "{stdout}\n{stderr}"
+            "{stdout}"
         );
         busy.await.unwrap().expect("the busy request");
     }

@@ -1,5 +1,5 @@
 // Streams one chat completion with the official OpenAI Node SDK from an edge where it
-// waits first (the edge keeps it alive with SSE comments meanwhile) and prints its text.
+// waits first (the edge keeps it alive with SSE comments meanwhile) and prints its text, then `ok`.
 //
 // Usage: node openai_waiting_check.mjs BASE_URL MODEL
 import OpenAI from "openai";
@@ -15,3 +15,4 @@ for await (const chunk of stream) {
   text += chunk.choices[0]?.delta?.content ?? "";
 }
 console.log(`openai-node:${text}`);
+console.log("ok");
