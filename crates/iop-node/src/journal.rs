@@ -160,7 +160,6 @@ struct StreamState {
 #[derive(Debug)]
 pub struct JournalStream {
     pub id: String,
-    tunnel: bool,
     state: tokio::sync::Mutex<StreamState>,
     credit: Semaphore,
     /// Data frames the edge credited, in all.
@@ -215,17 +214,10 @@ impl Journal {
         self.streams.lock().len()
     }
 
-    /// Enters a new stream going out on `link` with a window of `window` data frames
-    /// (`cancel`: what stops it besides the journal). An id already in the journal gets
-    /// a fresh entry (ids are unique; a reused one is a new stream).
-    pub fn begin(
-        &self,
-        id: &str,
-        tunnel: bool,
-        link: LinkOut,
-        window: u32,
-        cancel: CancellationToken,
-    ) -> Arc<JournalStream> {
+    /// Enters a new stream going out on `link` with a window of `window` data frames. An
+    /// id already in the journal gets a fresh entry (ids are unique; a reused one is a new
+    /// stream).
+    pub fn begin(&self, id: &str, link: LinkOut, window: u32) -> Arc<JournalStream> {
         let window = if window == 0 {
             iop_proto::STREAM_WINDOW
         } else {
@@ -233,7 +225,6 @@ impl Journal {
         };
         let stream = Arc::new(JournalStream {
             id: id.to_string(),
-            tunnel,
             state: tokio::sync::Mutex::new(StreamState {
                 link: Some(link),
                 kept: VecDeque::new(),
@@ -248,7 +239,7 @@ impl Journal {
             }),
             credit: Semaphore::new(window as usize),
             credited: AtomicU64::new(0),
-            cancel,
+            cancel: CancellationToken::new(),
             stopped: Mutex::new(None),
             limits: self.limits,
             total: self.kept_bytes.clone(),
@@ -316,13 +307,8 @@ impl Journal {
         let Some(stream) = self.get(&resume.stream_id) else {
             let message = "the node does not have this request: it never received it (or the \
                            node process restarted since)";
-            let end = error_frame(
-                &resume.stream_id,
-                resume.tunnel,
-                ErrorCode::NodeDisconnected,
-                message,
-            );
-            let _ = link.outbound.send(end).await;
+            link.end_stream(resume, ErrorCode::NodeDisconnected, message)
+                .await;
             return Resumed::Unknown;
         };
         stream.grant_to(resume.credited);
@@ -335,13 +321,8 @@ impl Journal {
             stream.stop("its answer could not be sent again after the link dropped");
             let message = "the node's link dropped and it kept too little of the answer to \
                            send it again; the request may have run";
-            let end = error_frame(
-                &resume.stream_id,
-                stream.tunnel,
-                ErrorCode::BrokenStream,
-                message,
-            );
-            let _ = link.outbound.send(end).await;
+            link.end_stream(resume, ErrorCode::BrokenStream, message)
+                .await;
             return Resumed::NotResumable;
         }
         // What the edge received needs no resend.
@@ -421,22 +402,28 @@ impl Journal {
     }
 }
 
-/// The one error frame that ends stream `id` (a run error event or a tunnel error).
-fn error_frame(id: &str, tunnel: bool, code: ErrorCode, message: &str) -> pb::Envelope {
-    if tunnel {
-        pb::ProviderTunnelFrame {
-            request_id: id.to_string(),
-            frame: Some(Frame::Error(pb::TunnelError::new(code, message))),
-        }
-        .into()
-    } else {
-        pb::RunEvent {
-            run_id: id.to_string(),
-            kind: pb::RunEventKind::Error as i32,
-            error: Some(pb::RunError::new(code, message)),
-            ..Default::default()
-        }
-        .into()
+impl LinkOut {
+    /// Ends the resumed stream here with one error frame (a run error event or a tunnel
+    /// error), instead of going on with it.
+    async fn end_stream(&self, resume: &pb::StreamResume, code: ErrorCode, message: &str) {
+        let id = resume.stream_id.clone();
+        let end: pb::Envelope = if resume.tunnel {
+            pb::ProviderTunnelFrame {
+                request_id: id,
+                frame: Some(Frame::Error(pb::TunnelError::new(code, message))),
+            }
+            .into()
+        } else {
+            pb::RunEvent {
+                run_id: id,
+                kind: pb::RunEventKind::Error as i32,
+                error: Some(pb::RunError::new(code, message)),
+                ..Default::default()
+            }
+            .into()
+        };
+        // A link that drops meanwhile loses it; the edge parks the stream again.
+        let _ = self.outbound.send(end).await;
     }
 }
 

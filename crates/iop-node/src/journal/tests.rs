@@ -60,7 +60,7 @@ async fn a_resume_sends_again_exactly_what_the_edge_did_not_receive() {
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(30));
     let (first, mut first_rx) = link(1);
-    let stream = journal.begin("t", true, first, 8, CancellationToken::new());
+    let stream = journal.begin("t", first, 8);
     for n in 0..5 {
         assert!(stream.credit().await);
         assert!(stream.send(body(n), true, false).await);
@@ -86,7 +86,7 @@ async fn credit_lost_with_a_link_is_given_again_on_resume() {
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(30));
     let (first, _rx) = link(1);
-    let stream = journal.begin("t", true, first, 2, CancellationToken::new());
+    let stream = journal.begin("t", first, 2);
     for n in 0..2 {
         assert!(stream.credit().await);
         stream.send(body(n), true, false).await;
@@ -109,7 +109,7 @@ async fn credit_lost_with_a_link_is_given_again_on_resume() {
 async fn credited_frames_are_no_longer_kept() {
     let journal = Journal::default();
     let (first, _rx) = link(1);
-    let stream = journal.begin("t", true, first, 256, CancellationToken::new());
+    let stream = journal.begin("t", first, 256);
     for n in 0..100 {
         stream.credit().await;
         stream.send(body(n), true, false).await;
@@ -149,7 +149,7 @@ async fn a_flood_past_the_bounds_is_not_resumable_and_memory_stays_bounded() {
     let mut streams = Vec::new();
     for s in 0..8 {
         let id = format!("t{s}");
-        let stream = journal.begin(&id, true, l.clone(), u32::MAX / 2, CancellationToken::new());
+        let stream = journal.begin(&id, l.clone(), u32::MAX / 2);
         for n in 0..2000u32 {
             stream.send(body(n as u8), true, false).await;
             assert!(journal.kept_bytes() <= limits.total_bytes);
@@ -173,7 +173,7 @@ async fn a_detached_stream_is_stopped_after_the_wait_and_forgotten_after_its_end
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(10));
     let (l, _rx) = link(1);
-    let stream = journal.begin("r", false, l, 0, CancellationToken::new());
+    let stream = journal.begin("r", l, 0);
     journal.detach(1, "link dropped", false);
     let now = Instant::now();
     journal.sweep(now + Duration::from_secs(5));
@@ -204,9 +204,9 @@ async fn a_detached_stream_is_stopped_after_the_wait_and_forgotten_after_its_end
 async fn without_a_wait_a_dropped_link_stops_its_streams() {
     let journal = Journal::default();
     let (l, _rx) = link(1);
-    let stream = journal.begin("r", false, l, 0, CancellationToken::new());
+    let stream = journal.begin("r", l, 0);
     let (other, _rx2) = link(2);
-    let elsewhere = journal.begin("s", false, other, 0, CancellationToken::new());
+    let elsewhere = journal.begin("s", other, 0);
     journal.detach(1, "the node's connection to the edge ended", false);
     assert!(stream.cancel.is_cancelled());
     assert!(
@@ -223,7 +223,7 @@ async fn an_ended_stream_is_forgotten_once_the_edge_answered_a_later_ping() {
     let marks = l.marks.clone();
     marks.pinged(1);
     marks.answered(1);
-    let stream = journal.begin("t", true, l, 0, CancellationToken::new());
+    let stream = journal.begin("t", l, 0);
     stream.send(end(), false, true).await;
     // Only a pong for a ping queued before the end: the edge may not have it yet.
     journal.sweep(Instant::now());
@@ -242,7 +242,7 @@ async fn an_ended_stream_the_edge_confirmed_is_forgotten_at_once() {
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(30));
     let (l, _rx) = link(1);
-    let stream = journal.begin("t", true, l, 0, CancellationToken::new());
+    let stream = journal.begin("t", l, 0);
     stream.send(body(1), true, false).await;
     journal.forget_ended("t");
     assert_eq!(journal.len(), 1, "not before its last frame");
