@@ -509,14 +509,20 @@ mod tests {
     use super::*;
 
     fn session() -> NodeSession {
-        let (outbound, _rx) = Outbound::channel(8);
-        NodeSession::new(
+        session_and_sent().0
+    }
+
+    /// A session and what it sends the node.
+    fn session_and_sent() -> (NodeSession, tokio::sync::mpsc::Receiver<pb::Envelope>) {
+        let (outbound, sent) = Outbound::channel(8);
+        let session = NodeSession::new(
             "n".into(),
             Generation(1),
             "peer".into(),
             outbound,
             CancellationToken::new(),
-        )
+        );
+        (session, sent)
     }
 
     fn event(run_id: &str, kind: pb::RunEventKind) -> pb::RunEvent {
@@ -661,14 +667,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_node_hears_of_received_last_frames_in_batches_and_at_a_flush() {
-        let (outbound, mut sent) = Outbound::channel(8);
-        let s = NodeSession::new(
-            "n".into(),
-            Generation(1),
-            "peer".into(),
-            outbound,
-            CancellationToken::new(),
-        );
+        let (s, mut sent) = session_and_sent();
         let mut receivers = Vec::new();
         for i in 0..RECEIVED_BATCH + 1 {
             let id = format!("r{i}");

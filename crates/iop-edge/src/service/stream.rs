@@ -502,8 +502,8 @@ impl<T: StreamItem> StreamCore<T> {
     }
 
     /// Drops the stream's route, wherever it is now.
+    /// (A closed session holds no routes; a parked one ends with its consumer.)
     fn close_route(&self) {
-        self.session.close_stream(&self.id);
         if let Some(session) = self.control_session() {
             session.close_stream(&self.id);
         }
