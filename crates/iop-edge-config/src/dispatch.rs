@@ -17,6 +17,9 @@ const MAX_ATTEMPTS: u32 = 10;
 const MAX_ACK_TIMEOUT_SEC: f64 = 300.0;
 const MAX_RETRY_BUDGET_MIN: u32 = 100_000;
 const MAX_REATTACH_WAIT_SEC: u32 = 600;
+/// How long a streamed answer stays resumable by its client after its end, by default.
+pub const DEFAULT_RESUME_KEEP_SEC: u32 = 300;
+const MAX_RESUME_KEEP_SEC: u32 = 3600;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +48,13 @@ pub struct DispatchConfig {
     /// acknowledged yet is tried on another member (it may then run twice).
     #[serde(default = "default_reattach_wait_sec")]
     pub reattach_wait_sec: u32,
+    /// How long a streamed answer (an event stream relayed as the provider sent it) stays
+    /// resumable by its client after its end, in seconds: its events carry ids, and a
+    /// client that lost its connection sends the request again with `Last-Event-ID` to
+    /// any edge of the fleet and gets the rest. The node keeps the answer (bounded per
+    /// answer and in all). 0: no ids, nothing kept for clients.
+    #[serde(default = "default_resume_keep_sec")]
+    pub resume_keep_sec: u32,
 }
 
 fn default_max_attempts() -> u32 {
@@ -62,6 +72,9 @@ fn default_retry_budget_min() -> u32 {
 fn default_reattach_wait_sec() -> u32 {
     DEFAULT_REATTACH_WAIT_SEC
 }
+fn default_resume_keep_sec() -> u32 {
+    DEFAULT_RESUME_KEEP_SEC
+}
 
 impl Default for DispatchConfig {
     fn default() -> Self {
@@ -71,6 +84,7 @@ impl Default for DispatchConfig {
             retry_budget_percent: DEFAULT_RETRY_BUDGET_PERCENT,
             retry_budget_min: DEFAULT_RETRY_BUDGET_MIN,
             reattach_wait_sec: DEFAULT_REATTACH_WAIT_SEC,
+            resume_keep_sec: DEFAULT_RESUME_KEEP_SEC,
         }
     }
 }
@@ -82,6 +96,10 @@ impl DispatchConfig {
 
     pub fn reattach_wait(&self) -> Duration {
         Duration::from_secs(self.reattach_wait_sec.into())
+    }
+
+    pub fn resume_keep(&self) -> Duration {
+        Duration::from_secs(self.resume_keep_sec.into())
     }
 
     /// The bounds; the error names the field.
@@ -113,6 +131,12 @@ impl DispatchConfig {
                 format!(
                     "must be at most {MAX_REATTACH_WAIT_SEC} seconds (0 turns re-attaching off)"
                 ),
+            ));
+        }
+        if self.resume_keep_sec > MAX_RESUME_KEEP_SEC {
+            return Err(FieldError::new(
+                "resume_keep_sec".into(),
+                format!("must be at most {MAX_RESUME_KEEP_SEC} seconds (0 turns resuming off)"),
             ));
         }
         if self.retry_budget_min > MAX_RETRY_BUDGET_MIN {

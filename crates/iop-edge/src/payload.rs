@@ -55,14 +55,16 @@ fn provider_spec(p: &ProviderConfig, health: &HealthConfig) -> pb::ProviderSpec 
 const REATTACH_SLACK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The payload for `node` (its providers probed as `health` says, its streams kept going
-/// `reattach_wait` after a link drops), or why it cannot be sent (it would not fit in one
+/// the re-attach wait after a link drops, whole answers kept for clients as long as
+/// `dispatch` says), or why it cannot be sent (it would not fit in one
 /// frame).
 pub fn build_payload(
     node: &NodeConfig,
     health: &HealthConfig,
     max_frame_bytes: usize,
-    reattach_wait: std::time::Duration,
+    dispatch: &crate::config::DispatchConfig,
 ) -> Result<pb::NodeConfigPayload, String> {
+    let reattach_wait = dispatch.reattach_wait();
     let providers: Vec<pb::ProviderSpec> = node
         .providers
         .iter()
@@ -80,6 +82,7 @@ pub fn build_payload(
         } else {
             u32::try_from((reattach_wait + REATTACH_SLACK).as_millis()).unwrap_or(u32::MAX)
         },
+        resume_keep_ms: u32::try_from(dispatch.resume_keep().as_millis()).unwrap_or(u32::MAX),
     };
     let digest = Sha256::digest(payload.encode_to_vec());
     payload.config_version = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
@@ -117,7 +120,13 @@ nodes:
     #[test]
     fn payload_carries_enabled_providers() {
         let c = config();
-        let p = build_payload(&c.nodes[0], &c.health, 1 << 20, std::time::Duration::ZERO).unwrap();
+        let p = build_payload(
+            &c.nodes[0],
+            &c.health,
+            1 << 20,
+            &crate::config::DispatchConfig::default(),
+        )
+        .unwrap();
         assert_eq!(p.node_id, "n");
         let ids: Vec<_> = p.providers.iter().map(|p| p.id.as_str()).collect();
         assert_eq!(ids, ["m", "o"]);
@@ -140,8 +149,13 @@ nodes:
             ("", (0, 0)),
         ] {
             let c = EdgeConfig::from_yaml(&yaml(cli), "edge.yaml").unwrap();
-            let p =
-                build_payload(&c.nodes[0], &c.health, 1 << 20, std::time::Duration::ZERO).unwrap();
+            let p = build_payload(
+                &c.nodes[0],
+                &c.health,
+                1 << 20,
+                &crate::config::DispatchConfig::default(),
+            )
+            .unwrap();
             let spec = p.providers[0].cli.as_ref().unwrap();
             assert_eq!((spec.max_sessions, spec.session_idle_sec), want, "{cli}");
         }
@@ -150,21 +164,36 @@ nodes:
     #[test]
     fn version_changes_with_content() {
         let mut c = config();
-        let a = build_payload(&c.nodes[0], &c.health, 1 << 20, std::time::Duration::ZERO)
-            .unwrap()
-            .config_version;
+        let a = build_payload(
+            &c.nodes[0],
+            &c.health,
+            1 << 20,
+            &crate::config::DispatchConfig::default(),
+        )
+        .unwrap()
+        .config_version;
         c.nodes[0].providers[0].capacity.normal = 9;
-        let b = build_payload(&c.nodes[0], &c.health, 1 << 20, std::time::Duration::ZERO)
-            .unwrap()
-            .config_version;
+        let b = build_payload(
+            &c.nodes[0],
+            &c.health,
+            1 << 20,
+            &crate::config::DispatchConfig::default(),
+        )
+        .unwrap()
+        .config_version;
         assert_ne!(a, b);
     }
 
     #[test]
     fn an_oversized_payload_fails_to_build() {
         let c = config();
-        let err =
-            build_payload(&c.nodes[0], &c.health, 300, std::time::Duration::ZERO).unwrap_err();
+        let err = build_payload(
+            &c.nodes[0],
+            &c.health,
+            300,
+            &crate::config::DispatchConfig::default(),
+        )
+        .unwrap_err();
         assert!(err.contains("frame limit"), "{err}");
     }
 }

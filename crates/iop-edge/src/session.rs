@@ -187,6 +187,7 @@ impl DetachedStream {
             tunnel: matches!(self.route, Route::Tunnel(_)),
             received: progress.received.load(Ordering::Relaxed),
             credited: progress.credited.load(Ordering::Relaxed),
+            ..Default::default()
         }
     }
 
@@ -653,6 +654,7 @@ mod tests {
                     tunnel: true,
                     received: 3,
                     credited: 2,
+                    ..Default::default()
                 }
                 .into()
             ]

@@ -167,6 +167,7 @@ impl NodeRuntime {
                 "streams": self.journal.len(),
                 "kept_bytes": self.journal.kept_bytes(),
                 "reattach_wait_ms": self.journal.wait().as_millis() as u64,
+                "resume_keep_ms": self.journal.keep().as_millis() as u64,
             },
         })
     }

@@ -13,9 +13,18 @@
 //! frame (the link delivers in order, so the edge has every frame of it), else once the
 //! wait passed after its end.
 //!
-//! Memory is bounded twice: a stream keeps at most [`JournalLimits::stream_bytes`] of
-//! frames the edge has not credited (its credit window bounds the data frames anyway), and
-//! all streams together at most [`JournalLimits::total_bytes`]. A stream over either bound
+//! When the edge's config asks for resumable answers (`resume_keep_ms` above 0), a stream
+//! keeps every frame it sent, not only the uncredited ones, and an ended stream is kept for
+//! that long after its end: a client that lost its connection resumes the answer through
+//! any edge (`StreamResume.origin`), which gets the whole stream again under a new id and
+//! then its further frames; the previous link, if any, loses it. Only the caller that
+//! asked (`owner`) may resume it.
+//!
+//! Memory is bounded twice: a stream keeps at most [`JournalLimits::stream_bytes`], and all
+//! streams together at most [`JournalLimits::total_bytes`]; the oldest ended streams are
+//! dropped first once three quarters of that is used. A whole stream over a bound keeps
+//! only what the edge has not credited from then on (a client can no longer resume it; a
+//! dropped link still can), and a stream whose uncredited frames alone are over a bound
 //! drops what it kept and is marked not resumable: a resume then ends it with
 //! `broken_stream` saying it may have run. It is never replayed in part.
 
@@ -88,6 +97,9 @@ pub struct Journal {
     kept_bytes: Arc<AtomicUsize>,
     /// The re-attach wait, in milliseconds (0: streams stop with their link).
     wait_ms: AtomicU64,
+    /// How long a whole answer stays resumable by its client after its end, in
+    /// milliseconds (0: clients cannot resume).
+    keep_ms: AtomicU64,
 }
 
 impl Default for Journal {
@@ -105,6 +117,19 @@ pub enum StreamFrame {
 }
 
 impl StreamFrame {
+    /// Leaves the usage out (an edge billed it already); false when nothing of the frame
+    /// is left to send.
+    fn drop_usage(&mut self) -> bool {
+        match self {
+            StreamFrame::Run(event) => {
+                event.usage = None;
+                true
+            }
+            StreamFrame::Tunnel(Frame::Usage(_)) => false,
+            StreamFrame::Tunnel(_) => true,
+        }
+    }
+
     fn envelope(self, id: &str) -> pb::Envelope {
         match self {
             StreamFrame::Run(event) => event.into(),
@@ -137,6 +162,10 @@ struct Kept {
 #[derive(Debug)]
 struct StreamState {
     link: Option<LinkOut>,
+    /// Every frame the stream sent is kept (a client may resume it from its start).
+    whole: bool,
+    /// An edge received the stream's end (and billed its usage).
+    delivered: bool,
     kept: VecDeque<Kept>,
     /// The index (among every frame the stream sent) of `kept[0]`.
     first_kept: u64,
@@ -159,7 +188,12 @@ struct StreamState {
 /// A run or tunnel in the journal.
 #[derive(Debug)]
 pub struct JournalStream {
+    /// The id the request came with (the journal's key).
     pub id: String,
+    /// The id its frames go out under: `id`, or the one a client's resume gave it.
+    wire: Mutex<String>,
+    /// The caller that asked: only it may resume the answer.
+    owner: String,
     state: tokio::sync::Mutex<StreamState>,
     credit: Semaphore,
     /// Data frames the edge credited, in all.
@@ -191,7 +225,19 @@ impl Journal {
             limits,
             kept_bytes: Arc::new(AtomicUsize::new(0)),
             wait_ms: AtomicU64::new(0),
+            keep_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Sets how long a whole answer stays resumable after its end (from the edge's
+    /// config; 0: clients cannot resume).
+    pub fn set_keep(&self, keep: Duration) {
+        self.keep_ms
+            .store(keep.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn keep(&self) -> Duration {
+        Duration::from_millis(self.keep_ms.load(Ordering::Relaxed))
     }
 
     /// Sets the re-attach wait (from the edge's config).
@@ -214,10 +260,10 @@ impl Journal {
         self.streams.lock().len()
     }
 
-    /// Enters a new stream going out on `link` with a window of `window` data frames. An
-    /// id already in the journal gets a fresh entry (ids are unique; a reused one is a new
-    /// stream).
-    pub fn begin(&self, id: &str, link: LinkOut, window: u32) -> Arc<JournalStream> {
+    /// Enters a new stream for `owner` going out on `link` with a window of `window` data
+    /// frames. An id already in the journal gets a fresh entry (ids are unique; a reused
+    /// one is a new stream).
+    pub fn begin(&self, id: &str, owner: &str, link: LinkOut, window: u32) -> Arc<JournalStream> {
         let window = if window == 0 {
             iop_proto::STREAM_WINDOW
         } else {
@@ -225,8 +271,12 @@ impl Journal {
         };
         let stream = Arc::new(JournalStream {
             id: id.to_string(),
+            wire: Mutex::new(id.to_string()),
+            owner: owner.to_string(),
             state: tokio::sync::Mutex::new(StreamState {
                 link: Some(link),
+                whole: !self.keep().is_zero(),
+                delivered: false,
                 kept: VecDeque::new(),
                 first_kept: 0,
                 sent: 0,
@@ -262,12 +312,17 @@ impl Journal {
         }
     }
 
-    /// The edge has stream `id`'s last frame: nothing of it is kept any longer.
+    /// The edge has stream `id`'s last frame: nothing of it is kept any longer, unless
+    /// its client may still resume it.
     pub fn forget_ended(&self, id: &str) {
         let mut streams = self.streams.lock();
-        let Some(stream) = streams.get(id) else {
+        let Some(stream) = streams.get(id).cloned() else {
             return;
         };
+        if *stream.wire.lock() != id {
+            // A stale name: the stream went on under another since.
+            return;
+        }
         // The last frame is sent under the stream's lock; one held now is sending it.
         let Ok(mut state) = stream.state.try_lock() else {
             return;
@@ -275,9 +330,23 @@ impl Journal {
         if state.ended_at.is_none() {
             return;
         }
+        state.delivered = true;
+        if state.whole {
+            return;
+        }
         stream.forget_kept(&mut state);
         drop(state);
-        streams.remove(id);
+        streams.retain(|_, s| !Arc::ptr_eq(s, &stream));
+    }
+
+    /// Which stream a cancel for `id` stops: the journal's own id for it, or `None` when
+    /// `id` is a name the stream no longer goes by (a client resumed it elsewhere, so the
+    /// edge that cancels has lost it). Ids the journal does not know pass unchanged.
+    pub fn cancel_target(&self, id: &str) -> Option<String> {
+        match self.get(id) {
+            None => Some(id.to_string()),
+            Some(stream) => (*stream.wire.lock() == id).then(|| stream.id.clone()),
+        }
     }
 
     /// Link `link` dropped: its streams go on detached, or — when there is no re-attach
@@ -302,18 +371,54 @@ impl Journal {
     }
 
     /// Re-attaches stream `resume.stream_id` to `link`: sends again what the edge did not
-    /// receive, then the stream goes on there.
+    /// receive, then the stream goes on there. A client's resume (`resume.origin`) gets
+    /// the whole stream again, under the new id.
     pub async fn resume(&self, resume: &pb::StreamResume, link: LinkOut) -> Resumed {
-        let Some(stream) = self.get(&resume.stream_id) else {
-            let message = "the node does not have this request: it never received it (or the \
-                           node process restarted since)";
-            link.end_stream(resume, ErrorCode::NodeDisconnected, message)
-                .await;
+        let by_client = !resume.origin.is_empty();
+        let key = if by_client {
+            &resume.origin
+        } else {
+            &resume.stream_id
+        };
+        let found = self
+            .get(key)
+            .filter(|s| !by_client || s.owner == resume.owner);
+        let Some(stream) = found else {
+            let message = if by_client {
+                "this answer cannot be resumed: the node does not keep it (it ended longer ago \
+                 than answers are kept, or the node process restarted since)"
+            } else {
+                "the node does not have this request: it never received it (or the node \
+                 process restarted since)"
+            };
+            link.end_stream(
+                &resume.stream_id,
+                resume.tunnel,
+                ErrorCode::NodeDisconnected,
+                message,
+            )
+            .await;
             return Resumed::Unknown;
         };
-        stream.grant_to(resume.credited);
+        if !by_client {
+            stream.grant_to(resume.credited);
+        }
         let mut state = stream.state.lock().await;
-        let lost = !state.resumable || resume.received < state.first_kept;
+        let lost =
+            !state.resumable || resume.received < state.first_kept || (by_client && !state.whole);
+        if lost && by_client {
+            drop(state);
+            let message = "this answer cannot be resumed: it was too large for the node to \
+                           keep whole";
+            link.end_stream(
+                &resume.stream_id,
+                resume.tunnel,
+                ErrorCode::BrokenStream,
+                message,
+            )
+            .await;
+            return Resumed::NotResumable;
+        }
         if lost {
             stream.forget_kept(&mut state);
             state.link = None;
@@ -321,19 +426,40 @@ impl Journal {
             stream.stop("its answer could not be sent again after the link dropped");
             let message = "the node's link dropped and it kept too little of the answer to \
                            send it again; the request may have run";
-            link.end_stream(resume, ErrorCode::BrokenStream, message)
-                .await;
+            link.end_stream(
+                &resume.stream_id,
+                resume.tunnel,
+                ErrorCode::BrokenStream,
+                message,
+            )
+            .await;
             return Resumed::NotResumable;
+        }
+        if by_client {
+            let old = std::mem::replace(&mut *stream.wire.lock(), resume.stream_id.clone());
+            if let Some(previous) = state.link.take() {
+                let message = "the client resumed this answer on another connection";
+                previous
+                    .end_stream(&old, resume.tunnel, ErrorCode::Cancelled, message)
+                    .await;
+            }
+            self.streams
+                .lock()
+                .insert(resume.stream_id.clone(), stream.clone());
         }
         // What the edge received needs no resend.
         let received = resume.received.min(state.sent);
         while state.first_kept < received {
             stream.pop_front(&mut state);
         }
+        let wire = stream.wire.lock().clone();
         let mut resent = 0;
         for kept in &state.kept {
-            let envelope = kept.frame.clone().envelope(&stream.id);
-            if link.outbound.send(envelope).await.is_err() {
+            let mut frame = kept.frame.clone();
+            if by_client && state.delivered && !frame.drop_usage() {
+                continue;
+            }
+            if link.outbound.send(frame.envelope(&wire)).await.is_err() {
                 // This link dropped too: still detached.
                 return Resumed::Attached { resent };
             }
@@ -350,12 +476,18 @@ impl Journal {
         Resumed::Attached { resent }
     }
 
-    /// Stops detached streams the wait passed for and forgets ended ones the wait passed
-    /// after; run every second or so.
+    /// Stops detached streams the wait passed for; forgets ended ones once an edge has
+    /// their end and no client may resume them any longer (or the wait passed after
+    /// their end, with none received); drops the oldest ended streams while the journal
+    /// holds over three quarters of its bound. Run every second or so.
     pub fn sweep(&self, now: Instant) {
-        let wait = self.wait();
-        let streams: Vec<_> = self.streams.lock().values().cloned().collect();
-        let mut gone = Vec::new();
+        let (wait, keep) = (self.wait(), self.keep());
+        let mut streams: Vec<_> = self.streams.lock().values().cloned().collect();
+        // A resumed stream is in the map under two names.
+        streams.sort_by_key(|s| Arc::as_ptr(s) as usize);
+        streams.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        let mut gone = foldhash::HashSet::default();
+        let mut ended: Vec<(Instant, Arc<JournalStream>)> = Vec::new();
         for stream in streams {
             let Ok(mut state) = stream.state.try_lock() else {
                 continue;
@@ -379,18 +511,43 @@ impl Journal {
                     .ended_on
                     .as_ref()
                     .is_some_and(|(marks, ping)| marks.answered.load(Ordering::Acquire) > *ping);
-            if confirmed || since.is_some_and(|at| now.saturating_duration_since(at) >= wait) {
-                stream.forget_kept(&mut state);
-                gone.push(stream.id.clone());
+            if confirmed {
+                state.delivered = true;
             }
+            let Some(since) = since else {
+                continue;
+            };
+            let age = now.saturating_duration_since(since);
+            let done = if state.whole {
+                age >= keep.max(wait)
+            } else {
+                state.delivered || age >= wait
+            };
+            if done {
+                stream.forget_kept(&mut state);
+                gone.insert(Arc::as_ptr(&stream) as usize);
+            } else if let Some(end) = state.ended_at {
+                ended.push((end, stream.clone()));
+            }
+        }
+        // Over three quarters of the bound: the oldest ended answers go first.
+        ended.sort_by_key(|(end, _)| *end);
+        let mut total = self.kept_bytes();
+        for (_, stream) in ended {
+            if total <= self.limits.total_bytes / 4 * 3 {
+                break;
+            }
+            let Ok(mut state) = stream.state.try_lock() else {
+                continue;
+            };
+            total = total.saturating_sub(state.kept_bytes);
+            stream.forget_kept(&mut state);
+            drop(state);
+            gone.insert(Arc::as_ptr(&stream) as usize);
         }
         if !gone.is_empty() {
             let mut streams = self.streams.lock();
-            for id in gone {
-                if streams.get(&id).is_some_and(|s| s.is_ended_now()) {
-                    streams.remove(&id);
-                }
-            }
+            streams.retain(|_, s| !gone.contains(&(Arc::as_ptr(s) as usize)) || !s.is_ended_now());
         }
     }
 
@@ -403,11 +560,11 @@ impl Journal {
 }
 
 impl LinkOut {
-    /// Ends the resumed stream here with one error frame (a run error event or a tunnel
-    /// error), instead of going on with it.
-    async fn end_stream(&self, resume: &pb::StreamResume, code: ErrorCode, message: &str) {
-        let id = resume.stream_id.clone();
-        let end: pb::Envelope = if resume.tunnel {
+    /// Ends stream `id` here with one error frame (a run error event or a tunnel error),
+    /// instead of going on with it.
+    async fn end_stream(&self, id: &str, tunnel: bool, code: ErrorCode, message: &str) {
+        let id = id.to_string();
+        let end: pb::Envelope = if tunnel {
             pb::ProviderTunnelFrame {
                 request_id: id,
                 frame: Some(Frame::Error(pb::TunnelError::new(code, message))),
@@ -474,6 +631,15 @@ impl JournalStream {
             let size = frame.size();
             let total = self.total.fetch_add(size, Ordering::AcqRel) + size;
             state.kept_bytes += size;
+            if state.whole
+                && (state.kept_bytes > self.limits.stream_bytes || total > self.limits.total_bytes)
+            {
+                // Too large to keep whole: from now on only what the edge has not credited.
+                tracing::info!(stream_id = %self.id, kept = state.kept_bytes, total, "the journal keeps this answer no longer whole: its client cannot resume it");
+                state.whole = false;
+                self.prune(&mut state);
+            }
+            let total = self.total.load(Ordering::Acquire);
             if state.kept_bytes > self.limits.stream_bytes || total > self.limits.total_bytes {
                 tracing::warn!(stream_id = %self.id, kept = state.kept_bytes, total, "the journal's bound is reached: this stream can no longer be resumed after a dropped link");
                 self.total.fetch_sub(size, Ordering::AcqRel);
@@ -490,7 +656,8 @@ impl JournalStream {
         if let Some(link) = &state.link {
             // A link that is going drops the frame; it is kept, and the detach follows.
             // Sent under the stream's lock, so a resume's resend never overtakes it.
-            let _ = link.outbound.send(frame.envelope(&self.id)).await;
+            let wire = self.wire.lock().clone();
+            let _ = link.outbound.send(frame.envelope(&wire)).await;
         }
         !self.cancel.is_cancelled()
     }
@@ -498,6 +665,9 @@ impl JournalStream {
     /// Drops the kept frames the edge credited (a credited data frame was received, and
     /// every frame before it).
     fn prune(&self, state: &mut StreamState) {
+        if state.whole {
+            return;
+        }
         let credited = self.credited.load(Ordering::Acquire);
         while state.pruned_data < credited && !state.kept.is_empty() {
             self.pop_front(state);

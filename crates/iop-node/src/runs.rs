@@ -126,9 +126,12 @@ impl NodeRuntime {
     /// the request finds it.
     pub fn start_run(self: &Arc<Self>, request: pb::RunRequest, conn: &Connection) {
         let runtime = self.clone();
-        let stream = self
-            .journal
-            .begin(&request.run_id, conn.link_out(), request.initial_credit);
+        let stream = self.journal.begin(
+            &request.run_id,
+            &request.owner,
+            conn.link_out(),
+            request.initial_credit,
+        );
         let hook = self.permits.arrived(&request.adapter, conn.link);
         let span = tracing::info_span!(
             "run",

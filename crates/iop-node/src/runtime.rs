@@ -245,6 +245,8 @@ impl NodeRuntime {
         *self.node_id.write() = payload.node_id.clone();
         self.journal
             .set_wait(Duration::from_millis(payload.reattach_wait_ms.into()));
+        self.journal
+            .set_keep(Duration::from_millis(payload.resume_keep_ms.into()));
         // Replaced instances start over (unknown, or healthy for the mock): say so.
         self.health_changed.send_modify(|n| *n = n.wrapping_add(1));
         Ok(())
@@ -292,6 +294,7 @@ mod tests {
             }],
             config_version: 1,
             reattach_wait_ms: 0,
+            resume_keep_ms: 0,
         }
     }
 

@@ -534,7 +534,19 @@ impl Session {
                     tracing::info!(stream_id = %resume.stream_id, received = resume.received, outcome = ?resumed, "an edge re-attached a stream after its link dropped");
                 });
             }
-            Message::CancelRequest(request) => {
+            Message::CancelRequest(mut request) => {
+                // A stream a client resumed elsewhere is no longer this edge's to cancel.
+                let stream = match request.kind() {
+                    pb::CancelKind::CancelRun => Some(&mut request.run_id),
+                    pb::CancelKind::CancelTunnel => Some(&mut request.request_id),
+                    _ => None,
+                };
+                if let Some(id) = stream {
+                    match self.runtime.journal.cancel_target(id) {
+                        Some(target) => *id = target,
+                        None => return None,
+                    }
+                }
                 let runtime = self.runtime.clone();
                 let outbound = self.outbound.clone();
                 self.conn.tasks.spawn(async move {

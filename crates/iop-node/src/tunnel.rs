@@ -138,9 +138,12 @@ impl NodeRuntime {
     pub fn start_tunnel(self: &Arc<Self>, request: pb::ProviderTunnelRequest, conn: &Connection) {
         let runtime = self.clone();
         // In the journal before this returns, so a resume read after the request finds it.
-        let stream =
-            self.journal
-                .begin(&request.request_id, conn.link_out(), request.initial_credit);
+        let stream = self.journal.begin(
+            &request.request_id,
+            &request.owner,
+            conn.link_out(),
+            request.initial_credit,
+        );
         // No span on this hot path: its few log lines carry the request id themselves.
         // Boxed: the tunnel's state (provider exchange, body, observer) is a few KiB that
         // the task would otherwise copy when it is spawned and when it completes.
@@ -525,6 +528,7 @@ mod tests {
                 }],
                 config_version: 1,
                 reattach_wait_ms: 0,
+                resume_keep_ms: 0,
             })
             .unwrap();
         let (outbound, mut rx) = iop_proto::Outbound::channel(64);
@@ -540,7 +544,7 @@ mod tests {
             ..Default::default()
         };
         let hook = runtime.permits.arrived(&request.adapter, conn.link);
-        let stream = runtime.journal.begin("t1", conn.link_out(), 0);
+        let stream = runtime.journal.begin("t1", "", conn.link_out(), 0);
         runtime.tunnel(request, &stream, hook).await;
         let mut kinds = Vec::new();
         while let Ok(envelope) = rx.try_recv() {

@@ -35,6 +35,8 @@ pub struct TunnelSpec {
     pub client_request_id: String,
     /// The answer is streamed (the node awaits the head for the stream timeout).
     pub stream: bool,
+    /// Who asked (the API key's name; empty for none): only it may resume the answer.
+    pub owner: String,
 }
 
 /// What a client accepts back.

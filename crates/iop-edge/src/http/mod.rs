@@ -38,6 +38,7 @@ pub mod ollama;
 pub mod ollama_models;
 pub mod passthrough;
 pub mod request_id;
+pub mod resume;
 pub mod routes;
 pub mod runs;
 pub mod server;

@@ -25,7 +25,7 @@ use axum::routing::post;
 
 use super::decode::{LargeBodies, Prepared};
 use super::error::{self, with_attempts};
-use super::{answer, forward, keepalive, passthrough, request_id};
+use super::{answer, forward, keepalive, passthrough, request_id, resume};
 use crate::auth::Caller;
 use crate::canonical::{ApiError, ModelRequest, Operation};
 use crate::ledger::RequestRecorder;
@@ -113,9 +113,14 @@ async fn handle(
         body,
     } = incoming;
     let key = caller.key_name().unwrap_or("");
+    let resumed = resume::requested(edge, surface, &headers);
     let prepared = large
         .read_and_decode(edge, key, surface, body, &headers)
         .await?;
+    if let Some(point) = resumed {
+        recorder.set_group(&prepared.decoded().model);
+        return resume::serve(edge, surface, &caller, &headers, point, recorder).await;
+    }
     let keepalive = keepalive::interval(edge, surface, prepared.decoded().stream);
     // Owned, so a stream kept alive while it waits can outlive the handler.
     let (edge, answer_recorder) = (edge.clone(), recorder.clone());
@@ -180,7 +185,7 @@ async fn admit_and_serve(
     // client's API itself got the request whole).
     let mut notes = None;
     let response = match served.answer {
-        Answer::Native { head, stream } => passthrough::respond_head(head, stream, surface),
+        Answer::Native { head, stream } => passthrough::respond_head(head, stream, surface, None),
         Answer::Events(source) => {
             notes = surface.notes(decoded);
             let meta = AnswerMeta {

@@ -8,6 +8,7 @@
 //! and dropped), and aborts any other body (the client sees a truncated response, never a
 //! wrong one).
 
+pub mod event_ids;
 pub mod head;
 pub mod sse;
 
@@ -19,6 +20,7 @@ use iop_proto::pb;
 use crate::canonical::ApiError;
 use crate::service::tunnel::{TunnelHead, TunnelItem, TunnelStream};
 use crate::surfaces::Surface;
+use event_ids::{EventIds, ResumePoint};
 use iop_proto::ErrorCode;
 use sse::EventBoundary;
 
@@ -26,11 +28,14 @@ use sse::EventBoundary;
 const MAX_MERGE: usize = 256 * 1024;
 
 /// Checks the provider's response head (which the dispatcher waited for), then streams
-/// the body; an event stream that fails mid-body ends with `surface`'s error event.
+/// the body; an event stream that fails mid-body ends with `surface`'s error event. An
+/// event stream's events carry ids when the edge keeps answers resumable; a client's
+/// resume (`resumed`) leaves out the events it has.
 pub fn respond_head(
     provider_head: TunnelHead,
     mut tunnel: TunnelStream,
     surface: Surface,
+    resumed: Option<ResumePoint>,
 ) -> Result<Response, ApiError> {
     let head = head::relay_head(
         provider_head.status,
@@ -43,10 +48,21 @@ pub fn respond_head(
         tunnel.fail(ErrorCode::BadUpstreamResponse);
         ApiError::of(ErrorCode::BadUpstreamResponse, message)
     })?;
+    let events = head.is_sse && head.content_length.is_none();
+    let ids = match resumed {
+        Some(point) => Some(EventIds::resuming(&point.node, &point.stream, point.after)),
+        None => {
+            let node = tunnel.core.node_id();
+            let resumable = tunnel.core.edge.config().dispatch.resume_keep_sec > 0
+                && node.bytes().all(|b| b.is_ascii_graphic());
+            (events && resumable).then(|| EventIds::new(node, &tunnel.core.id))
+        }
+    };
     let state = BodyState {
         tunnel,
         is_sse: head.is_sse,
-        events: (head.is_sse && head.content_length.is_none()).then(EventBoundary::default),
+        events: events.then(EventBoundary::default),
+        ids,
         remaining: head.content_length,
         failed: None,
         surface,
@@ -100,6 +116,13 @@ pub fn respond_head(
         }
         if let Some(events) = state.events.as_mut() {
             bytes = events.push(bytes);
+            if events.mid_event() {
+                // An oversized event went out in parts: ids would land inside it.
+                state.ids = None;
+            }
+            if let Some(ids) = state.ids.as_mut() {
+                bytes = ids.stamp(&bytes);
+            }
         }
         match ending {
             Some(TunnelItem::End) => state.end(bytes),
@@ -125,6 +148,8 @@ struct BodyState {
     is_sse: bool,
     /// Event boundaries of an event stream without a Content-Length.
     events: Option<EventBoundary>,
+    /// The events' ids, when the answer is resumable.
+    ids: Option<EventIds>,
     /// Body bytes still expected when the provider sent a Content-Length.
     remaining: Option<u64>,
     /// A failure to report after the bytes before it went out.
@@ -139,11 +164,14 @@ impl BodyState {
     /// Ends the body normally after `bytes` and whatever the event stream held back (the
     /// provider's bytes go out as they are).
     fn end(mut self, bytes: Bytes) -> BodyStep {
-        let held = self
+        let mut held = self
             .events
             .as_mut()
             .map(EventBoundary::take_held)
             .unwrap_or_default();
+        if let Some(ids) = self.ids.as_mut() {
+            held = ids.stamp(&held);
+        }
         let out = if held.is_empty() {
             bytes
         } else {

@@ -437,6 +437,7 @@ impl Edge {
             Work::Tunnel(mut spec) => {
                 spec.client_request_id = ctx.client_request_id.clone();
                 spec.headers.extend(ctx.provider_headers.iter().cloned());
+                spec.owner = ctx.api_key.clone().unwrap_or_default();
                 let stream = match self.start_tunnel(session, spec, terms).await {
                     Ok(stream) => stream,
                     Err(error) => return not_sent(self, error),

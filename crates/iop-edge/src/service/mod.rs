@@ -356,7 +356,7 @@ impl Edge {
             node,
             &config.health,
             config.max_frame_bytes,
-            config.dispatch.reattach_wait(),
+            &config.dispatch,
         ) {
             Ok(payload) => {
                 self.nodes.config_sent(&node_id, payload.config_version);
@@ -457,7 +457,7 @@ impl Edge {
             node,
             &config.health,
             config.max_frame_bytes,
-            config.dispatch.reattach_wait(),
+            &config.dispatch,
         ) else {
             return;
         };

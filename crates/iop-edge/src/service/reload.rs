@@ -118,12 +118,8 @@ impl Edge {
             let Some(node) = new.nodes.iter().find(|n| n.id == session.node_id) else {
                 continue;
             };
-            let payload = match build_payload(
-                node,
-                &new.health,
-                new.max_frame_bytes,
-                new.dispatch.reattach_wait(),
-            ) {
+            let payload = match build_payload(node, &new.health, new.max_frame_bytes, &new.dispatch)
+            {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::error!(node_id = %node.id, error = %e, "config reload: cannot build the node's payload; it keeps its old config");

@@ -112,6 +112,39 @@ impl Edge {
                     usage_injected: spec.usage_injected,
                     client_request_id: spec.client_request_id,
                     stream: spec.stream,
+                    owner: spec.owner,
+                }
+            })
+            .await?;
+        Ok(TunnelStream {
+            replay: Default::default(),
+            events: None,
+            core,
+        })
+    }
+}
+
+impl Edge {
+    /// Asks the node on `session` for answer `origin` again, whole, under a new id: a
+    /// client resumes it (it may have begun on another edge). The node answers like any
+    /// tunnel, from its first frame; one it does not keep, or that `owner` did not ask
+    /// for, ends with an error at once.
+    pub(crate) async fn resume_tunnel(
+        self: &Arc<Self>,
+        session: Arc<NodeSession>,
+        origin: &str,
+        owner: String,
+        client_request_id: String,
+        terms: StreamTerms,
+    ) -> Result<TunnelStream, SubmitError> {
+        let core = self
+            .open_stream(session, client_request_id, terms, |stream_id| {
+                pb::StreamResume {
+                    stream_id,
+                    tunnel: true,
+                    origin: origin.to_string(),
+                    owner,
+                    ..Default::default()
                 }
             })
             .await?;

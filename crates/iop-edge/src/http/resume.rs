@@ -1,0 +1,86 @@
+//! A client resumes a streamed answer: it sends its request again with the id of the
+//! last event it received in `Last-Event-ID` (ids this fleet gave:
+//! [`super::passthrough::event_ids`]). The answer is not run again: the node that holds
+//! it — named in the id, linked to every edge — replays it from its start and goes on
+//! with it if it still runs, and the events the client has are left out. Any edge of the
+//! fleet serves the resume, so a client whose edge died resumes through another.
+//!
+//! Only the API key that asked may resume an answer; an answer the node no longer keeps
+//! (`dispatch.resume_keep_sec` after its end), or one whose node is not linked to this
+//! edge, answers with an error in the API's own shape. An id this fleet did not give is
+//! ignored: the request is served as a new one.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use axum::response::Response;
+use iop_proto::ErrorCode;
+
+use super::passthrough::event_ids::{LAST_EVENT_ID, ResumePoint};
+use super::{passthrough, request_id};
+use crate::auth::Caller;
+use crate::canonical::ApiError;
+use crate::ledger::RequestRecorder;
+use crate::service::Edge;
+use crate::service::stream::{StreamLimits, StreamTerms};
+use crate::surfaces::Surface;
+
+/// The answer a request resumes, if it carries a `Last-Event-ID` this fleet gave and the
+/// edge keeps answers resumable.
+pub fn requested(edge: &Edge, surface: Surface, headers: &HeaderMap) -> Option<ResumePoint> {
+    if matches!(surface, Surface::Ollama(_)) || edge.config().dispatch.resume_keep_sec == 0 {
+        return None;
+    }
+    let id = headers.get(LAST_EVENT_ID)?.to_str().ok()?;
+    ResumePoint::parse(id.trim())
+}
+
+/// Serves the rest of answer `point` to `caller`.
+pub async fn serve(
+    edge: &Arc<Edge>,
+    surface: Surface,
+    caller: &Caller,
+    headers: &HeaderMap,
+    point: ResumePoint,
+    recorder: &RequestRecorder,
+) -> Result<Response, ApiError> {
+    let Some(session) = edge.session(&point.node) else {
+        return Err(ApiError::of(
+            ErrorCode::NotFound,
+            format!(
+                "this answer cannot be resumed here: node {:?}, which holds it, is not linked \
+                 to this edge",
+                point.node
+            ),
+        ));
+    };
+    tracing::info!(node_id = %point.node, stream_id = %point.stream, after = point.after, "a client resumes an answer");
+    recorder.dispatched(&point.node, "", "resume");
+    let terms = StreamTerms {
+        limits: StreamLimits {
+            ack_timeout: edge.config().dispatch.ack_timeout(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut stream = edge
+        .resume_tunnel(
+            session,
+            &point.stream,
+            caller.owner().unwrap_or_default(),
+            request_id::of(headers).to_string(),
+            terms,
+        )
+        .await
+        .map_err(ApiError::from)?;
+    let head = stream.head().await.map_err(|e| {
+        let mut error = ApiError::from_tunnel_error(&e);
+        if e.error_code() == ErrorCode::NodeDisconnected {
+            // The node does not keep it (any longer), or not for this caller.
+            error = ApiError::of(ErrorCode::NotFound, e.message);
+        }
+        error
+    })?;
+    stream.serve(recorder.clone());
+    passthrough::respond_head(head, stream, surface, Some(point))
+}
