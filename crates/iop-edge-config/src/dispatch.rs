@@ -20,6 +20,9 @@ const MAX_REATTACH_WAIT_SEC: u32 = 600;
 /// How long a streamed answer stays resumable by its client after its end, by default.
 pub const DEFAULT_RESUME_KEEP_SEC: u32 = 300;
 const MAX_RESUME_KEEP_SEC: u32 = 3600;
+/// How long an answer whose client left goes on for a resume, by default.
+pub const DEFAULT_RESUME_GRACE_SEC: u32 = 0;
+const MAX_RESUME_GRACE_SEC: u32 = 600;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -55,6 +58,15 @@ pub struct DispatchConfig {
     /// answer and in all). 0: no ids, nothing kept for clients.
     #[serde(default = "default_resume_keep_sec")]
     pub resume_keep_sec: u32,
+    /// When the client of a resumable answer goes away mid-stream (a dropped connection
+    /// looks the same as a client that stopped reading), the answer goes on this many
+    /// seconds for the client to resume it, then is cancelled; one that ends meanwhile is
+    /// kept for `resume_keep_sec`. The price: a client that closes a stream to stop it
+    /// keeps its provider busy up to this long. 0 (the default): cancel at once, as a
+    /// client that stops reading expects; a dropped client then resumes only what was
+    /// sent before (an edge that died never cancels: its streams wait for a resume).
+    #[serde(default = "default_resume_grace_sec")]
+    pub resume_grace_sec: u32,
 }
 
 fn default_max_attempts() -> u32 {
@@ -75,6 +87,9 @@ fn default_reattach_wait_sec() -> u32 {
 fn default_resume_keep_sec() -> u32 {
     DEFAULT_RESUME_KEEP_SEC
 }
+fn default_resume_grace_sec() -> u32 {
+    DEFAULT_RESUME_GRACE_SEC
+}
 
 impl Default for DispatchConfig {
     fn default() -> Self {
@@ -85,6 +100,7 @@ impl Default for DispatchConfig {
             retry_budget_min: DEFAULT_RETRY_BUDGET_MIN,
             reattach_wait_sec: DEFAULT_REATTACH_WAIT_SEC,
             resume_keep_sec: DEFAULT_RESUME_KEEP_SEC,
+            resume_grace_sec: DEFAULT_RESUME_GRACE_SEC,
         }
     }
 }
@@ -100,6 +116,10 @@ impl DispatchConfig {
 
     pub fn resume_keep(&self) -> Duration {
         Duration::from_secs(self.resume_keep_sec.into())
+    }
+
+    pub fn resume_grace(&self) -> Duration {
+        Duration::from_secs(self.resume_grace_sec.into())
     }
 
     /// The bounds; the error names the field.
@@ -137,6 +157,12 @@ impl DispatchConfig {
             return Err(FieldError::new(
                 "resume_keep_sec".into(),
                 format!("must be at most {MAX_RESUME_KEEP_SEC} seconds (0 turns resuming off)"),
+            ));
+        }
+        if self.resume_grace_sec > MAX_RESUME_GRACE_SEC {
+            return Err(FieldError::new(
+                "resume_grace_sec".into(),
+                format!("must be at most {MAX_RESUME_GRACE_SEC} seconds (0 cancels at once)"),
             ));
         }
         if self.retry_budget_min > MAX_RETRY_BUDGET_MIN {

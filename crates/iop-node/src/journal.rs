@@ -164,8 +164,11 @@ struct StreamState {
     link: Option<LinkOut>,
     /// Every frame the stream sent is kept (a client may resume it from its start).
     whole: bool,
-    /// An edge received the stream's end (and billed its usage).
+    /// The stream's end went out to an edge that bills its usage: on a link that has not
+    /// dropped since, or one that confirmed it.
     delivered: bool,
+    /// The edge confirmed it has the stream's end.
+    confirmed: bool,
     kept: VecDeque<Kept>,
     /// The index (among every frame the stream sent) of `kept[0]`.
     first_kept: u64,
@@ -277,6 +280,7 @@ impl Journal {
                 link: Some(link),
                 whole: !self.keep().is_zero(),
                 delivered: false,
+                confirmed: false,
                 kept: VecDeque::new(),
                 first_kept: 0,
                 sent: 0,
@@ -330,6 +334,7 @@ impl Journal {
         if state.ended_at.is_none() {
             return;
         }
+        state.confirmed = true;
         state.delivered = true;
         if state.whole {
             return;
@@ -436,16 +441,7 @@ impl Journal {
             return Resumed::NotResumable;
         }
         if by_client {
-            let old = std::mem::replace(&mut *stream.wire.lock(), resume.stream_id.clone());
-            if let Some(previous) = state.link.take() {
-                let message = "the client resumed this answer on another connection";
-                previous
-                    .end_stream(&old, resume.tunnel, ErrorCode::Cancelled, message)
-                    .await;
-            }
-            self.streams
-                .lock()
-                .insert(resume.stream_id.clone(), stream.clone());
+            self.rename(&stream, &mut state, resume).await;
         }
         // What the edge received needs no resend.
         let received = resume.received.min(state.sent);
@@ -466,6 +462,8 @@ impl Journal {
             resent += 1;
         }
         if state.ended_at.is_some() {
+            // The new holder has the end now (with its usage, if no edge billed it yet).
+            state.delivered = true;
             state.ended_on = Some((
                 link.marks.clone(),
                 link.marks.pinged.load(Ordering::Acquire),
@@ -474,6 +472,26 @@ impl Journal {
         state.link = Some(link);
         state.detached_at = None;
         Resumed::Attached { resent }
+    }
+
+    /// A client's resume takes `stream` over under its new id: the link that held it, if
+    /// any, is told it lost it.
+    async fn rename(
+        &self,
+        stream: &Arc<JournalStream>,
+        state: &mut StreamState,
+        resume: &pb::StreamResume,
+    ) {
+        let old = std::mem::replace(&mut *stream.wire.lock(), resume.stream_id.clone());
+        if let Some(previous) = state.link.take() {
+            let message = "the client resumed this answer on another connection";
+            previous
+                .end_stream(&old, resume.tunnel, ErrorCode::Cancelled, message)
+                .await;
+        }
+        self.streams
+            .lock()
+            .insert(resume.stream_id.clone(), stream.clone());
     }
 
     /// Stops detached streams the wait passed for; forgets ended ones once an edge has
@@ -512,6 +530,7 @@ impl Journal {
                     .as_ref()
                     .is_some_and(|(marks, ping)| marks.answered.load(Ordering::Acquire) > *ping);
             if confirmed {
+                state.confirmed = true;
                 state.delivered = true;
             }
             let Some(since) = since else {
@@ -521,7 +540,7 @@ impl Journal {
             let done = if state.whole {
                 age >= keep.max(wait)
             } else {
-                state.delivered || age >= wait
+                state.confirmed || age >= wait
             };
             if done {
                 stream.forget_kept(&mut state);
@@ -622,6 +641,7 @@ impl JournalStream {
         state.sent += 1;
         if last {
             state.ended_at = Some(Instant::now());
+            state.delivered = state.link.is_some();
             state.ended_on = state
                 .link
                 .as_ref()
@@ -727,6 +747,8 @@ impl JournalStream {
         }
         state.link = None;
         state.detached_at = Some(now);
+        // An end the edge did not confirm may have died with the link.
+        state.delivered = state.confirmed;
         if state.ended_at.is_none() {
             tracing::info!(stream_id = %self.id, "link dropped: the stream goes on, waiting for an edge to re-attach it");
         }

@@ -261,3 +261,43 @@ async fn clients_whose_edge_was_killed_resume_through_another_and_nothing_runs_t
         "{error}"
     );
 }
+
+/// The official OpenAI Python SDK streams through a connection that is cut mid-stream and
+/// resumes the way a client app would (`x-iop-resume` and the chunks it got, in
+/// `Last-Event-ID`): its text is the whole answer, which ran once.
+#[tokio::test]
+async fn the_openai_sdk_resumes_a_stream_its_connection_lost() {
+    let test = "the OpenAI Python SDK resuming a cut stream";
+    let Some(python) = common::sdk::python(test, &["openai"]) else {
+        return;
+    };
+    let mock = start_mock(&["--tokens", "40", "--token-delay-ms", "25"]).await;
+    let dir = tempdir();
+    let config = format!(
+        r#"
+dispatch: {{resume_grace_sec: 10}}
+nodes:
+  - id: n1
+    token: {TOKEN}
+    providers:
+      - {{id: oa, kind: openai_compat, base_url: "{base}", capacity: {{normal: 16}}}}
+model_groups:
+  - {{name: m, members: [{{node: n1, provider: oa, model: mock-model}}]}}
+"#,
+        base = mock.openai_base()
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
+    wait_ready(&edge, "n1").await;
+    let (status, reader) = Reader::open(&edge.url("/v1/chat/completions"), None).await;
+    assert_eq!(status, 200);
+    let reference = tokens(&reader.rest().await).concat();
+
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/resume_check.py");
+    let base = edge.url("");
+    let stdout = common::sdk::run_check(&python, script, &[&base, "m"]).await;
+    assert!(stdout.contains("cut after"), "{stdout}");
+    assert!(stdout.contains(&format!("text:{reference}\n")), "{stdout}");
+    let executed = mock.stats().await["requests"].as_u64().unwrap();
+    assert_eq!(executed, 2, "the resumed answer did not run again");
+}

@@ -63,7 +63,9 @@ async fn post(url: &str, body: &Value) -> (u16, String, String) {
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default();
-    (status, content_type, response.text().await.unwrap())
+    // The edge adds each relayed event's id (for resuming), nothing else.
+    let body = without_event_ids(&response.text().await.unwrap());
+    (status, content_type, body)
 }
 
 /// The edge's event stream, open before the requests it should see.

@@ -13,6 +13,7 @@ pub mod head;
 pub mod sse;
 
 use axum::body::{Body, Bytes};
+use axum::http::{HeaderName, HeaderValue};
 use axum::response::Response;
 use futures::stream;
 use iop_proto::pb;
@@ -23,6 +24,10 @@ use crate::surfaces::Surface;
 use event_ids::{EventIds, ResumePoint};
 use iop_proto::ErrorCode;
 use sse::EventBoundary;
+
+/// Names a resumable answer (`{node}.{stream}`): a client that cannot read the events'
+/// ids resumes with `Last-Event-ID: {this}.{events it received}`.
+pub const RESUME_HEADER: HeaderName = HeaderName::from_static("x-iop-resume");
 
 /// Most body bytes already arrived that are merged into one write to the client.
 const MAX_MERGE: usize = 256 * 1024;
@@ -49,15 +54,10 @@ pub fn respond_head(
         ApiError::of(ErrorCode::BadUpstreamResponse, message)
     })?;
     let events = head.is_sse && head.content_length.is_none();
-    let ids = match resumed {
-        Some(point) => Some(EventIds::resuming(&point.node, &point.stream, point.after)),
-        None => {
-            let node = tunnel.core.node_id();
-            let resumable = tunnel.core.edge.config().dispatch.resume_keep_sec > 0
-                && node.bytes().all(|b| b.is_ascii_graphic());
-            (events && resumable).then(|| EventIds::new(node, &tunnel.core.id))
-        }
-    };
+    let (ids, resume_header) = event_ids(&tunnel, events, resumed);
+    if ids.is_some() {
+        tunnel.core.resume_grace = Some(tunnel.core.edge.config().dispatch.resume_grace());
+    }
     let state = BodyState {
         tunnel,
         is_sse: head.is_sse,
@@ -67,7 +67,29 @@ pub fn respond_head(
         failed: None,
         surface,
     };
-    let body = stream::unfold(Some(state), |state| async move {
+    let body = body_stream(state);
+    let mut response = Response::new(Body::from_stream(body));
+    *response.status_mut() = head.status;
+    *response.headers_mut() = head.headers;
+    if let Some(value) = resume_header {
+        response.headers_mut().insert(RESUME_HEADER, value);
+    }
+    // A provider's error answer names its reason, as the edge's own errors do.
+    if let Some(reason) = ErrorCode::from_provider_status(head.status.as_u16()) {
+        response.headers_mut().insert(
+            super::error::ERROR_HEADER,
+            axum::http::HeaderValue::from_static(reason.as_str()),
+        );
+    }
+    Ok(response)
+}
+
+/// The body's bytes: the provider's, merged as they arrive, cut on event boundaries and
+/// stamped with ids for an event stream, ended as [`BodyState`] says.
+fn body_stream(
+    state: BodyState,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    stream::unfold(Some(state), |state| async move {
         let mut state = state?;
         if let Some(message) = state.failed.take() {
             return Some((Err(std::io::Error::other(message)), None));
@@ -129,18 +151,31 @@ pub fn respond_head(
             Some(TunnelItem::Error(e)) => state.fail(bytes, e),
             _ => Some((Ok(bytes), Some(state))),
         }
-    });
-    let mut response = Response::new(Body::from_stream(body));
-    *response.status_mut() = head.status;
-    *response.headers_mut() = head.headers;
-    // A provider's error answer names its reason, as the edge's own errors do.
-    if let Some(reason) = ErrorCode::from_provider_status(head.status.as_u16()) {
-        response.headers_mut().insert(
-            super::error::ERROR_HEADER,
-            axum::http::HeaderValue::from_static(reason.as_str()),
-        );
-    }
-    Ok(response)
+    })
+}
+
+/// The ids of a resumable event stream's events and the answer's name for a resume
+/// (`{node}.{stream}`), when the answer is resumable.
+fn event_ids(
+    tunnel: &TunnelStream,
+    events: bool,
+    resumed: Option<ResumePoint>,
+) -> (Option<EventIds>, Option<HeaderValue>) {
+    let answer = match resumed {
+        Some(point) => Some((point.node, point.stream, point.after)),
+        None => {
+            let node = tunnel.core.node_id();
+            let resumable = tunnel.core.edge.config().dispatch.resume_keep_sec > 0
+                && node.bytes().all(|b| b.is_ascii_graphic());
+            (events && resumable).then(|| (node.to_string(), tunnel.core.id.clone(), 0))
+        }
+    };
+    let ids = answer
+        .as_ref()
+        .map(|(node, stream, after)| EventIds::resuming(node, stream, *after));
+    let header = answer
+        .and_then(|(node, stream, _)| HeaderValue::from_str(&format!("{node}.{stream}")).ok());
+    (ids, header)
 }
 
 struct BodyState {

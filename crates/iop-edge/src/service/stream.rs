@@ -181,6 +181,10 @@ pub trait StreamItem: Send + Sized + 'static {
     fn is_last(&self) -> bool;
     /// Usage the provider reported, and the model it said served the request.
     fn observation(&mut self) -> (Option<pb::Usage>, Option<String>);
+    /// A data frame (it spent a frame of credit).
+    fn is_data(&self) -> bool {
+        false
+    }
 }
 
 /// Where a stream reports: the member of a model-group attempt (its outcome feeds passive
@@ -269,6 +273,9 @@ pub struct StreamCore<T> {
     usage: Option<pb::Usage>,
     served_model: Option<String>,
     first_token: bool,
+    /// The answer is resumable: a client that leaves it lets it go on this long for a
+    /// resume (`dispatch.resume_grace_sec`) before it is cancelled.
+    pub resume_grace: Option<Duration>,
 }
 
 /// A stream's core for as long as the stream holds it: it is taken when the stream is
@@ -353,6 +360,7 @@ impl<T: StreamItem> StreamCore<T> {
             usage: None,
             served_model: None,
             first_token: false,
+            resume_grace: None,
         }
     }
 
@@ -523,6 +531,14 @@ impl<T: StreamItem> StreamCore<T> {
         if self.ended {
             return;
         }
+        if self.failure.is_none()
+            && let Some(grace) = self.resume_grace.take().filter(|g| !g.is_zero())
+        {
+            tracing::info!(node_id = %self.session.node_id, stream_id = %self.id, request_id = %self.client_request_id, grace_sec = grace.as_secs(), "client went away: the answer goes on a while for it to resume");
+            let tasks = self.edge.tasks().clone();
+            tasks.spawn(self.await_resume(grace));
+            return;
+        }
         // The provider did the work even if the client left before the end.
         self.publish_usage();
         let failure = self.failure.unwrap_or(ErrorCode::ClientAbort);
@@ -548,6 +564,35 @@ impl<T: StreamItem> StreamCore<T> {
         }
         let tasks = self.edge.tasks().clone();
         tasks.spawn(self.drain());
+    }
+
+    /// The client left a resumable answer: it goes on for `grace` (its frames taken and
+    /// credited, so the node keeps sending and keeps it in its journal) for the client to
+    /// resume it. It ends here when it ends (billed here: the tokens were served), when a
+    /// resume took it elsewhere (the node ends it here with `cancelled`; the edge that has
+    /// it now bills it), or when the grace passes: then it is cancelled like any
+    /// abandoned stream.
+    async fn await_resume(mut self, grace: Duration) {
+        let until = tokio::time::Instant::now() + grace;
+        while let Ok(item) = tokio::time::timeout_at(until, self.rx.recv()).await {
+            let Some(mut item) = item else {
+                // The route is gone (its node did not come back).
+                self.ended = true;
+                self.lease = None;
+                self.conclude(Some(ErrorCode::ClientAbort));
+                return;
+            };
+            let (usage, model) = item.observation();
+            self.observe(usage, model);
+            if item.is_data() {
+                self.data(0);
+            }
+            if item.is_last() {
+                self.node_ended(Some(ErrorCode::ClientAbort));
+                return;
+            }
+        }
+        self.abandon();
     }
 
     /// After a cancel: takes the node's frames until its last one (which comes once the

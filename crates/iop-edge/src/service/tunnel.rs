@@ -80,6 +80,10 @@ impl StreamItem for Frame {
         matches!(self, Frame::End(_) | Frame::Error(_))
     }
 
+    fn is_data(&self) -> bool {
+        matches!(self, Frame::Body(_))
+    }
+
     fn observation(&mut self) -> (Option<pb::Usage>, Option<String>) {
         match self {
             Frame::Usage(usage) => (Some(*usage), None),

@@ -461,6 +461,14 @@ pub async fn wait_ready(edge: &EdgeProc, node: &str) -> Duration {
     .await
 }
 
+/// An event stream without the `id:` fields the edge adds to relayed events (for resuming):
+/// the provider's bytes as it sent them.
+pub fn without_event_ids(body: &str) -> String {
+    body.split_inclusive('\n')
+        .filter(|line| !line.starts_with("id: "))
+        .collect()
+}
+
 /// Parses an SSE body into `(event name, data)` pairs.
 pub fn sse_events(body: &str) -> Vec<(String, String)> {
     let mut events = Vec::new();

@@ -721,6 +721,9 @@ model_groups:
         body.ends_with("\n\n"),
         "the stream ends on an event boundary: {body:?}"
     );
+    // The provider's events carry their ids (for resuming); the error event has none.
+    assert!(body.contains("\nid: n1."), "{body}");
+    let body = without_event_ids(&body);
     let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert!(events.len() >= 2, "{body}");
     for event in &events {

@@ -60,6 +60,7 @@ pub struct EventIds {
 
 impl EventIds {
     /// Stamps a new answer of stream `stream` on node `node`.
+    #[cfg(test)]
     pub fn new(node: &str, stream: &str) -> Self {
         Self::resuming(node, stream, 0)
     }
