@@ -13,6 +13,7 @@ import sys
 import threading
 from urllib.parse import urlparse
 
+import httpx
 import openai
 
 MESSAGES = [{"role": "user", "content": "tell me"}]
@@ -54,6 +55,8 @@ class Forwarder:
         for s in self.sockets:
             try:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                # Wakes the pumps blocked on it (a close alone waits for them).
+                s.shutdown(socket.SHUT_RDWR)
                 s.close()
             except OSError:
                 pass
@@ -80,7 +83,7 @@ def main(edge_url: str, model: str) -> None:
             text.append(text_of(chunk))
             if chunks == 5:
                 forwarder.cut()
-    except openai.APIError as err:
+    except (openai.APIError, httpx.HTTPError) as err:
         broke = True
         print(f"cut after {chunks} chunks: {type(err).__name__}")
     assert broke, f"the stream was not cut (it ended after {chunks} chunks)"
