@@ -34,4 +34,5 @@ const BOXED_IN_ENVELOPE: &[&str] = &[
     "node_command_response",
     "provider_tunnel_request",
     "edge_node_event",
+    "stream_resume",
 ];
