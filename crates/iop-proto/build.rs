@@ -35,4 +35,5 @@ const BOXED_IN_ENVELOPE: &[&str] = &[
     "provider_tunnel_request",
     "edge_node_event",
     "stream_resume",
+    "orphan_usage",
 ];

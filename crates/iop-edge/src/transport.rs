@@ -556,6 +556,13 @@ impl Connection {
                 self.edge
                     .permits_granted(node_id, generation, &grant, &self.outbound);
             }
+            Message::OrphanUsage(report) => {
+                if self.session.is_some() {
+                    self.edge.record_orphan(node_id, &report);
+                } else {
+                    tracing::warn!(node_id, "usage report before ready ignored");
+                }
+            }
             Message::NodeCommandResponse(response) => {
                 if let Some(session) = &self.session {
                     let id = response.command_id.clone();

@@ -60,6 +60,21 @@ impl Default for JournalLimits {
     }
 }
 
+/// What the journal knows of a stream besides its frames: who asked (only they may resume
+/// it) and how to bill it should no edge receive its end.
+#[derive(Debug, Clone, Default)]
+pub struct StreamMeta {
+    pub owner: String,
+    pub billing: Option<pb::Billing>,
+    /// The provider (adapter instance) it went to.
+    pub provider: String,
+    pub tunnel: bool,
+}
+
+/// Most usage reports of orphaned streams waiting for a live link; more are dropped
+/// (counted in the log).
+const MAX_PENDING_ORPHANS: usize = 10_000;
+
 /// A link a stream goes out on: which one (for detaching), its outbound queue and its
 /// heartbeat marks.
 #[derive(Debug, Clone)]
@@ -100,6 +115,10 @@ pub struct Journal {
     /// How long a whole answer stays resumable by its client after its end, in
     /// milliseconds (0: clients cannot resume).
     keep_ms: AtomicU64,
+    /// The links up now (usage of orphaned streams goes out on one).
+    links: Mutex<Vec<LinkOut>>,
+    /// Usage of orphaned streams no link took yet.
+    orphans: Mutex<VecDeque<pb::OrphanUsage>>,
 }
 
 impl Default for Journal {
@@ -195,8 +214,8 @@ pub struct JournalStream {
     pub id: String,
     /// The id its frames go out under: `id`, or the one a client's resume gave it.
     wire: Mutex<String>,
-    /// The caller that asked: only it may resume the answer.
-    owner: String,
+    /// Who asked and how to bill it.
+    meta: StreamMeta,
     state: tokio::sync::Mutex<StreamState>,
     credit: Semaphore,
     /// Data frames the edge credited, in all.
@@ -229,7 +248,16 @@ impl Journal {
             kept_bytes: Arc::new(AtomicUsize::new(0)),
             wait_ms: AtomicU64::new(0),
             keep_ms: AtomicU64::new(0),
+            links: Mutex::new(Vec::new()),
+            orphans: Mutex::new(VecDeque::new()),
         }
+    }
+
+    /// Link `link` is up: an orphaned stream's usage may go out on it.
+    pub fn link_up(&self, link: LinkOut) {
+        let mut links = self.links.lock();
+        links.retain(|l| l.id != link.id);
+        links.push(link);
     }
 
     /// Sets how long a whole answer stays resumable after its end (from the edge's
@@ -263,10 +291,16 @@ impl Journal {
         self.streams.lock().len()
     }
 
-    /// Enters a new stream for `owner` going out on `link` with a window of `window` data
+    /// Enters a new stream (`meta`) going out on `link` with a window of `window` data
     /// frames. An id already in the journal gets a fresh entry (ids are unique; a reused
     /// one is a new stream).
-    pub fn begin(&self, id: &str, owner: &str, link: LinkOut, window: u32) -> Arc<JournalStream> {
+    pub fn begin(
+        &self,
+        id: &str,
+        meta: StreamMeta,
+        link: LinkOut,
+        window: u32,
+    ) -> Arc<JournalStream> {
         let window = if window == 0 {
             iop_proto::STREAM_WINDOW
         } else {
@@ -275,7 +309,7 @@ impl Journal {
         let stream = Arc::new(JournalStream {
             id: id.to_string(),
             wire: Mutex::new(id.to_string()),
-            owner: owner.to_string(),
+            meta,
             state: tokio::sync::Mutex::new(StreamState {
                 link: Some(link),
                 whole: !self.keep().is_zero(),
@@ -357,6 +391,7 @@ impl Journal {
     /// Link `link` dropped: its streams go on detached, or — when there is no re-attach
     /// wait, or the node shuts down (`stop`) — are stopped with `why`.
     pub fn detach(&self, link: u64, why: &str, stop: bool) {
+        self.links.lock().retain(|l| l.id != link);
         let now = Instant::now();
         let stop = stop || self.wait().is_zero();
         let streams: Vec<_> = self.streams.lock().values().cloned().collect();
@@ -387,7 +422,7 @@ impl Journal {
         };
         let found = self
             .get(key)
-            .filter(|s| !by_client || s.owner == resume.owner);
+            .filter(|s| !by_client || s.meta.owner == resume.owner);
         let Some(stream) = found else {
             let message = if by_client {
                 "this answer cannot be resumed: the node does not keep it (it ended longer ago \
@@ -506,6 +541,7 @@ impl Journal {
         streams.dedup_by(|a, b| Arc::ptr_eq(a, b));
         let mut gone = foldhash::HashSet::default();
         let mut ended: Vec<(Instant, Arc<JournalStream>)> = Vec::new();
+        let mut orphans = Vec::new();
         for stream in streams {
             let Ok(mut state) = stream.state.try_lock() else {
                 continue;
@@ -537,6 +573,11 @@ impl Journal {
                 continue;
             };
             let age = now.saturating_duration_since(since);
+            if state.link.is_none() && !state.delivered && age >= wait {
+                // No edge received its end, and none took it within the wait.
+                state.delivered = true;
+                orphans.push(stream.orphan_usage(&state));
+            }
             let done = if state.whole {
                 age >= keep.max(wait)
             } else {
@@ -567,6 +608,30 @@ impl Journal {
         if !gone.is_empty() {
             let mut streams = self.streams.lock();
             streams.retain(|_, s| !gone.contains(&(Arc::as_ptr(s) as usize)) || !s.is_ended_now());
+        }
+        self.report_orphans(orphans);
+    }
+
+    /// Sends the usage of orphaned streams (and what waits from before) on a live link;
+    /// what no link takes now waits for the next sweep.
+    fn report_orphans(&self, new: Vec<pb::OrphanUsage>) {
+        let mut pending = self.orphans.lock();
+        for report in new {
+            tracing::info!(stream_id = %report.stream_id, owner = %report.owner, "no edge received this request's end: its usage goes to another edge to be billed");
+            if pending.len() >= MAX_PENDING_ORPHANS {
+                tracing::warn!(stream_id = %report.stream_id, "too many unbilled usage reports wait for a link: this one is dropped");
+                continue;
+            }
+            pending.push_back(report);
+        }
+        let Some(link) = self.links.lock().first().cloned() else {
+            return;
+        };
+        while let Some(report) = pending.pop_front() {
+            if !link.outbound.try_send(report.clone()) {
+                pending.push_front(report);
+                return;
+            }
         }
     }
 
@@ -604,6 +669,40 @@ impl LinkOut {
 }
 
 impl JournalStream {
+    /// The usage report of this stream, whose end no edge received: what its kept frames
+    /// say the provider reported.
+    fn orphan_usage(&self, state: &StreamState) -> pb::OrphanUsage {
+        let mut report = pb::OrphanUsage {
+            stream_id: self.id.clone(),
+            tunnel: self.meta.tunnel,
+            owner: self.meta.owner.clone(),
+            billing: self.meta.billing.clone(),
+            provider: self.meta.provider.clone(),
+            ..Default::default()
+        };
+        for kept in &state.kept {
+            match &kept.frame {
+                StreamFrame::Tunnel(Frame::Usage(usage)) => report.usage = Some(*usage),
+                StreamFrame::Tunnel(Frame::Status(status)) => report.status = *status,
+                StreamFrame::Tunnel(Frame::Metadata(meta)) => {
+                    if let Some(model) = meta.entries.get("model") {
+                        report.model = model.clone();
+                    }
+                }
+                StreamFrame::Run(event) => {
+                    if let Some(usage) = event.usage {
+                        report.usage = Some(usage);
+                    }
+                    if !event.model.is_empty() {
+                        report.model = event.model.clone();
+                    }
+                }
+                StreamFrame::Tunnel(_) => {}
+            }
+        }
+        report
+    }
+
     /// Takes one frame of credit for a data frame; false once the stream is stopped.
     pub async fn credit(&self) -> bool {
         tokio::select! {

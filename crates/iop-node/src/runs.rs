@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapters::{AdapterError, RunInput};
 use crate::instance::AdapterInstance;
-use crate::journal::JournalStream;
+use crate::journal::{JournalStream, StreamMeta};
 use crate::run_outlet::JournalOutlet;
 use crate::runtime::{ActiveRun, Connection, NodeRuntime};
 use crate::sink::RunSink;
@@ -128,7 +128,12 @@ impl NodeRuntime {
         let runtime = self.clone();
         let stream = self.journal.begin(
             &request.run_id,
-            &request.owner,
+            StreamMeta {
+                owner: request.owner.clone(),
+                billing: request.billing.clone(),
+                provider: request.adapter.clone(),
+                tunnel: false,
+            },
             conn.link_out(),
             request.initial_credit,
         );

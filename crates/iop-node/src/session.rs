@@ -444,6 +444,7 @@ impl Session {
     }
 
     async fn serve(&mut self, shutdown: &CancellationToken) -> SessionEnd {
+        self.runtime.journal.link_up(self.conn.link_out());
         let mut heartbeat = Heartbeat::new();
         let mut health = self.runtime.watch_health();
         health.mark_unchanged();

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::adapters::AdapterError;
 use crate::adapters::http::{HeadWait, HttpProvider, RawResponse};
 use crate::instance::AdapterInstance;
-use crate::journal::{JournalStream, StreamFrame};
+use crate::journal::{JournalStream, StreamFrame, StreamMeta};
 use crate::runtime::{Connection, NodeRuntime};
 use crate::usage::{UsageDialect, UsageObserver};
 
@@ -140,7 +140,12 @@ impl NodeRuntime {
         // In the journal before this returns, so a resume read after the request finds it.
         let stream = self.journal.begin(
             &request.request_id,
-            &request.owner,
+            StreamMeta {
+                owner: request.owner.clone(),
+                billing: request.billing.clone(),
+                provider: request.adapter.clone(),
+                tunnel: true,
+            },
             conn.link_out(),
             request.initial_credit,
         );
@@ -544,7 +549,9 @@ mod tests {
             ..Default::default()
         };
         let hook = runtime.permits.arrived(&request.adapter, conn.link);
-        let stream = runtime.journal.begin("t1", "", conn.link_out(), 0);
+        let stream = runtime
+            .journal
+            .begin("t1", StreamMeta::default(), conn.link_out(), 0);
         runtime.tunnel(request, &stream, hook).await;
         let mut kinds = Vec::new();
         while let Ok(envelope) = rx.try_recv() {

@@ -37,6 +37,7 @@ into_envelope! {
     PermitReport => PermitReport,
     StreamResume => StreamResume,
     StreamsReceived => StreamsReceived,
+    OrphanUsage => OrphanUsage,
 }
 
 /// A short name of the envelope's message kind, for logs.
@@ -66,6 +67,7 @@ pub fn kind(envelope: &Envelope) -> &'static str {
         Some(Message::PermitReport(_)) => "permit_report",
         Some(Message::StreamResume(_)) => "stream_resume",
         Some(Message::StreamsReceived(_)) => "streams_received",
+        Some(Message::OrphanUsage(_)) => "orphan_usage",
     }
 }
 

@@ -6,24 +6,33 @@
 
 mod common;
 
+use common::haproxy::Haproxy;
 use common::postgres::{Postgres, SECRET_KEY};
 use common::*;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "token-n1-0123456789";
-/// Streams cut by the edge's death.
-const CLIENTS: usize = 8;
+/// Concurrent streams when an edge dies.
+const CLIENTS: usize = 50;
+const ALICE: &str = "sk-alice-0123456789abcdef";
+const BOB: &str = "sk-bob-0123456789abcdef";
 
 fn config(url: &str, id: &str, mock: &MockProc) -> String {
     format!(
         r#"
 store: {{url: "{url}", edge_id: {id}}}
+dispatch: {{reattach_wait_sec: 2}}
+auth:
+  keys:
+    - {{name: ops, role: admin, key: {TEST_API_KEY}}}
+    - {{name: alice, role: client, key: {ALICE}}}
+    - {{name: bob, role: client, key: {BOB}}}
 nodes:
   - id: n1
     token: {TOKEN}
     providers:
-      - {{id: oa, kind: openai_compat, base_url: "{base}", capacity: {{normal: 16}}, max_concurrency: 16}}
+      - {{id: oa, kind: openai_compat, base_url: "{base}", capacity: {{normal: 64}}, max_concurrency: 64}}
 model_groups:
   - {{name: m, members: [{{node: n1, provider: oa, model: mock-model}}]}}
 "#,
@@ -65,7 +74,7 @@ struct Reader {
 
 impl Reader {
     async fn open(url: &str, last_event_id: Option<&str>) -> (u16, Reader) {
-        let mut request = client().post(url).json(&body());
+        let mut request = client().post(url).bearer_auth(ALICE).json(&body());
         if let Some(id) = last_event_id {
             request = request.header("last-event-id", id);
         }
@@ -117,64 +126,67 @@ impl Reader {
     }
 }
 
+/// Three edges sharing a store behind HAProxy; 50 clients stream through it; one edge is
+/// killed (SIGKILL) while every stream is under way. The clients it cut resume through
+/// the balancer with `Last-Event-ID` and get the rest of their answers, token for token;
+/// one that does not resume is billed all the same, from its node's report. Nothing ran
+/// twice, and the fleet's ledger holds exactly one record per request, with its tokens.
 #[tokio::test]
 async fn clients_whose_edge_was_killed_resume_through_another_and_nothing_runs_twice() {
-    let Some(pg) = Postgres::start("resuming through another edge") else {
+    let test = "resuming through another edge";
+    let Some(pg) = Postgres::start(test) else {
         return;
     };
-    // 40 tokens 25 ms apart: an answer takes about a second.
-    let mock = start_mock(&["--tokens", "40", "--token-delay-ms", "25"]).await;
+    // 100 tokens 25 ms apart: an answer takes 2.5 s, so every stream is under way when
+    // the edge is killed.
+    let mock = start_mock(&["--tokens", "100", "--token-delay-ms", "25"]).await;
     let env = [("IOP_STORE_SECRET_KEY", SECRET_KEY)];
-    let (dir_a, dir_b) = (tempdir(), tempdir());
-    let (nodes_a, http_a) = (free_addr(), free_addr());
-    let mut a = start_edge_full(
-        dir_a.path(),
-        &config(&pg.url(), "edge-a", &mock),
-        &nodes_a,
-        &http_a,
-        &env,
-    )
-    .await;
-    let b = start_edge_full(
-        dir_b.path(),
-        &config(&pg.url(), "edge-b", &mock),
-        &free_addr(),
-        &free_addr(),
-        &env,
-    )
-    .await;
+    let mut edges = Vec::new();
+    let mut dirs = Vec::new();
+    for i in 1..=3 {
+        let dir = tempdir();
+        let config = config(&pg.url(), &format!("edge-{i}"), &mock);
+        edges.push(start_edge_full(dir.path(), &config, &free_addr(), &free_addr(), &env).await);
+        dirs.push(dir);
+    }
+    let https: Vec<&str> = edges.iter().map(|e| e.http.as_str()).collect();
+    let Some(lb) = Haproxy::start(test, &https).await else {
+        return;
+    };
     let node_dir = tempdir();
-    let _node = start_node("n1", node_dir.path(), &nodes_a, TOKEN, "");
-    wait_ready(&a, "n1").await;
-    wait_ready(&b, "n1").await;
+    let _node = start_node("n1", node_dir.path(), &edges[0].nodes, TOKEN, "");
+    for edge in &edges {
+        wait_ready(edge, "n1").await;
+    }
+    lb.wait_up(&["edge-1", "edge-2", "edge-3"]).await;
 
     // An uncut answer, for reference.
-    let (status, reader) = Reader::open(&b.url("/v1/chat/completions"), None).await;
+    let (status, reader) = Reader::open(&edges[1].url("/v1/chat/completions"), None).await;
     assert_eq!(status, 200);
     let whole = reader.rest().await;
     let reference = tokens(&whole);
-    assert!(reference.len() >= 40, "{whole:?}");
+    assert!(reference.len() >= 100, "{whole:?}");
     assert!(
         whole.iter().all(|e| e.id.is_some()),
         "every event carries an id: {whole:?}"
     );
     assert_eq!(whole.last().unwrap().data, "[DONE]");
 
-    // Clients stream through edge A; once each has a few events, A is killed.
-    let url_a = a.url("/v1/chat/completions");
+    // Clients stream through the balancer; once each has a few events, edge-1 is killed.
+    let url = lb.url("/v1/chat/completions");
     let (got_tx, mut got_rx) = tokio::sync::mpsc::channel(CLIENTS);
     let mut clients = Vec::new();
     for i in 0..CLIENTS {
-        let (url, got_tx) = (url_a.clone(), got_tx.clone());
+        let (url, got_tx) = (url.clone(), got_tx.clone());
         clients.push(tokio::spawn(async move {
             let (status, mut reader) = Reader::open(&url, None).await;
             assert_eq!(status, 200);
             let mut seen = Vec::new();
-            while seen.len() < 3 + i {
+            while seen.len() < 3 + i % 5 {
                 seen.push(reader.next().await.expect("events before the kill"));
             }
             got_tx.send(()).await.unwrap();
-            // Then whatever comes until the stream breaks.
+            // Then whatever comes until the stream ends or breaks.
             seen.extend(reader.rest().await);
             seen
         }));
@@ -182,34 +194,38 @@ async fn clients_whose_edge_was_killed_resume_through_another_and_nothing_runs_t
     for _ in 0..CLIENTS {
         got_rx.recv().await.unwrap();
     }
-    a.proc.kill9();
+    edges[0].proc.kill9();
     let mut cut = Vec::new();
     for client in clients {
-        cut.push(client.await.unwrap());
+        let seen = client.await.unwrap();
+        if seen.last().is_some_and(|e| e.data == "[DONE]") {
+            assert_eq!(tokens(&seen), reference, "an uncut stream is whole");
+        } else {
+            cut.push(seen);
+        }
     }
     assert!(
-        cut.iter()
-            .all(|seen| seen.last().is_some_and(|e| e.data != "[DONE]")),
-        "every stream broke off when its edge died"
+        cut.len() >= 2,
+        "the killed edge carried streams ({} cut)",
+        cut.len()
     );
 
-    // Each resumes through edge B with the id of the last event it has.
-    let url_b = b.url("/v1/chat/completions");
+    // Each but one resumes through the balancer with the id of the last event it has.
     let mut resumed = Vec::new();
-    for seen in &cut {
+    for seen in &cut[1..] {
         let last = seen
             .last()
             .unwrap()
             .id
             .clone()
             .expect("the event has an id");
-        let url = url_b.clone();
+        let url = url.clone();
         resumed.push(tokio::spawn(async move {
             let (status, reader) = Reader::open(&url, Some(&last)).await;
             (status, reader.rest().await)
         }));
     }
-    for (seen, rest) in cut.iter().zip(resumed) {
+    for (seen, rest) in cut[1..].iter().zip(resumed) {
         let (status, rest) = rest.await.unwrap();
         assert_eq!(status, 200, "{rest:?}");
         let mut all = seen.clone();
@@ -238,14 +254,43 @@ async fn clients_whose_edge_was_killed_resume_through_another_and_nothing_runs_t
     let executed = mock.stats().await["requests"].as_u64().unwrap();
     assert_eq!(executed, 1 + CLIENTS as u64, "no answer ran twice");
 
+    // The fleet's ledger: one record per request — the reference, the uncut, the resumed
+    // and the one left on the dead edge (reported by its node once the wait passed) —
+    // each with the answer's tokens.
+    let live = &edges[1];
+    let per_request = whole_usage(live).await;
+    let fleet = wait_status_json(live, "/admin/usage?scope=fleet", |usage| {
+        usage["rows"][0]["requests"] == 1 + CLIENTS as u64
+    })
+    .await;
+    let row = &fleet["rows"][0];
+    assert_eq!(
+        row["output_tokens"],
+        per_request * (1 + CLIENTS as u64),
+        "{fleet}"
+    );
+    // The stream left on the dead edge is recorded as such by the edge its node told.
+    let mut lost = Vec::new();
+    for edge in &edges[1..] {
+        let records =
+            wait_status_json(edge, "/admin/usage/records?outcome=edge_lost", |_| true).await;
+        lost.extend(records["records"].as_array().unwrap().clone());
+    }
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0]["key"], "alice", "{lost:?}");
+    assert_eq!(lost[0]["group"], "m", "{lost:?}");
+    assert_eq!(lost[0]["output_tokens"], per_request, "{lost:?}");
+
     // An id this fleet did not give is a new request; one for an answer the node does not
     // have is refused in the API's error shape.
+    let url_b = live.url("/v1/chat/completions");
     let (status, reader) = Reader::open(&url_b, Some("42")).await;
     assert_eq!(status, 200);
     assert_eq!(tokens(&reader.rest().await), reference);
     let unknown = format!("n1.{}.3", "0".repeat(32));
     let response = client()
         .post(&url_b)
+        .bearer_auth(ALICE)
         .header("last-event-id", unknown)
         .json(&body())
         .send()
@@ -260,6 +305,52 @@ async fn clients_whose_edge_was_killed_resume_through_another_and_nothing_runs_t
             .contains("cannot be resumed"),
         "{error}"
     );
+    // Someone else's key cannot resume an answer.
+    let theirs = format!(
+        "n1.{}.3",
+        whole[0].id.as_deref().unwrap().split('.').nth(1).unwrap()
+    );
+    let response = client()
+        .post(&url_b)
+        .bearer_auth(BOB)
+        .header("last-event-id", theirs)
+        .json(&body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        404,
+        "another key's answer is not resumable"
+    );
+    drop(dirs);
+}
+
+/// The output tokens the provider reports for one answer (from the ledger's only record
+/// of the reference request, on `edge`).
+async fn whole_usage(edge: &EdgeProc) -> u64 {
+    let records: Value = admin_get(edge, "/admin/usage/records?limit=1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let tokens = records["records"][0]["output_tokens"].as_u64().unwrap_or(0);
+    assert!(tokens > 0, "{records}");
+    tokens
+}
+
+/// Polls an admin endpoint of `edge` until `done` says its answer is the one (30 s at
+/// most).
+async fn wait_status_json(edge: &EdgeProc, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let answer: Value = admin_get(edge, path).await.json().await.unwrap();
+        if done(&answer) {
+            return answer;
+        }
+        assert!(std::time::Instant::now() < deadline, "{path}: {answer}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 /// The official OpenAI Python SDK streams through a connection that is cut mid-stream and

@@ -37,6 +37,8 @@ pub struct TunnelSpec {
     pub stream: bool,
     /// Who asked (the API key's name; empty for none): only it may resume the answer.
     pub owner: String,
+    /// How to bill it should its edge not receive its end.
+    pub billing: Option<pb::Billing>,
 }
 
 /// What a client accepts back.

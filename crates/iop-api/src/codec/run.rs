@@ -31,6 +31,8 @@ pub struct RunSpec {
     pub client_request_id: String,
     /// Headers the adapter adds to its provider requests (see `http::forward`).
     pub provider_headers: Vec<pb::Header>,
+    /// How to bill it should its edge not receive its end.
+    pub billing: Option<pb::Billing>,
 }
 
 /// The run for the canonical `request` (an `op` request) on `adapter`, for `target` (the

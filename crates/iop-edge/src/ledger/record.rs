@@ -11,6 +11,10 @@ pub const ANONYMOUS_KEY: &str = "anonymous";
 /// The outcome of a request that succeeded.
 pub const OUTCOME_OK: &str = "ok";
 
+/// The outcome of a request whose edge did not receive its end (the edge died while it
+/// ran), recorded from its node's report by another edge.
+pub const EDGE_LOST: &str = "edge_lost";
+
 /// One finished request: who asked, what served it, what it cost and how it ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct UsageRecord {

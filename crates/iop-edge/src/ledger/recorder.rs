@@ -121,6 +121,15 @@ impl RequestRecorder {
         &self.0.key
     }
 
+    /// What the node is told to bill the request by, should no edge receive its end.
+    pub fn billing(&self) -> iop_proto::pb::Billing {
+        iop_proto::pb::Billing {
+            group: self.0.state.lock().group.clone(),
+            api: self.0.api.as_str().to_string(),
+            received_unix_ms: self.0.time_ms,
+        }
+    }
+
     /// The model group (a configured group's name, or its stand-in: see
     /// [`super::record::unknown_model_label`]).
     pub fn set_group(&self, group: &str) {

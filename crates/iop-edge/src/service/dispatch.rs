@@ -438,6 +438,7 @@ impl Edge {
                 spec.client_request_id = ctx.client_request_id.clone();
                 spec.headers.extend(ctx.provider_headers.iter().cloned());
                 spec.owner = ctx.api_key.clone().unwrap_or_default();
+                spec.billing = Some(ctx.recorder.billing());
                 let stream = match self.start_tunnel(session, spec, terms).await {
                     Ok(stream) => stream,
                     Err(error) => return not_sent(self, error),
@@ -449,6 +450,7 @@ impl Edge {
                 spec.provider_headers
                     .extend(ctx.provider_headers.iter().cloned());
                 spec.owner = ctx.api_key.clone();
+                spec.billing = Some(ctx.recorder.billing());
                 let stream = match self.start_run(session, spec, terms).await {
                     Ok(stream) => stream,
                     Err(error) => return not_sent(self, error),

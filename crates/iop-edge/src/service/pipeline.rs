@@ -273,6 +273,7 @@ impl Edge {
         spec.client_request_id = ctx.client_request_id.clone();
         spec.provider_headers = ctx.provider_headers.clone();
         spec.owner = ctx.api_key.clone();
+        spec.billing = Some(ctx.recorder.billing());
         ctx.recorder.dispatched(node, &spec.adapter, "run");
         let terms = StreamTerms {
             lease: Some(admitted.guard),

@@ -90,6 +90,7 @@ impl Edge {
                 client_request_id: spec.client_request_id,
                 provider_headers: spec.provider_headers,
                 owner: spec.owner.unwrap_or_default(),
+                billing: spec.billing,
             })
             .await?;
         tracing::debug!(node_id = core.node_id(), run_id = %core.id, %adapter, request_id = %core.client_request_id, "run sent");

@@ -117,6 +117,7 @@ impl Edge {
                     client_request_id: spec.client_request_id,
                     stream: spec.stream,
                     owner: spec.owner,
+                    billing: spec.billing,
                 }
             })
             .await?;

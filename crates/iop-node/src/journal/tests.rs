@@ -82,6 +82,13 @@ fn usage() -> StreamFrame {
     }))
 }
 
+fn owned(owner: &str) -> StreamMeta {
+    StreamMeta {
+        owner: owner.into(),
+        ..Default::default()
+    }
+}
+
 fn resumable() -> Journal {
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(15));
@@ -93,7 +100,7 @@ fn resumable() -> Journal {
 async fn a_client_resume_gets_the_whole_answer_again_under_its_new_id_and_the_rest_after() {
     let journal = resumable();
     let (first, mut on_first) = link(1);
-    let stream = journal.begin("t", "alice", first, 8);
+    let stream = journal.begin("t", owned("alice"), first, 8);
     for n in 0..5 {
         assert!(stream.send(body(n), true, false).await);
     }
@@ -130,7 +137,7 @@ async fn a_client_resume_gets_the_whole_answer_again_under_its_new_id_and_the_re
 async fn only_the_caller_that_asked_resumes_an_answer() {
     let journal = resumable();
     let (first, _on_first) = link(1);
-    let stream = journal.begin("t", "alice", first, 8);
+    let stream = journal.begin("t", owned("alice"), first, 8);
     assert!(stream.send(body(0), true, false).await);
     let (second, mut on_second) = link(2);
     let resumed = journal
@@ -148,7 +155,7 @@ async fn only_the_caller_that_asked_resumes_an_answer() {
 async fn a_live_holder_loses_the_stream_to_its_clients_resume() {
     let journal = resumable();
     let (first, mut on_first) = link(1);
-    let stream = journal.begin("t", "", first, 8);
+    let stream = journal.begin("t", StreamMeta::default(), first, 8);
     assert!(stream.send(body(0), true, false).await);
     drain(&mut on_first);
     let (second, mut on_second) = link(2);
@@ -164,7 +171,7 @@ async fn a_live_holder_loses_the_stream_to_its_clients_resume() {
 async fn an_answer_an_edge_received_whole_is_replayed_without_its_usage() {
     let journal = resumable();
     let (first, mut on_first) = link(1);
-    let stream = journal.begin("t", "", first, 8);
+    let stream = journal.begin("t", StreamMeta::default(), first, 8);
     assert!(stream.send(body(0), true, false).await);
     assert!(stream.send(usage(), false, false).await);
     assert!(stream.send(end(), false, true).await);
@@ -179,7 +186,7 @@ async fn an_answer_an_edge_received_whole_is_replayed_without_its_usage() {
     assert!(replay.iter().all(|e| !matches!(&e.message, Some(Message::ProviderTunnelFrame(f)) if matches!(f.frame, Some(Frame::Usage(_))))));
     // An answer whose end no edge received is replayed with it (the new edge bills it).
     let (third, mut on_third) = link(3);
-    let other = journal.begin("v", "", third, 8);
+    let other = journal.begin("v", StreamMeta::default(), third, 8);
     assert!(other.send(usage(), false, false).await);
     assert!(other.send(end(), false, true).await);
     journal.detach(3, "gone", false);
@@ -201,7 +208,7 @@ async fn ended_answers_are_kept_for_their_time_and_the_oldest_go_first_under_pre
     journal.set_keep(Duration::from_secs(60));
     let (l, _rx) = link(1);
     for i in 0..4 {
-        let stream = journal.begin(&format!("s{i}"), "", l.clone(), 64);
+        let stream = journal.begin(&format!("s{i}"), StreamMeta::default(), l.clone(), 64);
         // 100-byte bodies: 8 frames are about a kilobyte.
         for n in 0..8 {
             assert!(stream.send(body(n), true, false).await);
@@ -230,7 +237,7 @@ async fn a_resume_sends_again_exactly_what_the_edge_did_not_receive() {
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(30));
     let (first, mut first_rx) = link(1);
-    let stream = journal.begin("t", "", first, 8);
+    let stream = journal.begin("t", StreamMeta::default(), first, 8);
     for n in 0..5 {
         assert!(stream.credit().await);
         assert!(stream.send(body(n), true, false).await);
@@ -256,7 +263,7 @@ async fn credit_lost_with_a_link_is_given_again_on_resume() {
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(30));
     let (first, _rx) = link(1);
-    let stream = journal.begin("t", "", first, 2);
+    let stream = journal.begin("t", StreamMeta::default(), first, 2);
     for n in 0..2 {
         assert!(stream.credit().await);
         stream.send(body(n), true, false).await;
@@ -279,7 +286,7 @@ async fn credit_lost_with_a_link_is_given_again_on_resume() {
 async fn credited_frames_are_no_longer_kept() {
     let journal = Journal::default();
     let (first, _rx) = link(1);
-    let stream = journal.begin("t", "", first, 256);
+    let stream = journal.begin("t", StreamMeta::default(), first, 256);
     for n in 0..100 {
         stream.credit().await;
         stream.send(body(n), true, false).await;
@@ -319,7 +326,7 @@ async fn a_flood_past_the_bounds_is_not_resumable_and_memory_stays_bounded() {
     let mut streams = Vec::new();
     for s in 0..8 {
         let id = format!("t{s}");
-        let stream = journal.begin(&id, "", l.clone(), u32::MAX / 2);
+        let stream = journal.begin(&id, StreamMeta::default(), l.clone(), u32::MAX / 2);
         for n in 0..2000u32 {
             stream.send(body(n as u8), true, false).await;
             assert!(journal.kept_bytes() <= limits.total_bytes);
@@ -343,7 +350,7 @@ async fn a_detached_stream_is_stopped_after_the_wait_and_forgotten_after_its_end
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(10));
     let (l, _rx) = link(1);
-    let stream = journal.begin("r", "", l, 0);
+    let stream = journal.begin("r", StreamMeta::default(), l, 0);
     journal.detach(1, "link dropped", false);
     let now = Instant::now();
     journal.sweep(now + Duration::from_secs(5));
@@ -374,9 +381,9 @@ async fn a_detached_stream_is_stopped_after_the_wait_and_forgotten_after_its_end
 async fn without_a_wait_a_dropped_link_stops_its_streams() {
     let journal = Journal::default();
     let (l, _rx) = link(1);
-    let stream = journal.begin("r", "", l, 0);
+    let stream = journal.begin("r", StreamMeta::default(), l, 0);
     let (other, _rx2) = link(2);
-    let elsewhere = journal.begin("s", "", other, 0);
+    let elsewhere = journal.begin("s", StreamMeta::default(), other, 0);
     journal.detach(1, "the node's connection to the edge ended", false);
     assert!(stream.cancel.is_cancelled());
     assert!(
@@ -393,7 +400,7 @@ async fn an_ended_stream_is_forgotten_once_the_edge_answered_a_later_ping() {
     let marks = l.marks.clone();
     marks.pinged(1);
     marks.answered(1);
-    let stream = journal.begin("t", "", l, 0);
+    let stream = journal.begin("t", StreamMeta::default(), l, 0);
     stream.send(end(), false, true).await;
     // Only a pong for a ping queued before the end: the edge may not have it yet.
     journal.sweep(Instant::now());
@@ -412,7 +419,7 @@ async fn an_ended_stream_the_edge_confirmed_is_forgotten_at_once() {
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(30));
     let (l, _rx) = link(1);
-    let stream = journal.begin("t", "", l, 0);
+    let stream = journal.begin("t", StreamMeta::default(), l, 0);
     stream.send(body(1), true, false).await;
     journal.forget_ended("t");
     assert_eq!(journal.len(), 1, "not before its last frame");
@@ -420,4 +427,55 @@ async fn an_ended_stream_the_edge_confirmed_is_forgotten_at_once() {
     journal.forget_ended("t");
     assert_eq!(journal.len(), 0);
     assert_eq!(journal.kept_bytes(), 0);
+}
+
+#[tokio::test]
+async fn the_usage_of_a_stream_no_edge_received_the_end_of_is_reported_once() {
+    let journal = resumable();
+    let (first, mut on_first) = link(1);
+    let meta = StreamMeta {
+        owner: "alice".into(),
+        billing: Some(pb::Billing {
+            group: "m".into(),
+            api: "openai".into(),
+            received_unix_ms: 7,
+        }),
+        provider: "oa".into(),
+        tunnel: true,
+    };
+    let stream = journal.begin("t", meta, first, 8);
+    assert!(stream.send(body(0), true, false).await);
+    // The edge died: the link dropped before the answer ended.
+    journal.detach(1, "gone", false);
+    assert!(stream.send(usage(), false, false).await);
+    assert!(stream.send(end(), false, true).await);
+    drain(&mut on_first);
+    let (other, mut on_other) = link(2);
+    journal.link_up(other);
+    let now = Instant::now();
+    // Within the wait, an edge may still take it: nothing is reported.
+    journal.sweep(now);
+    assert!(drain(&mut on_other).is_empty());
+    journal.sweep(now + Duration::from_secs(16));
+    let reports = drain(&mut on_other);
+    assert_eq!(reports.len(), 1);
+    let Some(Message::OrphanUsage(report)) = &reports[0].message else {
+        panic!("{reports:?}");
+    };
+    assert_eq!(report.owner, "alice");
+    assert_eq!(report.billing.as_ref().unwrap().group, "m");
+    assert_eq!(report.usage.unwrap().output_tokens, 5);
+    journal.sweep(now + Duration::from_secs(17));
+    assert!(drain(&mut on_other).is_empty(), "reported once");
+    // A client's resume later replays it without the usage: it was billed.
+    let (third, mut on_third) = link(3);
+    journal
+        .resume(&client_resume("u", "t", "alice"), third)
+        .await;
+    let replay = drain(&mut on_third);
+    assert_eq!(
+        replay.len(),
+        2,
+        "the body and the end, no usage: {replay:?}"
+    );
 }
