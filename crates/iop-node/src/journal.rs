@@ -69,6 +69,9 @@ pub struct StreamMeta {
     /// The provider (adapter instance) it went to.
     pub provider: String,
     pub tunnel: bool,
+    /// A client may resume it (a streamed tunnel: its events carry ids): it is kept whole
+    /// when the edge keeps answers.
+    pub resumable: bool,
 }
 
 /// Most usage reports of orphaned streams waiting for a live link; more are dropped
@@ -306,13 +309,14 @@ impl Journal {
         } else {
             window
         };
+        let whole = meta.resumable && !self.keep().is_zero();
         let stream = Arc::new(JournalStream {
             id: id.to_string(),
             wire: Mutex::new(id.to_string()),
             meta,
             state: tokio::sync::Mutex::new(StreamState {
                 link: Some(link),
-                whole: !self.keep().is_zero(),
+                whole,
                 delivered: false,
                 confirmed: false,
                 kept: VecDeque::new(),
@@ -591,8 +595,12 @@ impl Journal {
             }
         }
         // Over three quarters of the bound: the oldest ended answers go first.
-        ended.sort_by_key(|(end, _)| *end);
         let mut total = self.kept_bytes();
+        if total > self.limits.total_bytes / 4 * 3 {
+            ended.sort_by_key(|(end, _)| *end);
+        } else {
+            ended.clear();
+        }
         for (_, stream) in ended {
             if total <= self.limits.total_bytes / 4 * 3 {
                 break;

@@ -133,6 +133,7 @@ impl NodeRuntime {
                 billing: request.billing.clone(),
                 provider: request.adapter.clone(),
                 tunnel: false,
+                resumable: false,
             },
             conn.link_out(),
             request.initial_credit,

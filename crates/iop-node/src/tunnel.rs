@@ -145,6 +145,7 @@ impl NodeRuntime {
                 billing: request.billing.clone(),
                 provider: request.adapter.clone(),
                 tunnel: true,
+                resumable: request.stream,
             },
             conn.link_out(),
             request.initial_credit,

@@ -82,10 +82,18 @@ fn usage() -> StreamFrame {
     }))
 }
 
+fn streamed() -> StreamMeta {
+    StreamMeta {
+        tunnel: true,
+        resumable: true,
+        ..Default::default()
+    }
+}
+
 fn owned(owner: &str) -> StreamMeta {
     StreamMeta {
         owner: owner.into(),
-        ..Default::default()
+        ..streamed()
     }
 }
 
@@ -155,7 +163,7 @@ async fn only_the_caller_that_asked_resumes_an_answer() {
 async fn a_live_holder_loses_the_stream_to_its_clients_resume() {
     let journal = resumable();
     let (first, mut on_first) = link(1);
-    let stream = journal.begin("t", StreamMeta::default(), first, 8);
+    let stream = journal.begin("t", streamed(), first, 8);
     assert!(stream.send(body(0), true, false).await);
     drain(&mut on_first);
     let (second, mut on_second) = link(2);
@@ -171,7 +179,7 @@ async fn a_live_holder_loses_the_stream_to_its_clients_resume() {
 async fn an_answer_an_edge_received_whole_is_replayed_without_its_usage() {
     let journal = resumable();
     let (first, mut on_first) = link(1);
-    let stream = journal.begin("t", StreamMeta::default(), first, 8);
+    let stream = journal.begin("t", streamed(), first, 8);
     assert!(stream.send(body(0), true, false).await);
     assert!(stream.send(usage(), false, false).await);
     assert!(stream.send(end(), false, true).await);
@@ -186,7 +194,7 @@ async fn an_answer_an_edge_received_whole_is_replayed_without_its_usage() {
     assert!(replay.iter().all(|e| !matches!(&e.message, Some(Message::ProviderTunnelFrame(f)) if matches!(f.frame, Some(Frame::Usage(_))))));
     // An answer whose end no edge received is replayed with it (the new edge bills it).
     let (third, mut on_third) = link(3);
-    let other = journal.begin("v", StreamMeta::default(), third, 8);
+    let other = journal.begin("v", streamed(), third, 8);
     assert!(other.send(usage(), false, false).await);
     assert!(other.send(end(), false, true).await);
     journal.detach(3, "gone", false);
@@ -208,7 +216,7 @@ async fn ended_answers_are_kept_for_their_time_and_the_oldest_go_first_under_pre
     journal.set_keep(Duration::from_secs(60));
     let (l, _rx) = link(1);
     for i in 0..4 {
-        let stream = journal.begin(&format!("s{i}"), StreamMeta::default(), l.clone(), 64);
+        let stream = journal.begin(&format!("s{i}"), streamed(), l.clone(), 64);
         // 100-byte bodies: 8 frames are about a kilobyte.
         for n in 0..8 {
             assert!(stream.send(body(n), true, false).await);
@@ -237,7 +245,7 @@ async fn a_resume_sends_again_exactly_what_the_edge_did_not_receive() {
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(30));
     let (first, mut first_rx) = link(1);
-    let stream = journal.begin("t", StreamMeta::default(), first, 8);
+    let stream = journal.begin("t", streamed(), first, 8);
     for n in 0..5 {
         assert!(stream.credit().await);
         assert!(stream.send(body(n), true, false).await);
@@ -263,7 +271,7 @@ async fn credit_lost_with_a_link_is_given_again_on_resume() {
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(30));
     let (first, _rx) = link(1);
-    let stream = journal.begin("t", StreamMeta::default(), first, 2);
+    let stream = journal.begin("t", streamed(), first, 2);
     for n in 0..2 {
         assert!(stream.credit().await);
         stream.send(body(n), true, false).await;
@@ -286,7 +294,7 @@ async fn credit_lost_with_a_link_is_given_again_on_resume() {
 async fn credited_frames_are_no_longer_kept() {
     let journal = Journal::default();
     let (first, _rx) = link(1);
-    let stream = journal.begin("t", StreamMeta::default(), first, 256);
+    let stream = journal.begin("t", streamed(), first, 256);
     for n in 0..100 {
         stream.credit().await;
         stream.send(body(n), true, false).await;
@@ -326,7 +334,7 @@ async fn a_flood_past_the_bounds_is_not_resumable_and_memory_stays_bounded() {
     let mut streams = Vec::new();
     for s in 0..8 {
         let id = format!("t{s}");
-        let stream = journal.begin(&id, StreamMeta::default(), l.clone(), u32::MAX / 2);
+        let stream = journal.begin(&id, streamed(), l.clone(), u32::MAX / 2);
         for n in 0..2000u32 {
             stream.send(body(n as u8), true, false).await;
             assert!(journal.kept_bytes() <= limits.total_bytes);
@@ -350,7 +358,7 @@ async fn a_detached_stream_is_stopped_after_the_wait_and_forgotten_after_its_end
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(10));
     let (l, _rx) = link(1);
-    let stream = journal.begin("r", StreamMeta::default(), l, 0);
+    let stream = journal.begin("r", streamed(), l, 0);
     journal.detach(1, "link dropped", false);
     let now = Instant::now();
     journal.sweep(now + Duration::from_secs(5));
@@ -381,9 +389,9 @@ async fn a_detached_stream_is_stopped_after_the_wait_and_forgotten_after_its_end
 async fn without_a_wait_a_dropped_link_stops_its_streams() {
     let journal = Journal::default();
     let (l, _rx) = link(1);
-    let stream = journal.begin("r", StreamMeta::default(), l, 0);
+    let stream = journal.begin("r", streamed(), l, 0);
     let (other, _rx2) = link(2);
-    let elsewhere = journal.begin("s", StreamMeta::default(), other, 0);
+    let elsewhere = journal.begin("s", streamed(), other, 0);
     journal.detach(1, "the node's connection to the edge ended", false);
     assert!(stream.cancel.is_cancelled());
     assert!(
@@ -400,7 +408,7 @@ async fn an_ended_stream_is_forgotten_once_the_edge_answered_a_later_ping() {
     let marks = l.marks.clone();
     marks.pinged(1);
     marks.answered(1);
-    let stream = journal.begin("t", StreamMeta::default(), l, 0);
+    let stream = journal.begin("t", streamed(), l, 0);
     stream.send(end(), false, true).await;
     // Only a pong for a ping queued before the end: the edge may not have it yet.
     journal.sweep(Instant::now());
@@ -419,7 +427,7 @@ async fn an_ended_stream_the_edge_confirmed_is_forgotten_at_once() {
     let journal = Journal::default();
     journal.set_wait(Duration::from_secs(30));
     let (l, _rx) = link(1);
-    let stream = journal.begin("t", StreamMeta::default(), l, 0);
+    let stream = journal.begin("t", streamed(), l, 0);
     stream.send(body(1), true, false).await;
     journal.forget_ended("t");
     assert_eq!(journal.len(), 1, "not before its last frame");
@@ -441,7 +449,7 @@ async fn the_usage_of_a_stream_no_edge_received_the_end_of_is_reported_once() {
             received_unix_ms: 7,
         }),
         provider: "oa".into(),
-        tunnel: true,
+        ..streamed()
     };
     let stream = journal.begin("t", meta, first, 8);
     assert!(stream.send(body(0), true, false).await);
