@@ -479,6 +479,9 @@ impl Journal {
             .await;
             return Resumed::NotResumable;
         }
+        if by_client && resume.peek {
+            return peek(&state, resume, &link).await;
+        }
         if by_client {
             self.rename(&stream, &mut state, resume).await;
         }
@@ -649,6 +652,32 @@ impl Journal {
             stream.stop(why);
         }
     }
+}
+
+/// A look at a kept answer: its frames so far under `resume.stream_id`, then an end (its
+/// own, or one added when it still runs); the answer stays where it is.
+async fn peek(state: &StreamState, resume: &pb::StreamResume, link: &LinkOut) -> Resumed {
+    let mut resent = 0;
+    for kept in &state.kept {
+        let mut frame = kept.frame.clone();
+        if !frame.drop_usage() {
+            continue;
+        }
+        if link
+            .outbound
+            .send(frame.envelope(&resume.stream_id))
+            .await
+            .is_err()
+        {
+            return Resumed::Attached { resent };
+        }
+        resent += 1;
+    }
+    if state.ended_at.is_none() {
+        let end = StreamFrame::Tunnel(Frame::End(pb::TunnelEnd {}));
+        let _ = link.outbound.send(end.envelope(&resume.stream_id)).await;
+    }
+    Resumed::Attached { resent }
 }
 
 impl LinkOut {

@@ -392,3 +392,136 @@ model_groups:
     let executed = mock.stats().await["requests"].as_u64().unwrap();
     assert_eq!(executed, 2, "the resumed answer did not run again");
 }
+
+/// A background Responses request (`background: true`) is answered at once with iop's id
+/// and goes on without its client; it is then fetched as it stands and streamed from a
+/// `starting_after` — it ran once.
+#[tokio::test]
+async fn a_background_response_is_fetched_and_streamed_from_a_sequence_number() {
+    let mock = start_mock(&["--tokens", "20", "--token-delay-ms", "20"]).await;
+    let dir = tempdir();
+    let config = format!(
+        r#"
+nodes:
+  - id: n1
+    token: {TOKEN}
+    providers:
+      - {{id: oa, kind: openai_compat, base_url: "{base}", apis: [chat, responses]}}
+model_groups:
+  - {{name: m, members: [{{node: n1, provider: oa, model: mock-model}}]}}
+  - {{name: translated, members: [{{node: n1, provider: plain, model: mock-model}}]}}
+"#,
+        base = mock.openai_base()
+    )
+    .replace(
+        "      - {id: oa,",
+        &format!(
+            "      - {{id: plain, kind: openai_compat, base_url: \"{}\"}}\n      - {{id: oa,",
+            mock.openai_base()
+        ),
+    );
+    let edge = start_edge(dir.path(), &config).await;
+    let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
+    wait_ready(&edge, "n1").await;
+    let http = client();
+    let created: Value = http
+        .post(edge.url("/v1/responses"))
+        .json(&json!({"model": "m", "input": "tell me", "background": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(created["status"], "queued", "{created}");
+    assert_eq!(created["background"], true);
+    let id = created["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("resp_"), "{id}");
+
+    // Fetched until it is complete (the client that created it is gone).
+    let url = edge.url(&format!("/v1/responses/{id}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let done = loop {
+        let now: Value = http.get(&url).send().await.unwrap().json().await.unwrap();
+        assert_eq!(now["id"], id.as_str(), "{now}");
+        if now["status"] == "completed" {
+            break now;
+        }
+        assert!(
+            ["queued", "in_progress"].contains(&now["status"].as_str().unwrap()),
+            "{now}"
+        );
+        assert!(std::time::Instant::now() < deadline, "{now}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let text = done["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!text.is_empty(), "{done}");
+    assert!(
+        done["usage"]["output_tokens"].as_u64().unwrap() > 0,
+        "{done}"
+    );
+
+    // Streamed from after sequence number 3: the events from 4 on, the text's rest.
+    let body = http
+        .get(format!("{url}?stream=true&starting_after=3"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events: Vec<Value> = sse_events(&body)
+        .into_iter()
+        .map(|(_, data)| serde_json::from_str(&data).unwrap())
+        .collect();
+    assert_eq!(events[0]["sequence_number"], 4, "{body}");
+    assert_eq!(
+        events.last().unwrap()["type"],
+        "response.completed",
+        "{body}"
+    );
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert!(
+        text.ends_with(&deltas) && !deltas.is_empty(),
+        "{deltas:?} of {text:?}"
+    );
+    assert_eq!(mock.stats().await["requests"], 1, "it ran once");
+
+    // Not one of iop's ids; a group a translation serves; background with a stream.
+    let missing = http
+        .get(edge.url("/v1/responses/resp_nothing"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    for (body, what) in [
+        (
+            json!({"model": "translated", "input": "x", "background": true}),
+            "members all serve",
+        ),
+        (
+            json!({"model": "m", "input": "x", "background": true, "stream": true}),
+            "stream: true",
+        ),
+    ] {
+        let refused = http
+            .post(edge.url("/v1/responses"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 400);
+        let error: Value = refused.json().await.unwrap();
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains(what),
+            "{error}"
+        );
+    }
+}

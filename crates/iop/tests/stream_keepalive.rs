@@ -112,6 +112,57 @@ async fn a_queued_stream_outlives_a_load_balancers_idle_cut() {
     }
 }
 
+/// The figures users meet, unscaled: a streamed request queued 150 s behind a busy
+/// provider, through HAProxy with the 60 s idle timeout (`timeout client` / `timeout
+/// server`) common in front of web services, with the edge's default keepalive (15 s):
+/// it completes. (Takes about three minutes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_queued_150_s_passes_a_60_s_idle_timeout() {
+    let test = "a_stream_queued_150_s_passes_a_60_s_idle_timeout";
+    let fabric = InProcess::start(Fabric {
+        capacity: 1,
+        queue_timeout_sec: Some(600),
+        // The busy answer: 10 tokens 15 s apart (its own gaps stay under the cut).
+        backend: MockConfig {
+            tokens: 10,
+            token_delay: Duration::from_secs(15),
+            ..MockConfig::default()
+        },
+        ..Fabric::default()
+    })
+    .await;
+    let edge = fabric.http_addr().to_string();
+    let Some(lb) = Haproxy::start_with_idle_timeout(test, &[edge.as_str()], "60s").await else {
+        return;
+    };
+    lb.wait_up(&["edge-1"]).await;
+    let busy = occupy(&fabric).await;
+    let mut body = chat();
+    body["max_tokens"] = json!(1);
+    let response = reqwest::Client::new()
+        .post(lb.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("answered through the balancer");
+    assert_eq!(response.status(), 200);
+    let text = response
+        .text()
+        .await
+        .expect("kept alive through the idle cut");
+    let (status, _) = busy.await.unwrap().expect("the busy request");
+    assert_eq!(status, 200);
+    let keepalives = text.matches(": keepalive\n\n").count();
+    assert!(
+        keepalives >= 9,
+        "waited about 150 s with a comment every 15 s: {text}"
+    );
+    let text = common::without_event_ids(&text);
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(!streamed_text(&text).is_empty(), "{text}");
+    fabric.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_after_the_stream_began_is_the_apis_error_event() {
     let fabric = InProcess::start(busy_fabric(1, Some(2))).await;

@@ -154,6 +154,9 @@ pub struct ModelRequest<'r> {
     pub max_output_tokens: Option<u64>,
     /// The session key the client sent, if any (`crate::routing::session`).
     pub session: Option<&'r str>,
+    /// A background Responses request: the provider streams it (`stream` is true) and is
+    /// not told it is a background one; the edge answers at once and keeps it going.
+    pub background: bool,
 }
 
 /// What the lane estimate reads of a request.
@@ -273,6 +276,7 @@ mod tests {
             canonical: Ok(&decoded.native.request),
             max_output_tokens: decoded.max_output_tokens,
             session: None,
+            background: false,
         };
         model.lane_inputs()
     }
@@ -315,6 +319,7 @@ mod tests {
             canonical: Ok(&decoded.native.request),
             max_output_tokens: None,
             session: None,
+            background: false,
         };
         let messages = r#"[{"role":"user","content":"hi"}]"#.len() as u64;
         assert_eq!(request.input_estimate(), messages.div_ceil(4));

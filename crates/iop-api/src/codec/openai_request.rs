@@ -47,9 +47,27 @@ pub fn provider_body(request: &ClientRequest, model: &str, inject: bool) -> Vec<
     request.with_fields(&[("model", &model), ("stream_options", &options)])
 }
 
+/// A background Responses request's body as its provider gets it: streamed, and not in
+/// the background (the node keeps the answer; the edge keeps it going without a client).
+pub fn in_the_foreground(body: Vec<u8>) -> Vec<u8> {
+    match ClientRequest::parse(&body) {
+        Ok(request) => request.with_fields(&[("stream", "true"), ("background", "false")]),
+        Err(_) => body,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_background_request_goes_to_its_provider_streamed_in_the_foreground() {
+        let body = br#"{"model":"up","background":true,"input":"hi"}"#.to_vec();
+        let out: Value = serde_json::from_slice(&in_the_foreground(body)).unwrap();
+        assert_eq!(out["stream"], true);
+        assert_eq!(out["background"], false);
+        assert_eq!(out["input"], "hi");
+    }
 
     fn rewrite(body: &str, inject: bool) -> String {
         let r = ClientRequest::parse(body.as_bytes()).unwrap();

@@ -21,6 +21,7 @@
 pub mod admin;
 pub mod answer;
 pub mod auth;
+pub mod background;
 pub mod body;
 pub mod client_addr;
 pub mod connection_table;

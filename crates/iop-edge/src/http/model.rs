@@ -21,11 +21,11 @@ use axum::Router;
 use axum::extract::{Extension, Request, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 
 use super::decode::{LargeBodies, Prepared};
 use super::error::{self, with_attempts};
-use super::{answer, forward, keepalive, passthrough, request_id, resume};
+use super::{answer, background, forward, keepalive, passthrough, request_id, resume};
 use crate::auth::Caller;
 use crate::canonical::{ApiError, ModelRequest, Operation};
 use crate::ledger::RequestRecorder;
@@ -71,7 +71,7 @@ pub fn routes(large: Arc<LargeBodies>) -> Router<Arc<Edge>> {
             ),
         );
     }
-    router
+    router.route("/v1/responses/{id}", get(background::retrieve))
 }
 
 /// One request as it arrived at a model endpoint.
@@ -119,7 +119,7 @@ async fn handle(
         .await?;
     if let Some(point) = resumed {
         recorder.set_group(&prepared.decoded().model);
-        return resume::serve(edge, surface, &caller, &headers, point, recorder).await;
+        return resume::serve(edge, surface, &caller, &headers, point, recorder, false).await;
     }
     let keepalive = keepalive::interval(edge, surface, prepared.decoded().stream);
     // Owned, so a stream kept alive while it waits can outlive the handler.
@@ -150,14 +150,16 @@ async fn admit_and_serve(
     let decoded = prepared.decoded();
     let canonical = prepared.canonical();
     let session = crate::routing::session::session_key(headers, &decoded.native.request);
+    let background = background::requested(edge, surface, decoded)?;
     let mut request = ModelRequest {
         group: &decoded.model,
         op: decoded.op,
-        stream: decoded.stream,
+        stream: decoded.stream || background,
         native: &decoded.native,
         canonical,
         max_output_tokens: decoded.max_output_tokens,
         session: session.as_deref(),
+        background,
     };
     let estimate = TokenEstimate {
         input: request.input_estimate(),
@@ -185,6 +187,7 @@ async fn admit_and_serve(
     // client's API itself got the request whole).
     let mut notes = None;
     let response = match served.answer {
+        Answer::Native { head, stream } if background => background::started(head, stream, &group),
         Answer::Native { head, stream } => passthrough::respond_head(head, stream, surface, None),
         Answer::Events(source) => {
             notes = surface.notes(decoded);

@@ -55,7 +55,7 @@ pub fn respond_head(
     })?;
     let events = head.is_sse && head.content_length.is_none();
     let (ids, resume_header) = event_ids(&tunnel, events, resumed);
-    if ids.is_some() {
+    if ids.is_some() && tunnel.core.resume_grace.is_none() {
         tunnel.core.resume_grace = Some(tunnel.core.edge.config().dispatch.resume_grace());
     }
     let state = BodyState {

@@ -11,6 +11,7 @@
 //! ignored: the request is served as a new one.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -23,7 +24,11 @@ use crate::canonical::ApiError;
 use crate::ledger::RequestRecorder;
 use crate::service::Edge;
 use crate::service::stream::{StreamLimits, StreamTerms};
+use crate::service::tunnel::{TunnelHead, TunnelStream};
 use crate::surfaces::Surface;
+
+/// How long a background response goes on without a client at most.
+pub const MAX_BACKGROUND: Duration = Duration::from_secs(24 * 3600);
 
 /// The answer a request resumes, if it carries a `Last-Event-ID` this fleet gave and the
 /// edge keeps answers resumable.
@@ -35,7 +40,8 @@ pub fn requested(edge: &Edge, surface: Surface, headers: &HeaderMap) -> Option<R
     ResumePoint::parse(id.trim())
 }
 
-/// Serves the rest of answer `point` to `caller`.
+/// Serves the rest of answer `point` to `caller`; a background response's
+/// (`background`) goes on if this client leaves too.
 pub async fn serve(
     edge: &Arc<Edge>,
     surface: Surface,
@@ -43,7 +49,41 @@ pub async fn serve(
     headers: &HeaderMap,
     point: ResumePoint,
     recorder: &RequestRecorder,
+    background: bool,
 ) -> Result<Response, ApiError> {
+    tracing::info!(node_id = %point.node, stream_id = %point.stream, after = point.after, "a client resumes an answer");
+    recorder.dispatched(&point.node, "", "resume");
+    let (head, mut stream) = open(edge, caller, headers, &point, false).await?;
+    stream.serve(recorder.clone());
+    if background {
+        stream.core.background = true;
+        stream.core.resume_grace = Some(MAX_BACKGROUND);
+    }
+    passthrough::respond_head(head, stream, surface, Some(point))
+}
+
+/// A look at answer `point` as the node keeps it now: its frames so far, then an end; the
+/// answer stays where it is, and nothing is billed for the look.
+pub async fn look(
+    edge: &Arc<Edge>,
+    caller: &Caller,
+    headers: &HeaderMap,
+    point: &ResumePoint,
+) -> Result<TunnelStream, ApiError> {
+    let (head, mut stream) = open(edge, caller, headers, point, true).await?;
+    stream.replay_head(head);
+    Ok(stream)
+}
+
+/// Asks the node that holds answer `point` for it (a `peek`: only a look) and waits for
+/// its head.
+async fn open(
+    edge: &Arc<Edge>,
+    caller: &Caller,
+    headers: &HeaderMap,
+    point: &ResumePoint,
+    peek: bool,
+) -> Result<(TunnelHead, TunnelStream), ApiError> {
     let Some(session) = edge.session(&point.node) else {
         return Err(ApiError::of(
             ErrorCode::NotFound,
@@ -54,8 +94,6 @@ pub async fn serve(
             ),
         ));
     };
-    tracing::info!(node_id = %point.node, stream_id = %point.stream, after = point.after, "a client resumes an answer");
-    recorder.dispatched(&point.node, "", "resume");
     let terms = StreamTerms {
         limits: StreamLimits {
             ack_timeout: edge.config().dispatch.ack_timeout(),
@@ -70,6 +108,7 @@ pub async fn serve(
             caller.owner().unwrap_or_default(),
             request_id::of(headers).to_string(),
             terms,
+            peek,
         )
         .await
         .map_err(ApiError::from)?;
@@ -81,6 +120,5 @@ pub async fn serve(
         }
         error
     })?;
-    stream.serve(recorder.clone());
-    passthrough::respond_head(head, stream, surface, Some(point))
+    Ok((head, stream))
 }

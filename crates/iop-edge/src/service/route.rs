@@ -117,7 +117,10 @@ pub fn work(
                 && native.api.takes_stream_usage()
                 && traits.inject_stream_usage
                 && !codec::openai_request::client_asked(&native.request);
-            let body = codec::openai_request::provider_body(&native.request, upstream, inject);
+            let mut body = codec::openai_request::provider_body(&native.request, upstream, inject);
+            if request.background {
+                body = codec::openai_request::in_the_foreground(body);
+            }
             let mut spec = TunnelSpec::post_json(provider, native.api.path(), body, accept);
             spec.headers.extend(native.headers.iter().cloned());
             spec.usage_injected = inject;
@@ -189,6 +192,7 @@ mod tests {
             },
             max_output_tokens: None,
             session: None,
+            background: false,
         };
         f(request)
     }

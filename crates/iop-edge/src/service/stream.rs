@@ -276,6 +276,8 @@ pub struct StreamCore<T> {
     /// The answer is resumable: a client that leaves it lets it go on this long for a
     /// resume (`dispatch.resume_grace_sec`) before it is cancelled.
     pub resume_grace: Option<Duration>,
+    /// A background response: read to its end without a client, and recorded as served.
+    pub background: bool,
 }
 
 /// A stream's core for as long as the stream holds it: it is taken when the stream is
@@ -361,6 +363,7 @@ impl<T: StreamItem> StreamCore<T> {
             served_model: None,
             first_token: false,
             resume_grace: None,
+            background: false,
         }
     }
 
@@ -588,7 +591,8 @@ impl<T: StreamItem> StreamCore<T> {
                 self.data(0);
             }
             if item.is_last() {
-                self.node_ended(Some(ErrorCode::ClientAbort));
+                let failure = (!self.background).then_some(ErrorCode::ClientAbort);
+                self.node_ended(failure);
                 return;
             }
         }

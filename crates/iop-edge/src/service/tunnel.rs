@@ -131,7 +131,8 @@ impl Edge {
 
 impl Edge {
     /// Asks the node on `session` for answer `origin` again, whole, under a new id: a
-    /// client resumes it (it may have begun on another edge). The node answers like any
+    /// client resumes it (it may have begun on another edge), or only looks at it
+    /// (`peek`: the node sends what it has, then an end, and the answer stays where it is). The node answers like any
     /// tunnel, from its first frame; one it does not keep, or that `owner` did not ask
     /// for, ends with an error at once.
     pub(crate) async fn resume_tunnel(
@@ -141,6 +142,7 @@ impl Edge {
         owner: String,
         client_request_id: String,
         terms: StreamTerms,
+        peek: bool,
     ) -> Result<TunnelStream, SubmitError> {
         let core = self
             .open_stream(session, client_request_id, terms, |stream_id| {
@@ -149,6 +151,7 @@ impl Edge {
                     tunnel: true,
                     origin: origin.to_string(),
                     owner,
+                    peek,
                     ..Default::default()
                 }
             })
