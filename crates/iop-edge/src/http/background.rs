@@ -48,7 +48,9 @@ pub fn requested(edge: &Edge, surface: Surface, decoded: &Decoded) -> Result<boo
     {
         return Ok(false);
     }
-    let refuse = |message: String| Err(ApiError::bad_request("background", message));
+    let refuse = |message: String| {
+        Err(ApiError::bad_request("unsupported_parameter", message).with_param("background"))
+    };
     if decoded.stream {
         return refuse(
             "`background` with `stream: true` is not supported: create the response with \
