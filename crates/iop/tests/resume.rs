@@ -494,6 +494,21 @@ model_groups:
     );
     assert_eq!(mock.stats().await["requests"], 1, "it ran once");
 
+    // The same with the official OpenAI Python SDK.
+    if let Some(python) =
+        common::sdk::python("a background response with the OpenAI SDK", &["openai"])
+    {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/background_check.py"
+        );
+        let base = edge.url("/v1");
+        let stdout = common::sdk::run_check(&python, script, &[&base, "m"]).await;
+        assert!(stdout.contains(&format!("text:{text}\n")), "{stdout}");
+        assert!(stdout.contains("first:4\n"), "{stdout}");
+        assert!(stdout.contains("last:response.completed\n"), "{stdout}");
+    }
+
     // Not one of iop's ids; a group a translation serves; background with a stream.
     let missing = http
         .get(edge.url("/v1/responses/resp_nothing"))
