@@ -668,3 +668,55 @@ async fn a_client_that_stops_reading_stops_the_producer_instead_of_filling_memor
         .await
         .unwrap();
 }
+
+/// A run's stream is kept alive (`limits.http.stream_keepalive_sec`) while it waits for
+/// its slot and while the run is silent: SSE comments every client ignores, then the
+/// run's events as ever.
+#[tokio::test]
+async fn a_waiting_or_silent_run_is_kept_alive() {
+    let dir = tempdir();
+    let config = r#"
+limits: {http: {stream_keepalive_sec: 1}}
+nodes:
+  - id: n1
+    token: token-n1-0123456789
+    providers:
+      - {id: slow, kind: mock, max_concurrency: 1, mock: {tokens: 3, token_delay_ms: 1500}}
+"#;
+    let edge = std::sync::Arc::new(start_edge(dir.path(), config).await);
+    let _node = start_node("n1", dir.path(), &edge.nodes, "token-n1-0123456789", "");
+    wait_ready(&edge, "n1").await;
+    let body = |input: &str| json!({"adapter": "slow", "input": input});
+    let (_id, first, seen) = start_streaming(&edge, body("x"), 1).await;
+    // The second waits for the slot the first holds.
+    let second = {
+        let edge = edge.clone();
+        tokio::spawn(async move {
+            let response = client()
+                .post(edge.url("/v1/runs"))
+                .json(&json!({"adapter": "slow", "input": "y"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            response.text().await.unwrap()
+        })
+    };
+    check_stream(&rest(first, seen).await, "complete");
+    let text = second.await.unwrap();
+    assert!(
+        text.starts_with(": keepalive\n\n"),
+        "kept alive while it waited: {text}"
+    );
+    let events: Vec<(String, Value)> = sse_events(&text)
+        .into_iter()
+        .map(|(k, d)| (k, serde_json::from_str(&d).unwrap()))
+        .collect();
+    check_stream(&events, "complete");
+    // Between its tokens (1.5 s apart) too.
+    let after_start = &text[text.find("event: ").unwrap()..];
+    assert!(
+        after_start.contains(": keepalive\n\n"),
+        "kept alive while silent: {text}"
+    );
+}

@@ -1,12 +1,14 @@
 //! Bytes while a streamed request waits. A request for an event stream (OpenAI, Responses,
-//! Messages) that has no answer after `limits.http.stream_keepalive_sec` — it waits in
-//! the queue, or its provider is still reading a long prompt — is answered there and then:
-//! `200` with the stream's head and an SSE comment, then a comment at the same interval
-//! until the answer begins, so reverse proxies, load balancers and CDNs that cut silent
-//! connections leave it alone; every SSE client ignores comments. What the answer brings
-//! then follows in the same stream; a failure arrives as the API's own error event,
-//! since the status went out already. Ollama's streams are JSON lines, which have no
-//! comment to send: they are never kept alive this way.
+//! Messages, the native runs API) that has no answer after
+//! `limits.http.stream_keepalive_sec` — it waits in the queue, or its provider is still
+//! reading a long prompt — is answered there and then: `200` with the stream's head and an
+//! SSE comment, then a comment at the same interval until the answer begins, so reverse
+//! proxies, load balancers and CDNs that cut silent connections leave it alone; every SSE
+//! client ignores comments. What the answer brings then follows in the same stream; a
+//! failure arrives as the API's own error event ([`ErrorEvents`]), since the status went
+//! out already. Ollama's streams are JSON lines, which have no comment to send: they are
+//! never kept alive this way. A run's events are kept alive the same way while the run is
+//! silent ([`super::runs`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,6 +19,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use tracing::Instrument;
+
+use iop_proto::pb;
 
 use crate::canonical::ApiError;
 use crate::codec::EVENT_STREAM;
@@ -42,12 +46,34 @@ pub fn interval(edge: &Edge, surface: Surface, stream: bool) -> Option<Duration>
 
 type Answering = Pin<Box<dyn Future<Output = Result<Response, ApiError>> + Send>>;
 
+/// Whose error event ends a kept-alive stream whose request fails before its answer.
+#[derive(Debug, Clone, Copy)]
+pub enum ErrorEvents {
+    /// The API's own (`Surface::native_stream_error`).
+    Api(Surface),
+    /// A run's `error` event.
+    Runs,
+}
+
+impl ErrorEvents {
+    fn render(self, error: &ApiError) -> Option<Vec<u8>> {
+        match self {
+            ErrorEvents::Api(surface) => surface.native_stream_error(error),
+            ErrorEvents::Runs => Some(crate::surfaces::runs::sse_event(&pb::RunEvent {
+                kind: pb::RunEventKind::Error as i32,
+                error: Some(pb::RunError::new(error.reason, error.message.clone())),
+                ..Default::default()
+            })),
+        }
+    }
+}
+
 /// The answer's response if it comes within `every`; else a stream kept alive every
 /// `every` until it comes, then carrying it.
 pub async fn answer_or_keep_alive(
     answering: impl Future<Output = Result<Response, ApiError>> + Send + 'static,
     every: Duration,
-    surface: Surface,
+    errors: ErrorEvents,
     recorder: &RequestRecorder,
 ) -> Result<Response, ApiError> {
     // The answer may go on after the handler returned: in the request's span still.
@@ -64,7 +90,7 @@ pub async fn answer_or_keep_alive(
         answering: Some(answering),
         body: None,
         every,
-        surface,
+        errors,
         recorder: recorder.clone(),
         sent_first: false,
     };
@@ -87,7 +113,7 @@ struct Waiting {
     answering: Option<Answering>,
     body: Option<axum::body::BodyDataStream>,
     every: Duration,
-    surface: Surface,
+    errors: ErrorEvents,
     recorder: RequestRecorder,
     sent_first: bool,
 }
@@ -129,7 +155,7 @@ impl Waiting {
     /// Ends the stream with `error` in the API's own shape, and records it.
     fn late_error(&mut self, error: ApiError) -> Option<Bytes> {
         self.recorder.failed(error.reason, error.status.as_u16());
-        self.surface.native_stream_error(&error).map(Bytes::from)
+        self.errors.render(&error).map(Bytes::from)
     }
 }
 

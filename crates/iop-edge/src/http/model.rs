@@ -133,7 +133,10 @@ async fn handle(
     };
     match keepalive {
         None => answering.await,
-        Some(every) => keepalive::answer_or_keep_alive(answering, every, surface, recorder).await,
+        Some(every) => {
+            let errors = keepalive::ErrorEvents::Api(surface);
+            keepalive::answer_or_keep_alive(answering, every, errors, recorder).await
+        }
     }
 }
 

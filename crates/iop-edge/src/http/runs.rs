@@ -6,6 +6,10 @@
 //! ledger, metrics), admitted by the key's allowlist (a key with one may run only what its
 //! model groups reach) and limits, and takes a slot on its provider.
 //!
+//! A run's stream is kept alive (`limits.http.stream_keepalive_sec`) while it waits for
+//! its slot and while the run is silent, as the model APIs' streams are
+//! ([`super::keepalive`]).
+//!
 //! A client key's runs and sessions are its own: cancelling another key's run answers 404
 //! as for a run that does not exist, and the session ids it names live in its own
 //! namespace.
@@ -22,7 +26,7 @@ use futures::stream;
 use serde_json::json;
 
 use super::decode::LargeBodies;
-use super::{forward, request_id};
+use super::{forward, keepalive, request_id};
 use crate::auth::Caller;
 use crate::canonical::ApiError;
 use crate::http::error::HttpError;
@@ -63,7 +67,29 @@ async fn submit(
     body: Request,
 ) -> Response {
     let recorder = edge.start_request(ClientApi::Runs, &caller);
-    match handle(&edge, &large, &caller, &headers, body, &recorder).await {
+    let every = edge.config().limits.http.stream_keepalive();
+    // Owned, so a run kept alive while it waits can outlive the handler.
+    let (owned_edge, answer_recorder) = (edge.clone(), recorder.clone());
+    let answering = async move {
+        handle(
+            &owned_edge,
+            &large,
+            &caller,
+            &headers,
+            body,
+            &answer_recorder,
+            every,
+        )
+        .await
+    };
+    let answered = match every {
+        None => answering.await,
+        Some(every) => {
+            let errors = keepalive::ErrorEvents::Runs;
+            keepalive::answer_or_keep_alive(answering, every, errors, &recorder).await
+        }
+    };
+    match answered {
         Ok(response) => {
             recorder.responded(response.status().as_u16());
             response
@@ -82,6 +108,7 @@ async fn handle(
     headers: &HeaderMap,
     body: Request,
     recorder: &RequestRecorder,
+    keep_alive: Option<std::time::Duration>,
 ) -> Result<Response, ApiError> {
     let key = caller.key_name().unwrap_or("");
     let body = large.read(edge, key, body, headers, false).await?;
@@ -113,8 +140,17 @@ async fn handle(
     };
     let run = edge.serve_run(&node, spec, &ctx).await?;
     let run_id = run.core.id.clone();
-    let body = stream::unfold(run, |mut run| async move {
-        let event = run.next().await?;
+    let body = stream::unfold(run, move |mut run| async move {
+        // A silent run (a CLI agent thinking) is kept alive as a waiting one is. Reading
+        // the next event is cancel-safe: a keepalive in between loses nothing.
+        let next = match keep_alive {
+            None => run.next().await,
+            Some(every) => match tokio::time::timeout(every, run.next()).await {
+                Ok(next) => next,
+                Err(_) => return Some((Ok(Bytes::from_static(keepalive::KEEPALIVE)), run)),
+            },
+        };
+        let event = next?;
         Some((
             Ok::<_, std::io::Error>(Bytes::from(runs::sse_event(&event))),
             run,
