@@ -419,15 +419,7 @@ impl Journal {
     /// the whole stream again, under the new id.
     pub async fn resume(&self, resume: &pb::StreamResume, link: LinkOut) -> Resumed {
         let by_client = !resume.origin.is_empty();
-        let key = if by_client {
-            &resume.origin
-        } else {
-            &resume.stream_id
-        };
-        let found = self
-            .get(key)
-            .filter(|s| !by_client || s.meta.owner == resume.owner);
-        let Some(stream) = found else {
+        let Some(stream) = self.find(resume) else {
             let message = if by_client {
                 "this answer cannot be resumed: the node does not keep it (it ended longer ago \
                  than answers are kept, or the node process restarted since)"
@@ -444,6 +436,9 @@ impl Journal {
             .await;
             return Resumed::Unknown;
         };
+        if by_client && resume.stop {
+            return stop_for_client(&stream, resume, &link).await;
+        }
         if !by_client {
             stream.grant_to(resume.credited);
         }
@@ -514,6 +509,16 @@ impl Journal {
         state.link = Some(link);
         state.detached_at = None;
         Resumed::Attached { resent }
+    }
+
+    /// The stream a resume names: by its own id, or — a client's — by the id of the
+    /// request it answers, for the caller that asked only.
+    fn find(&self, resume: &pb::StreamResume) -> Option<Arc<JournalStream>> {
+        if resume.origin.is_empty() {
+            return self.get(&resume.stream_id);
+        }
+        self.get(&resume.origin)
+            .filter(|s| s.meta.owner == resume.owner)
     }
 
     /// A client's resume takes `stream` over under its new id: the link that held it, if
@@ -652,6 +657,19 @@ impl Journal {
             stream.stop(why);
         }
     }
+}
+
+/// A client cancels the answer: it ends `cancelled` as on an edge's cancel, and the
+/// client's stream ends at once.
+async fn stop_for_client(
+    stream: &JournalStream,
+    resume: &pb::StreamResume,
+    link: &LinkOut,
+) -> Resumed {
+    stream.cancel.cancel();
+    let end = StreamFrame::Tunnel(Frame::End(pb::TunnelEnd {}));
+    let _ = link.outbound.send(end.envelope(&resume.stream_id)).await;
+    Resumed::Attached { resent: 0 }
 }
 
 /// A look at a kept answer: its frames so far under `resume.stream_id`, then an end (its

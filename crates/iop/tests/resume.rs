@@ -398,7 +398,8 @@ model_groups:
 /// `starting_after` — it ran once.
 #[tokio::test]
 async fn a_background_response_is_fetched_and_streamed_from_a_sequence_number() {
-    let mock = start_mock(&["--tokens", "20", "--token-delay-ms", "20"]).await;
+    // 20 tokens 150 ms apart: an answer takes 3 s (a cancel lands mid-answer).
+    let mock = start_mock(&["--tokens", "20", "--token-delay-ms", "150"]).await;
     let dir = tempdir();
     let config = format!(
         r#"
@@ -507,6 +508,48 @@ model_groups:
         assert!(stdout.contains(&format!("text:{text}\n")), "{stdout}");
         assert!(stdout.contains("first:4\n"), "{stdout}");
         assert!(stdout.contains("last:response.completed\n"), "{stdout}");
+    }
+
+    // A background response cancelled by its client: its provider request is dropped,
+    // and it says so from then on.
+    let slow: Value = http
+        .post(edge.url("/v1/responses"))
+        .json(&json!({"model": "m", "input": "tell me", "background": true, "max_output_tokens": 2000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let slow_id = slow["id"].as_str().unwrap();
+    let slow_url = edge.url(&format!("/v1/responses/{slow_id}"));
+    let cancelled: Value = http
+        .post(format!("{slow_url}/cancel"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["id"], slow_id, "{cancelled}");
+    mock.wait_aborted(1, std::time::Duration::from_secs(20))
+        .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let now: Value = http
+            .get(&slow_url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if now["status"] == "cancelled" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{now}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 
     // Not one of iop's ids; a group a translation serves; background with a stream.

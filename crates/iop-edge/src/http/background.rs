@@ -11,8 +11,8 @@
 //!
 //! Served for groups whose members all serve the Responses API themselves (their answer
 //! is relayed as the provider streams it): the provider gets the request streamed and not
-//! in the background. Not yet: `background` with `stream: true`, and cancelling
-//! (`POST /v1/responses/{id}/cancel`).
+//! in the background. `POST /v1/responses/{id}/cancel` stops one. Not yet: `background`
+//! with `stream: true`.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -187,6 +187,41 @@ pub async fn retrieve(
     }
 }
 
+/// `POST /v1/responses/{id}/cancel`: stops a background response (its provider request
+/// is dropped) and answers it as it stands, `cancelled` unless it had ended already.
+pub async fn cancel(
+    State(edge): State<Arc<Edge>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let answer = async {
+        let point = answer_of(&id).ok_or_else(|| not_found(&id))?;
+        resume::stop(&edge, &caller, &headers, &point).await?;
+        tracing::info!(node_id = %point.node, stream_id = %point.stream, response_id = %id, "background response cancelled by its client");
+        let response = look(&edge, &caller, &headers, &id, point).await?;
+        Ok::<_, ApiError>(response)
+    };
+    match answer.await {
+        Ok(response) => cancelled(response).await,
+        Err(e) => error::response(Surface::Responses.error_shape(), e),
+    }
+}
+
+/// A looked-at response object, marked `cancelled` unless it had ended.
+async fn cancelled(response: Response) -> Response {
+    let body = axum::body::to_bytes(response.into_body(), MAX_LOOK)
+        .await
+        .unwrap_or_default();
+    let mut object: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let ended = ["completed", "failed", "incomplete", "cancelled"]
+        .contains(&object["status"].as_str().unwrap_or_default());
+    if !ended {
+        object["status"] = json!("cancelled");
+    }
+    axum::Json(object).into_response()
+}
+
 fn not_found(id: &str) -> ApiError {
     ApiError::of(
         ErrorCode::NotFound,
@@ -208,6 +243,7 @@ async fn look(
 ) -> Result<Response, ApiError> {
     let mut stream = resume::look(edge, caller, headers, &point).await?;
     let mut body = BytesMut::new();
+    let mut failed = None;
     loop {
         match stream.next().await {
             Some(TunnelItem::Body(bytes)) => {
@@ -218,7 +254,11 @@ async fn look(
             }
             Some(TunnelItem::Status(_) | TunnelItem::Headers(_)) => {}
             Some(TunnelItem::End) | None => break,
-            Some(TunnelItem::Error(e)) => return Err(ApiError::from_tunnel_error(&e)),
+            // The answer ended in an error (it was cancelled, or its provider failed).
+            Some(TunnelItem::Error(e)) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
     let text = String::from_utf8_lossy(&body);
@@ -233,6 +273,16 @@ async fn look(
         .ok_or_else(|| not_found(id))?;
     latest["id"] = json!(id);
     latest["background"] = json!(true);
+    let ended = ["completed", "failed", "incomplete", "cancelled"]
+        .contains(&latest["status"].as_str().unwrap_or_default());
+    if let Some(e) = failed.filter(|_| !ended) {
+        if e.error_code() == ErrorCode::Cancelled {
+            latest["status"] = json!("cancelled");
+        } else {
+            latest["status"] = json!("failed");
+            latest["error"] = json!({"code": e.error_code().as_str(), "message": e.message});
+        }
+    }
     Ok(axum::Json(latest).into_response())
 }
 

@@ -71,7 +71,9 @@ pub fn routes(large: Arc<LargeBodies>) -> Router<Arc<Edge>> {
             ),
         );
     }
-    router.route("/v1/responses/{id}", get(background::retrieve))
+    router
+        .route("/v1/responses/{id}", get(background::retrieve))
+        .route("/v1/responses/{id}/cancel", post(background::cancel))
 }
 
 /// One request as it arrived at a model endpoint.

@@ -24,7 +24,7 @@ use crate::canonical::ApiError;
 use crate::ledger::RequestRecorder;
 use crate::service::Edge;
 use crate::service::stream::{StreamLimits, StreamTerms};
-use crate::service::tunnel::{TunnelHead, TunnelStream};
+use crate::service::tunnel::{ResumeMode, TunnelHead, TunnelItem, TunnelStream};
 use crate::surfaces::Surface;
 
 /// How long a background response goes on without a client at most.
@@ -53,7 +53,7 @@ pub async fn serve(
 ) -> Result<Response, ApiError> {
     tracing::info!(node_id = %point.node, stream_id = %point.stream, after = point.after, "a client resumes an answer");
     recorder.dispatched(&point.node, "", "resume");
-    let (head, mut stream) = open(edge, caller, headers, &point, false).await?;
+    let (head, mut stream) = open(edge, caller, headers, &point, ResumeMode::Take).await?;
     stream.serve(recorder.clone());
     if background {
         stream.core.background = true;
@@ -70,20 +70,49 @@ pub async fn look(
     headers: &HeaderMap,
     point: &ResumePoint,
 ) -> Result<TunnelStream, ApiError> {
-    let (head, mut stream) = open(edge, caller, headers, point, true).await?;
+    let (head, mut stream) = open(edge, caller, headers, point, ResumeMode::Peek).await?;
     stream.replay_head(head);
     Ok(stream)
 }
 
-/// Asks the node that holds answer `point` for it (a `peek`: only a look) and waits for
-/// its head.
+/// Stops answer `point` (its client cancels it): done once the node says so.
+pub async fn stop(
+    edge: &Arc<Edge>,
+    caller: &Caller,
+    headers: &HeaderMap,
+    point: &ResumePoint,
+) -> Result<(), ApiError> {
+    let mut stream = start(edge, caller, headers, point, ResumeMode::Stop).await?;
+    loop {
+        match stream.next().await {
+            Some(TunnelItem::End) | None => return Ok(()),
+            Some(TunnelItem::Error(e)) => return Err(not_kept(e)),
+            Some(_) => {}
+        }
+    }
+}
+
+/// Asks the node that holds answer `point` for it (`mode`) and waits for its head.
 async fn open(
     edge: &Arc<Edge>,
     caller: &Caller,
     headers: &HeaderMap,
     point: &ResumePoint,
-    peek: bool,
+    mode: ResumeMode,
 ) -> Result<(TunnelHead, TunnelStream), ApiError> {
+    let mut stream = start(edge, caller, headers, point, mode).await?;
+    let head = stream.head().await.map_err(not_kept)?;
+    Ok((head, stream))
+}
+
+/// Sends the node that holds answer `point` what `mode` asks.
+async fn start(
+    edge: &Arc<Edge>,
+    caller: &Caller,
+    headers: &HeaderMap,
+    point: &ResumePoint,
+    mode: ResumeMode,
+) -> Result<TunnelStream, ApiError> {
     let Some(session) = edge.session(&point.node) else {
         return Err(ApiError::of(
             ErrorCode::NotFound,
@@ -101,24 +130,23 @@ async fn open(
         },
         ..Default::default()
     };
-    let mut stream = edge
-        .resume_tunnel(
-            session,
-            &point.stream,
-            caller.owner().unwrap_or_default(),
-            request_id::of(headers).to_string(),
-            terms,
-            peek,
-        )
-        .await
-        .map_err(ApiError::from)?;
-    let head = stream.head().await.map_err(|e| {
-        let mut error = ApiError::from_tunnel_error(&e);
-        if e.error_code() == ErrorCode::NodeDisconnected {
-            // The node does not keep it (any longer), or not for this caller.
-            error = ApiError::of(ErrorCode::NotFound, e.message);
-        }
-        error
-    })?;
-    Ok((head, stream))
+    edge.resume_tunnel(
+        session,
+        &point.stream,
+        caller.owner().unwrap_or_default(),
+        request_id::of(headers).to_string(),
+        terms,
+        mode,
+    )
+    .await
+    .map_err(ApiError::from)
+}
+
+/// The error of an answer the node does not have (any longer, or not for this caller):
+/// a `404`; other errors as they are.
+fn not_kept(e: iop_proto::pb::TunnelError) -> ApiError {
+    if e.error_code() == ErrorCode::NodeDisconnected {
+        return ApiError::of(ErrorCode::NotFound, e.message);
+    }
+    ApiError::from_tunnel_error(&e)
 }

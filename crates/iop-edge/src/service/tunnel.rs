@@ -129,10 +129,21 @@ impl Edge {
     }
 }
 
+/// What a client's resume asks of an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeMode {
+    /// The answer, whole, and then the rest: it goes on here.
+    Take,
+    /// What the node has of it now, then an end; it stays where it is.
+    Peek,
+    /// Stop it (the client cancels it); an end at once.
+    Stop,
+}
+
 impl Edge {
     /// Asks the node on `session` for answer `origin` again, whole, under a new id: a
-    /// client resumes it (it may have begun on another edge), or only looks at it
-    /// (`peek`: the node sends what it has, then an end, and the answer stays where it is). The node answers like any
+    /// client resumes it (it may have begun on another edge), only looks at it (the node
+    /// sends what it has, then an end, and the answer stays where it is), or stops it. The node answers like any
     /// tunnel, from its first frame; one it does not keep, or that `owner` did not ask
     /// for, ends with an error at once.
     pub(crate) async fn resume_tunnel(
@@ -142,7 +153,7 @@ impl Edge {
         owner: String,
         client_request_id: String,
         terms: StreamTerms,
-        peek: bool,
+        mode: ResumeMode,
     ) -> Result<TunnelStream, SubmitError> {
         let core = self
             .open_stream(session, client_request_id, terms, |stream_id| {
@@ -151,7 +162,8 @@ impl Edge {
                     tunnel: true,
                     origin: origin.to_string(),
                     owner,
-                    peek,
+                    peek: mode == ResumeMode::Peek,
+                    stop: mode == ResumeMode::Stop,
                     ..Default::default()
                 }
             })
