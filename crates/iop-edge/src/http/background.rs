@@ -9,10 +9,11 @@
 //! (`dispatch.resume_keep_sec` after its end); only the API key that created it may read
 //! it.
 //!
-//! Served for groups whose members all serve the Responses API themselves (their answer
-//! is relayed as the provider streams it): the provider gets the request streamed and not
-//! in the background. `POST /v1/responses/{id}/cancel` stops one. Not yet: `background`
-//! with `stream: true`.
+//! With `stream: true` it streams at once, its events naming it by iop's id, and goes on
+//! if the client leaves. Served for groups whose members all serve the Responses API
+//! themselves (their answer is relayed as the provider streams it): the provider gets the
+//! request streamed and not in the background. `POST /v1/responses/{id}/cancel` stops
+//! one.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -51,13 +52,6 @@ pub fn requested(edge: &Edge, surface: Surface, decoded: &Decoded) -> Result<boo
     let refuse = |message: String| {
         Err(ApiError::bad_request("unsupported_parameter", message).with_param("background"))
     };
-    if decoded.stream {
-        return refuse(
-            "`background` with `stream: true` is not supported: create the response with \
-             `stream: false`, then stream it with GET /v1/responses/{id}?stream=true"
-                .into(),
-        );
-    }
     if edge.config().dispatch.resume_keep_sec == 0 {
         return refuse(
             "background responses are off on this edge (dispatch.resume_keep_sec: 0)".into(),
@@ -102,21 +96,27 @@ fn answer_of(id: &str) -> Option<ResumePoint> {
     ResumePoint::parse(&format!("{}.0", String::from_utf8(decoded).ok()?))
 }
 
-/// The answer to a background request whose provider took it: its response object,
-/// `queued`, while the stream is read to its end without a client. A provider's refusal
-/// (a status that is not 2xx) is relayed as it is.
+/// The answer to a background request whose provider took it: streamed (`streamed`) with
+/// its events naming it by iop's id, or its response object, `queued`; either way it goes
+/// on to its end without a client. A provider's refusal (a status that is not 2xx) is
+/// relayed as it is.
 pub fn started(
     head: TunnelHead,
     mut stream: TunnelStream,
     group: &str,
+    streamed: bool,
 ) -> Result<Response, ApiError> {
+    let respond = super::passthrough::respond_head;
     if !(200..300).contains(&head.status) {
-        return super::passthrough::respond_head(head, stream, Surface::Responses, None);
+        return respond(head, stream, Surface::Responses, None, None);
     }
     let id = response_id(stream.core.node_id(), &stream.core.id);
     tracing::info!(node_id = stream.core.node_id(), stream_id = %stream.core.id, response_id = %id, "background response started");
     stream.core.background = true;
     stream.core.resume_grace = Some(resume::MAX_BACKGROUND);
+    if streamed {
+        return respond(head, stream, Surface::Responses, None, Some(&id));
+    }
     // Dropped: the stream goes on, read to its end by the edge (`StreamCore::abandon`).
     drop(stream);
     let created = SystemTime::now()
@@ -169,7 +169,7 @@ pub async fn retrieve(
                 &headers,
                 point,
                 &recorder,
-                true,
+                Some(&id),
             )
             .await
         }

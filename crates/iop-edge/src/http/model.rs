@@ -121,7 +121,7 @@ async fn handle(
         .await?;
     if let Some(point) = resumed {
         recorder.set_group(&prepared.decoded().model);
-        return resume::serve(edge, surface, &caller, &headers, point, recorder, false).await;
+        return resume::serve(edge, surface, &caller, &headers, point, recorder, None).await;
     }
     let keepalive = keepalive::interval(edge, surface, prepared.decoded().stream);
     // Owned, so a stream kept alive while it waits can outlive the handler.
@@ -192,8 +192,12 @@ async fn admit_and_serve(
     // client's API itself got the request whole).
     let mut notes = None;
     let response = match served.answer {
-        Answer::Native { head, stream } if background => background::started(head, stream, &group),
-        Answer::Native { head, stream } => passthrough::respond_head(head, stream, surface, None),
+        Answer::Native { head, stream } if background => {
+            background::started(head, stream, &group, decoded.stream)
+        }
+        Answer::Native { head, stream } => {
+            passthrough::respond_head(head, stream, surface, None, None)
+        }
         Answer::Events(source) => {
             notes = surface.notes(decoded);
             let meta = AnswerMeta {

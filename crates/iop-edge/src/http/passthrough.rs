@@ -10,6 +10,7 @@
 
 pub mod event_ids;
 pub mod head;
+pub mod response_id;
 pub mod sse;
 
 use axum::body::{Body, Bytes};
@@ -23,6 +24,7 @@ use crate::service::tunnel::{TunnelHead, TunnelItem, TunnelStream};
 use crate::surfaces::Surface;
 use event_ids::{EventIds, ResumePoint};
 use iop_proto::ErrorCode;
+use response_id::ResponseRename;
 use sse::EventBoundary;
 
 /// Names a resumable answer (`{node}.{stream}`): a client that cannot read the events'
@@ -35,12 +37,14 @@ const MAX_MERGE: usize = 256 * 1024;
 /// Checks the provider's response head (which the dispatcher waited for), then streams
 /// the body; an event stream that fails mid-body ends with `surface`'s error event. An
 /// event stream's events carry ids when the edge keeps answers resumable; a client's
-/// resume (`resumed`) leaves out the events it has.
+/// resume (`resumed`) leaves out the events it has. A background response's events name
+/// it `response_id`.
 pub fn respond_head(
     provider_head: TunnelHead,
     mut tunnel: TunnelStream,
     surface: Surface,
     resumed: Option<ResumePoint>,
+    response_id: Option<&str>,
 ) -> Result<Response, ApiError> {
     let head = head::relay_head(
         provider_head.status,
@@ -63,6 +67,7 @@ pub fn respond_head(
         is_sse: head.is_sse,
         events: events.then(EventBoundary::default),
         ids,
+        rename: response_id.filter(|_| events).map(ResponseRename::new),
         remaining: head.content_length,
         failed: None,
         surface,
@@ -142,6 +147,9 @@ fn body_stream(
                 // An oversized event went out in parts: ids would land inside it.
                 state.ids = None;
             }
+            if let Some(rename) = state.rename.as_mut() {
+                bytes = rename.apply(bytes);
+            }
             if let Some(ids) = state.ids.as_mut() {
                 bytes = ids.stamp(&bytes);
             }
@@ -185,6 +193,8 @@ struct BodyState {
     events: Option<EventBoundary>,
     /// The events' ids, when the answer is resumable.
     ids: Option<EventIds>,
+    /// A background response's id in its events.
+    rename: Option<ResponseRename>,
     /// Body bytes still expected when the provider sent a Content-Length.
     remaining: Option<u64>,
     /// A failure to report after the bytes before it went out.

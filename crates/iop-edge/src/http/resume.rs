@@ -40,8 +40,8 @@ pub fn requested(edge: &Edge, surface: Surface, headers: &HeaderMap) -> Option<R
     ResumePoint::parse(id.trim())
 }
 
-/// Serves the rest of answer `point` to `caller`; a background response's
-/// (`background`) goes on if this client leaves too.
+/// Serves the rest of answer `point` to `caller`; a background response's (named
+/// `background` by iop) goes on if this client leaves too.
 pub async fn serve(
     edge: &Arc<Edge>,
     surface: Surface,
@@ -49,17 +49,17 @@ pub async fn serve(
     headers: &HeaderMap,
     point: ResumePoint,
     recorder: &RequestRecorder,
-    background: bool,
+    background: Option<&str>,
 ) -> Result<Response, ApiError> {
     tracing::info!(node_id = %point.node, stream_id = %point.stream, after = point.after, "a client resumes an answer");
     recorder.dispatched(&point.node, "", "resume");
     let (head, mut stream) = open(edge, caller, headers, &point, ResumeMode::Take).await?;
     stream.serve(recorder.clone());
-    if background {
+    if background.is_some() {
         stream.core.background = true;
         stream.core.resume_grace = Some(MAX_BACKGROUND);
     }
-    passthrough::respond_head(head, stream, surface, Some(point))
+    passthrough::respond_head(head, stream, surface, Some(point), background)
 }
 
 /// A look at answer `point` as the node keeps it now: its frames so far, then an end; the

@@ -1,8 +1,9 @@
 """A background response with the official `openai` Python SDK, as an app would use one:
 create it with `background=True`, poll it with `responses.retrieve` until it completes,
 then stream its events after a sequence number with
-`responses.retrieve(id, stream=True, starting_after=N)`. Prints the text, the first
-streamed sequence number and `ok`.
+`responses.retrieve(id, stream=True, starting_after=N)`; then create one streamed in the
+background, leave after a few events and come back for the rest. Prints the texts, the
+first streamed sequence number and `ok`.
 
 Usage: python background_check.py BASE_URL MODEL
 """
@@ -33,6 +34,25 @@ def main(base_url: str, model: str) -> None:
         last = event.type
     print(f"first:{first}")
     print(f"last:{last}")
+
+    # Streamed in the background: the client reads a few events, notes the response's id
+    # and the last sequence number, leaves, and comes back for the rest.
+    text, response_id, seq = [], None, None
+    stream = client.responses.create(model=model, input="tell me", background=True, stream=True)
+    for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.output_text.delta":
+            text.append(event.delta)
+        seq = event.sequence_number
+        if len(text) == 3:
+            break
+    stream.close()
+    assert response_id and response_id.startswith("resp_"), response_id
+    for event in client.responses.retrieve(response_id, stream=True, starting_after=seq):
+        if event.type == "response.output_text.delta":
+            text.append(event.delta)
+    print("streamed:" + "".join(text))
     print("ok")
 
 
