@@ -120,13 +120,7 @@ nodes:
     #[test]
     fn payload_carries_enabled_providers() {
         let c = config();
-        let p = build_payload(
-            &c.nodes[0],
-            &c.health,
-            1 << 20,
-            &crate::config::DispatchConfig::default(),
-        )
-        .unwrap();
+        let p = payload_of(&c, 1 << 20).unwrap();
         assert_eq!(p.node_id, "n");
         let ids: Vec<_> = p.providers.iter().map(|p| p.id.as_str()).collect();
         assert_eq!(ids, ["m", "o"]);
@@ -149,51 +143,35 @@ nodes:
             ("", (0, 0)),
         ] {
             let c = EdgeConfig::from_yaml(&yaml(cli), "edge.yaml").unwrap();
-            let p = build_payload(
-                &c.nodes[0],
-                &c.health,
-                1 << 20,
-                &crate::config::DispatchConfig::default(),
-            )
-            .unwrap();
+            let p = payload_of(&c, 1 << 20).unwrap();
             let spec = p.providers[0].cli.as_ref().unwrap();
             assert_eq!((spec.max_sessions, spec.session_idle_sec), want, "{cli}");
         }
     }
 
+    /// The payload of `c`'s first node with `max_frame_bytes`, default dispatch settings.
+    fn payload_of(c: &EdgeConfig, max_frame_bytes: usize) -> Result<pb::NodeConfigPayload, String> {
+        build_payload(
+            &c.nodes[0],
+            &c.health,
+            max_frame_bytes,
+            &crate::config::DispatchConfig::default(),
+        )
+    }
+
     #[test]
     fn version_changes_with_content() {
         let mut c = config();
-        let a = build_payload(
-            &c.nodes[0],
-            &c.health,
-            1 << 20,
-            &crate::config::DispatchConfig::default(),
-        )
-        .unwrap()
-        .config_version;
+        let a = payload_of(&c, 1 << 20).unwrap().config_version;
         c.nodes[0].providers[0].capacity.normal = 9;
-        let b = build_payload(
-            &c.nodes[0],
-            &c.health,
-            1 << 20,
-            &crate::config::DispatchConfig::default(),
-        )
-        .unwrap()
-        .config_version;
+        let b = payload_of(&c, 1 << 20).unwrap().config_version;
         assert_ne!(a, b);
     }
 
     #[test]
     fn an_oversized_payload_fails_to_build() {
         let c = config();
-        let err = build_payload(
-            &c.nodes[0],
-            &c.health,
-            300,
-            &crate::config::DispatchConfig::default(),
-        )
-        .unwrap_err();
+        let err = payload_of(&c, 300).unwrap_err();
         assert!(err.contains("frame limit"), "{err}");
     }
 }

@@ -288,16 +288,8 @@ async fn clients_whose_edge_was_killed_resume_through_another_and_nothing_runs_t
     assert_eq!(status, 200);
     assert_eq!(tokens(&reader.rest().await), reference);
     let unknown = format!("n1.{}.3", "0".repeat(32));
-    let response = client()
-        .post(&url_b)
-        .bearer_auth(ALICE)
-        .header("last-event-id", unknown)
-        .json(&body())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 404);
-    let error: Value = response.json().await.unwrap();
+    let (status, error) = resume_as(&url_b, ALICE, &unknown).await;
+    assert_eq!(status, 404);
     assert!(
         error["error"]["message"]
             .as_str()
@@ -310,20 +302,23 @@ async fn clients_whose_edge_was_killed_resume_through_another_and_nothing_runs_t
         "n1.{}.3",
         whole[0].id.as_deref().unwrap().split('.').nth(1).unwrap()
     );
+    let (status, _) = resume_as(&url_b, BOB, &theirs).await;
+    assert_eq!(status, 404, "another key's answer is not resumable");
+    drop(dirs);
+}
+
+/// Resumes `last_event_id` at `url` with `key`: the status and the error it answered.
+async fn resume_as(url: &str, key: &str, last_event_id: &str) -> (u16, Value) {
     let response = client()
-        .post(&url_b)
-        .bearer_auth(BOB)
-        .header("last-event-id", theirs)
+        .post(url)
+        .bearer_auth(key)
+        .header("last-event-id", last_event_id)
         .json(&body())
         .send()
         .await
         .unwrap();
-    assert_eq!(
-        response.status(),
-        404,
-        "another key's answer is not resumable"
-    );
-    drop(dirs);
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
 }
 
 /// The output tokens the provider reports for one answer (from the ledger's only record
@@ -425,15 +420,11 @@ model_groups:
     let _node = start_node("n1", dir.path(), &edge.nodes, TOKEN, "");
     wait_ready(&edge, "n1").await;
     let http = client();
-    let created: Value = http
-        .post(edge.url("/v1/responses"))
-        .json(&json!({"model": "m", "input": "tell me", "background": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created = post_json(
+        &edge.url("/v1/responses"),
+        &json!({"model": "m", "input": "tell me", "background": true}),
+    )
+    .await;
     assert_eq!(created["status"], "queued", "{created}");
     assert_eq!(created["background"], true);
     let id = created["id"].as_str().unwrap().to_string();
@@ -513,25 +504,14 @@ model_groups:
 
     // A background response cancelled by its client: its provider request is dropped,
     // and it says so from then on.
-    let slow: Value = http
-        .post(edge.url("/v1/responses"))
-        .json(&json!({"model": "m", "input": "tell me", "background": true, "max_output_tokens": 2000}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let slow = post_json(
+        &edge.url("/v1/responses"),
+        &json!({"model": "m", "input": "tell me", "background": true}),
+    )
+    .await;
     let slow_id = slow["id"].as_str().unwrap();
     let slow_url = edge.url(&format!("/v1/responses/{slow_id}"));
-    let cancelled: Value = http
-        .post(format!("{slow_url}/cancel"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let cancelled = post_json(&format!("{slow_url}/cancel"), &json!({})).await;
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
     assert_eq!(cancelled["id"], slow_id, "{cancelled}");
     mock.wait_aborted(1, std::time::Duration::from_secs(20))

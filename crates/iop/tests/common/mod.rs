@@ -390,6 +390,19 @@ pub async fn get_text(url: &str) -> String {
         .unwrap()
 }
 
+/// POSTs `body` to `url` and reads the answer as JSON (whatever its status).
+pub async fn post_json(url: &str, body: &Value) -> Value {
+    client()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 pub async fn get_json(url: &str) -> Value {
     client()
         .get(url)
