@@ -1,14 +1,33 @@
 //! The `iop` binary: parses arguments and hands off to the edge, node and mock libraries.
 //! Each subcommand lives in `cmd/`.
 
+/// `println!` through [`out`]: a closed stdout ends the process quietly instead of
+/// panicking. Defined before the modules, so it is the one they use.
+macro_rules! println {
+    () => {
+        $crate::out::line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::out::line(format_args!($($arg)*))
+    };
+}
+
+/// `print!` through [`out`].
+macro_rules! print {
+    ($($arg:tt)*) => {
+        $crate::out::text(format_args!($($arg)*))
+    };
+}
+
 mod cmd;
 mod logging;
+mod out;
 mod runtime;
 mod signals;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// mimalloc: the relay path allocates small buffers per frame; glibc's malloc showed up as
 /// the largest user-space cost in profiles. Built without transparent huge pages
@@ -25,6 +44,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "iop", version, propagate_version = true)]
 struct Cli {
+    /// How log lines are written on stderr: `text` for people, `json` (one object per
+    /// line: timestamp, level, message, fields, span) for a log pipeline.
+    #[arg(long, global = true, value_enum, env = "IOP_LOG_FORMAT", default_value_t = logging::Format::Text)]
+    log_format: logging::Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -53,11 +76,24 @@ enum Command {
     /// twice takes its last value (so a script's defaults can be overridden).
     #[command(args_override_self = true)]
     Bench(cmd::bench::Args),
+    /// Print a shell's completion script for iop, e.g.
+    /// `iop completions bash > /etc/bash_completion.d/iop` or
+    /// `iop completions zsh > "${fpath[1]}/_iop"`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::init();
+    if let Command::Completions { shell } = cli.command {
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "iop", &mut script);
+        out::bytes(&script);
+        return ExitCode::SUCCESS;
+    }
+    logging::init(cli.log_format);
     let threads = match &cli.command {
         Command::Edge(args) => Some(args.runtime.threads),
         Command::Node(args) => Some(args.runtime.threads),
@@ -68,7 +104,8 @@ fn main() -> ExitCode {
         | Command::Revoke(_)
         | Command::Usage(_)
         | Command::Models(_)
-        | Command::Bench(_) => None,
+        | Command::Bench(_)
+        | Command::Completions { .. } => None,
     };
     let runtime = match runtime::build(threads) {
         Ok(rt) => rt,
@@ -89,12 +126,18 @@ fn main() -> ExitCode {
             Command::Usage(args) => cmd::usage::run(args).await,
             Command::Models(args) => cmd::models::run(args).await,
             Command::Bench(args) => cmd::bench::run(args).await,
+            Command::Completions { .. } => Ok(()),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("iop: {}", err.message);
+            if cli.log_format == logging::Format::Json {
+                // One more log line, so a pipeline reading JSON sees why the process ended.
+                tracing::error!(exit_code = err.code, "{}", err.message);
+            } else {
+                eprintln!("iop: {}", err.message);
+            }
             ExitCode::from(err.code)
         }
     }

@@ -48,6 +48,10 @@ pub struct Args {
     /// fleet, the fleet's) and exit.
     #[arg(long)]
     print_pin: bool,
+    /// Check the config (and the command line's overrides), print what would run, and
+    /// exit: nothing is bound, created or written (a bad config exits 2 naming the field).
+    #[arg(long, conflicts_with = "print_pin")]
+    check: bool,
     #[command(flatten)]
     pub runtime: crate::runtime::ThreadsArg,
 }
@@ -76,6 +80,26 @@ pub async fn run(args: Args) -> super::Result {
     let config = args
         .load()
         .map_err(|e| Failure::new(EXIT_CONFIG, e.to_string()))?;
+    if args.check {
+        let providers: usize = config.nodes.iter().map(|n| n.providers.len()).sum();
+        println!(
+            "edge config ok: {}: would listen for nodes on {} ({}) and HTTP on {}; {} nodes, {} providers, {} model groups, {} API keys, {}; nothing was started or written",
+            args.config.display(),
+            config.listen.nodes,
+            config.node_tls.mode.as_str(),
+            config.listen.http,
+            config.nodes.len(),
+            providers,
+            config.model_groups.len(),
+            config.auth.keys.len(),
+            if config.store.url.is_some() {
+                "in a fleet (store)"
+            } else {
+                "alone (no store)"
+            },
+        );
+        return Ok(());
+    }
     if args.print_pin {
         return match iop_edge::node_listener_pin(&config).await {
             Ok(Some(pin)) => {

@@ -74,6 +74,10 @@ pub struct Args {
     /// prompt cross the network readable by anyone on the path.
     #[arg(long)]
     insecure_plaintext: bool,
+    /// Check the config and the command line, print what would run, and exit: nothing is
+    /// dialled, created or written (a bad config exits 2 naming the field).
+    #[arg(long)]
+    check: bool,
     #[command(flatten)]
     pub runtime: crate::runtime::ThreadsArg,
 }
@@ -123,6 +127,20 @@ pub async fn run(args: Args) -> super::Result {
         },
     )
     .map_err(config_error)?;
+    if args.check {
+        println!(
+            "node config ok: would dial {} ({}), {} credential, run store {}; nothing was started or written",
+            link.edge_addr(),
+            if config.insecure_plaintext {
+                "plain TCP"
+            } else {
+                "TLS"
+            },
+            link.credential_kind(),
+            config.db,
+        );
+        return Ok(());
+    }
     if config.insecure_skip_tls_verify {
         tracing::warn!(
             "insecure_skip_tls_verify: the edge is not verified; anyone on the path can pose as it and read everything"
