@@ -326,7 +326,7 @@ impl EdgeServer {
         if let Some(store) = shared {
             join_fleet(&edge, store, &trust, (http_addr, node_addr), &mut tasks).await;
         }
-        tracing::info!(nodes = %node_addr, http = %http_addr, node_tls = mode.as_str(), pin = ?node_pin, https = http_tls.is_some(), "edge listening");
+        tracing::info!(nodes = %node_addr, http = %http_addr, node_tls = mode.as_str(), pin = %node_pin.as_ref().map_or("none".to_string(), ToString::to_string), https = http_tls.is_some(), "edge listening");
         Ok(Self {
             edge,
             node_addr,
