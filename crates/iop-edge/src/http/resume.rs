@@ -52,7 +52,7 @@ pub async fn serve(
     background: Option<&str>,
 ) -> Result<Response, ApiError> {
     tracing::info!(node_id = %point.node, stream_id = %point.stream, after = point.after, "a client resumes an answer");
-    recorder.dispatched(&point.node, "", "resume");
+    recorder.dispatched(&point.node, "", "tunnel");
     let (head, mut stream) = open(edge, caller, headers, &point, ResumeMode::Take).await?;
     stream.serve(recorder.clone());
     if background.is_some() {
