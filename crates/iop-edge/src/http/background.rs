@@ -23,7 +23,8 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use bytes::BytesMut;
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::StreamExt;
 use iop_proto::ErrorCode;
 use serde_json::{Value, json};
 
@@ -34,12 +35,10 @@ use crate::auth::Caller;
 use crate::canonical::{ApiError, Decoded};
 use crate::config::ProviderApi;
 use crate::ledger::ClientApi;
-use crate::service::Edge;
-use crate::service::tunnel::{TunnelHead, TunnelItem, TunnelStream};
+use crate::service::answer::{BodyError, bounded_body};
+use crate::service::tunnel::{TunnelHead, TunnelStream};
+use crate::service::{Edge, provider_of};
 use crate::surfaces::Surface;
-
-/// Most bytes of an answer read to tell where a background response stands.
-const MAX_LOOK: usize = 8 * 1024 * 1024;
 
 /// Whether `decoded` is a background Responses request this edge serves; an error for one
 /// it cannot.
@@ -52,23 +51,19 @@ pub fn requested(edge: &Edge, surface: Surface, decoded: &Decoded) -> Result<boo
     let refuse = |message: String| {
         Err(ApiError::bad_request("unsupported_parameter", message).with_param("background"))
     };
-    if edge.config().dispatch.resume_keep_sec == 0 {
+    let config = edge.config();
+    if config.dispatch.resume_keep_sec == 0 {
         return refuse(
             "background responses are off on this edge (dispatch.resume_keep_sec: 0)".into(),
         );
     }
-    let config = edge.config();
     let native = config
         .model_groups
         .iter()
         .find(|g| g.name == decoded.model)
         .is_some_and(|group| {
             group.members.iter().all(|m| {
-                config
-                    .nodes
-                    .iter()
-                    .find(|n| n.id == m.node)
-                    .and_then(|n| n.providers.iter().find(|p| p.id == m.provider))
+                provider_of(&config, &m.node, &m.provider)
                     .is_some_and(|p| p.serves(ProviderApi::Responses))
             })
         });
@@ -173,7 +168,9 @@ pub async fn retrieve(
             )
             .await
         }
-        Some(point) => look(&edge, &caller, &headers, &id, point).await,
+        Some(point) => look(&edge, &caller, &headers, &id, point)
+            .await
+            .map(|object| axum::Json(object).into_response()),
     };
     match answer {
         Ok(response) => {
@@ -199,27 +196,22 @@ pub async fn cancel(
         let point = answer_of(&id).ok_or_else(|| not_found(&id))?;
         resume::stop(&edge, &caller, &headers, &point).await?;
         tracing::info!(node_id = %point.node, stream_id = %point.stream, response_id = %id, "background response cancelled by its client");
-        let response = look(&edge, &caller, &headers, &id, point).await?;
-        Ok::<_, ApiError>(response)
+        let mut object = look(&edge, &caller, &headers, &id, point).await?;
+        if !has_ended(&object) {
+            object["status"] = json!("cancelled");
+        }
+        Ok::<_, ApiError>(object)
     };
     match answer.await {
-        Ok(response) => cancelled(response).await,
+        Ok(object) => axum::Json(object).into_response(),
         Err(e) => error::response(Surface::Responses.error_shape(), e),
     }
 }
 
-/// A looked-at response object, marked `cancelled` unless it had ended.
-async fn cancelled(response: Response) -> Response {
-    let body = axum::body::to_bytes(response.into_body(), MAX_LOOK)
-        .await
-        .unwrap_or_default();
-    let mut object: Value = serde_json::from_slice(&body).unwrap_or_default();
-    let ended = ["completed", "failed", "incomplete", "cancelled"]
-        .contains(&object["status"].as_str().unwrap_or_default());
-    if !ended {
-        object["status"] = json!("cancelled");
-    }
-    axum::Json(object).into_response()
+/// Whether a response object's status is a final one.
+fn has_ended(object: &Value) -> bool {
+    ["completed", "failed", "incomplete", "cancelled"]
+        .contains(&object["status"].as_str().unwrap_or_default())
 }
 
 fn not_found(id: &str) -> ApiError {
@@ -240,42 +232,32 @@ async fn look(
     headers: &HeaderMap,
     id: &str,
     point: ResumePoint,
-) -> Result<Response, ApiError> {
-    let mut stream = resume::look(edge, caller, headers, &point).await?;
-    let mut body = BytesMut::new();
+) -> Result<Value, ApiError> {
+    let stream = resume::look(edge, caller, headers, &point).await?;
+    let mut events = std::pin::pin!(bounded_body(stream).eventsource());
+    let mut latest = None;
     let mut failed = None;
-    loop {
-        match stream.next().await {
-            Some(TunnelItem::Body(bytes)) => {
-                if body.len() + bytes.len() > MAX_LOOK {
-                    break;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => {
+                let mut data = serde_json::from_str::<Value>(&event.data).unwrap_or_default();
+                if let Some(response) = data.get_mut("response") {
+                    latest = Some(response.take());
                 }
-                body.extend_from_slice(&bytes);
             }
-            Some(TunnelItem::Status(_) | TunnelItem::Headers(_)) => {}
-            Some(TunnelItem::End) | None => break,
             // The answer ended in an error (it was cancelled, or its provider failed).
-            Some(TunnelItem::Error(e)) => {
+            Err(EventStreamError::Transport(BodyError::Tunnel(e))) => {
                 failed = Some(e);
                 break;
             }
+            // An event too large to read: the answer as it stood before it.
+            Err(_) => break,
         }
     }
-    let text = String::from_utf8_lossy(&body);
-    let mut latest = text
-        .split("\n\n")
-        .filter_map(|event| {
-            let data = event.lines().find_map(|l| l.strip_prefix("data:"))?;
-            serde_json::from_str::<Value>(data.trim_start()).ok()
-        })
-        .filter_map(|event| event.get("response").cloned())
-        .last()
-        .ok_or_else(|| not_found(id))?;
+    let mut latest = latest.ok_or_else(|| not_found(id))?;
     latest["id"] = json!(id);
     latest["background"] = json!(true);
-    let ended = ["completed", "failed", "incomplete", "cancelled"]
-        .contains(&latest["status"].as_str().unwrap_or_default());
-    if let Some(e) = failed.filter(|_| !ended) {
+    if let Some(e) = failed.filter(|_| !has_ended(&latest)) {
         if e.error_code() == ErrorCode::Cancelled {
             latest["status"] = json!("cancelled");
         } else {
@@ -283,7 +265,7 @@ async fn look(
             latest["error"] = json!({"code": e.error_code().as_str(), "message": e.message});
         }
     }
-    Ok(axum::Json(latest).into_response())
+    Ok(latest)
 }
 
 #[cfg(test)]

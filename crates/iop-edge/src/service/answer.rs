@@ -65,7 +65,7 @@ type EventResult = Result<eventsource_stream::Event, EventStreamError<BodyError>
 
 /// Why a tunnel body stopped before its end.
 #[derive(Debug)]
-enum BodyError {
+pub(crate) enum BodyError {
     Tunnel(pb::TunnelError),
     EventTooLarge,
 }
@@ -327,7 +327,9 @@ pub fn too_large(max: usize) -> ApiError {
 
 /// A tunnel's body bytes until its end, failing on a tunnel error or on an event longer
 /// than [`MAX_EVENT_BYTES`] (counted from the last empty line).
-fn bounded_body(tunnel: TunnelStream) -> impl Stream<Item = Result<Bytes, BodyError>> + Send {
+pub(crate) fn bounded_body(
+    tunnel: TunnelStream,
+) -> impl Stream<Item = Result<Bytes, BodyError>> + Send {
     stream::unfold(
         (Some(tunnel), EventLength::default()),
         |(tunnel, mut length)| async move {
