@@ -445,26 +445,17 @@ impl Journal {
         let mut state = stream.state.lock().await;
         let lost =
             !state.resumable || resume.received < state.first_kept || (by_client && !state.whole);
-        if lost && by_client {
-            drop(state);
-            let message = "this answer cannot be resumed: it was too large for the node to \
-                           keep whole";
-            link.end_stream(
-                &resume.stream_id,
-                resume.tunnel,
-                ErrorCode::BrokenStream,
-                message,
-            )
-            .await;
-            return Resumed::NotResumable;
-        }
         if lost {
-            stream.forget_kept(&mut state);
-            state.link = None;
+            let message = if by_client {
+                "this answer cannot be resumed: it was too large for the node to keep whole"
+            } else {
+                stream.forget_kept(&mut state);
+                state.link = None;
+                stream.stop("its answer could not be sent again after the link dropped");
+                "the node's link dropped and it kept too little of the answer to send it \
+                 again; the request may have run"
+            };
             drop(state);
-            stream.stop("its answer could not be sent again after the link dropped");
-            let message = "the node's link dropped and it kept too little of the answer to \
-                           send it again; the request may have run";
             link.end_stream(
                 &resume.stream_id,
                 resume.tunnel,
@@ -486,17 +477,11 @@ impl Journal {
             stream.pop_front(&mut state);
         }
         let wire = stream.wire.lock().clone();
-        let mut resent = 0;
-        for kept in &state.kept {
-            let mut frame = kept.frame.clone();
-            if by_client && state.delivered && !frame.drop_usage() {
-                continue;
-            }
-            if link.outbound.send(frame.envelope(&wire)).await.is_err() {
-                // This link dropped too: still detached.
-                return Resumed::Attached { resent };
-            }
-            resent += 1;
+        let billed = by_client && state.delivered;
+        let (resent, all) = send_kept(&state.kept, &wire, &link, billed).await;
+        if !all {
+            // This link dropped too: still detached.
+            return Resumed::Attached { resent };
         }
         if state.ended_at.is_some() {
             // The new holder has the end now (with its usage, if no edge billed it yet).
@@ -667,38 +652,46 @@ async fn stop_for_client(
     link: &LinkOut,
 ) -> Resumed {
     stream.cancel.cancel();
-    let end = StreamFrame::Tunnel(Frame::End(pb::TunnelEnd {}));
-    let _ = link.outbound.send(end.envelope(&resume.stream_id)).await;
+    link.end_tunnel(&resume.stream_id).await;
     Resumed::Attached { resent: 0 }
 }
 
 /// A look at a kept answer: its frames so far under `resume.stream_id`, then an end (its
 /// own, or one added when it still runs); the answer stays where it is.
 async fn peek(state: &StreamState, resume: &pb::StreamResume, link: &LinkOut) -> Resumed {
-    let mut resent = 0;
-    for kept in &state.kept {
-        let mut frame = kept.frame.clone();
-        if !frame.drop_usage() {
-            continue;
-        }
-        if link
-            .outbound
-            .send(frame.envelope(&resume.stream_id))
-            .await
-            .is_err()
-        {
-            return Resumed::Attached { resent };
-        }
-        resent += 1;
-    }
-    if state.ended_at.is_none() {
-        let end = StreamFrame::Tunnel(Frame::End(pb::TunnelEnd {}));
-        let _ = link.outbound.send(end.envelope(&resume.stream_id)).await;
+    let (resent, all) = send_kept(&state.kept, &resume.stream_id, link, true).await;
+    if all && state.ended_at.is_none() {
+        link.end_tunnel(&resume.stream_id).await;
     }
     Resumed::Attached { resent }
 }
 
+/// Sends `kept` again as stream `id` on `link`, without their usage when `billed` (an
+/// edge billed it already): how many frames went out, and whether all did (false: the
+/// link dropped meanwhile).
+async fn send_kept(kept: &VecDeque<Kept>, id: &str, link: &LinkOut, billed: bool) -> (usize, bool) {
+    let mut resent = 0;
+    for kept in kept {
+        let mut frame = kept.frame.clone();
+        if billed && !frame.drop_usage() {
+            continue;
+        }
+        if link.outbound.send(frame.envelope(id)).await.is_err() {
+            return (resent, false);
+        }
+        resent += 1;
+    }
+    (resent, true)
+}
+
 impl LinkOut {
+    /// Ends tunnel `id` here with a plain end frame.
+    async fn end_tunnel(&self, id: &str) {
+        let end = StreamFrame::Tunnel(Frame::End(pb::TunnelEnd {}));
+        // A link that drops meanwhile loses it; the edge's stream ends with the link.
+        let _ = self.outbound.send(end.envelope(id)).await;
+    }
+
     /// Ends stream `id` here with one error frame (a run error event or a tunnel error),
     /// instead of going on with it.
     async fn end_stream(&self, id: &str, tunnel: bool, code: ErrorCode, message: &str) {
